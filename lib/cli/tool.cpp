@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "cli/tool.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "core/error.hpp"
+#include "core/version.hpp"
+
+namespace ftp::cli {
+
+bool is_tty(int fd) noexcept { return ::isatty(fd) == 1; }
+
+Tool::Tool(std::string name, std::string description) : name_(std::move(name)), app_(std::move(description), name_) {
+  app_.set_version_flag("--version", std::string(name_) + " " + std::string(ftp::version()) +
+                                         " (flextp; cuda " + (ftp::built_with_cuda() ? "built" : "not built") + ")",
+                        "Print the version and exit");
+  app_.add_option("--json", json_opt_, "JSON output style: pretty or short (default: pretty on a terminal, short in a pipe)")
+      ->check(CLI::IsMember({"pretty", "short"}))
+      ->option_text("pretty|short");
+  app_.footer("Exit status: 0 ok, 1 failure, 2 usage error, 3 daemon unreachable, 4 timeout,\n"
+              "5 backend (CUDA/NCCL/BLAS) error, 6 a check or threshold failed.\n"
+              "See " + name_ + "(1).");
+}
+
+json::Style Tool::json_style() const {
+  if (json_opt_ == "pretty") return json::Style::pretty;
+  if (json_opt_ == "short") return json::Style::short_;
+  return is_tty(1) ? json::Style::pretty : json::Style::short_;
+}
+
+int Tool::run(int argc, char** argv, const std::function<int()>& body) {
+  try {
+    app_.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app_.help() << std::flush;
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::cout << app_.help("", CLI::AppFormatMode::All) << std::flush;
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    std::cout << e.what() << "\n" << std::flush;
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << name_ << ": error: " << e.what() << "\n"
+              << "Try '" << name_ << " --help' for more information.\n";
+    return static_cast<int>(Exit::usage);
+  }
+  try {
+    return body();
+  } catch (const ftp::Error& e) {
+    std::cout.flush();
+    std::cerr << name_ << ": error: " << e.what() << "\n";
+    return static_cast<int>(e.exit());
+  } catch (const std::bad_alloc&) {
+    std::cerr << name_ << ": error: out of memory\n";
+    return static_cast<int>(Exit::failure);
+  } catch (const std::exception& e) {
+    std::cout.flush();
+    std::cerr << name_ << ": error: " << e.what() << "\n";
+    return static_cast<int>(Exit::failure);
+  }
+}
+
+void Tool::emit(const json::Json& doc) const {
+  std::cout << json::dump(doc, json_style()) << "\n" << std::flush;
+}
+
+void Tool::emit_line(const json::Json& doc) const {
+  std::cout << json::dump(doc, json::Style::short_) << "\n" << std::flush;
+}
+
+void Tool::progress(std::string_view message) const {
+  if (!is_tty(2)) return;
+  std::cerr << name_ << ": " << message << "\n" << std::flush;
+}
+
+void Tool::warn(std::string_view message) const {
+  std::cerr << name_ << ": warning: " << message << "\n" << std::flush;
+}
+
+}  // namespace ftp::cli

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <CLI/CLI.hpp>
+
+#include "core/json.hpp"
+
+namespace ftp::cli {
+
+/// The frame every tool shares (STYLE.md conventions): CLI11 parsing,
+/// `--help` on stdout, `--version`, `--json=pretty|short`, errors as
+/// "ftp-X: error: ..." on stderr and the exit codes of STYLE.md.
+/// A tool's main() builds one Tool, adds its options, and calls run().
+class Tool {
+ public:
+  Tool(std::string name, std::string description);
+
+  CLI::App& app() noexcept { return app_; }
+  const std::string& name() const noexcept { return name_; }
+
+  /// --json as given, else pretty when stdout is a terminal, short otherwise.
+  json::Style json_style() const;
+
+  /// Parses argv, then calls body. Maps CLI11 errors to exit 2, ftp::Error to
+  /// its exit code, any other exception to 1. Returns main()'s exit code.
+  int run(int argc, char** argv, const std::function<int()>& body);
+
+  /// Writes one JSON document (or one JSON Lines record) to stdout, newline, flush.
+  void emit(const json::Json& doc) const;
+  /// Like emit, always on one line (for JSON Lines streams).
+  void emit_line(const json::Json& doc) const;
+
+  /// Progress for people on stderr; silent unless stderr is a terminal.
+  void progress(std::string_view message) const;
+  /// A warning on stderr: "ftp-X: warning: ...".
+  void warn(std::string_view message) const;
+
+ private:
+  std::string name_;
+  CLI::App app_;
+  std::string json_opt_;
+};
+
+/// True when the stream (1 = stdout, 2 = stderr) is a terminal.
+bool is_tty(int fd) noexcept;
+
+}  // namespace ftp::cli

@@ -1,0 +1,28 @@
+#!/bin/bash
+# The folders of lib/ depend one way (lib/meson.build). A folder may include
+# headers only from the folders listed for it here.
+set -u
+lib=$1
+declare -A allowed=(
+  [core]="core"
+  [doc]="core doc"
+  [ipc]="core ipc"
+  [comm]="core doc comm"
+  [backend]="core doc backend"
+  [topology]="core doc comm backend topology"
+  [cli]="core doc comm backend topology ipc cli"
+)
+bad=0
+for dir in "$lib"/*/; do
+  part=$(basename "$dir")
+  [ -n "${allowed[$part]+x}" ] || { echo "FAIL: lib/$part has no entry in check-layers.sh"; bad=1; continue; }
+  while IFS= read -r line; do
+    file=${line%%:*}
+    inc=$(sed -E 's/.*#include "([^/"]+)\/.*/\1/' <<<"$line")
+    ok=0
+    for a in ${allowed[$part]}; do [ "$a" = "$inc" ] && ok=1; done
+    [ $ok -eq 1 ] || { echo "FAIL: ${file#$lib/} includes $inc/, not allowed for lib/$part"; bad=1; }
+  done < <(grep -rHE '#include "[^/"]+/' "$dir" || true)
+done
+[ $bad -eq 0 ] && echo "ok: lib/ layers"
+exit $bad
