@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "doc/control.hpp"
+
+#include "core/error.hpp"
+#include "doc/kinds.hpp"
+
+namespace ftp::doc {
+
+using json::Json;
+using json::Node;
+
+namespace {
+
+Json pct(const Percentiles& p) { return Json{{"p50", p.p50}, {"p99", p.p99}}; }
+
+Percentiles pct_from(const Node& n) {
+  n.expect_object();
+  Percentiles p;
+  p.p50 = n.positive("p50", true);
+  p.p99 = n.positive("p99", true);
+  if (p.p99 < p.p50) n.at("p99").fail("must not be below p50");
+  return p;
+}
+
+Percentiles pct_or_zero(const Node& parent, std::string_view key) {
+  auto n = parent.find(key);
+  return n ? pct_from(*n) : Percentiles{};
+}
+
+double ratio(const Node& n, std::string_view key) {
+  if (!n.has(key)) return 0;
+  double v = n.positive(key, true);
+  if (v > 1) n.at(key).fail("must be a ratio in [0, 1], got " + Json(v).dump());
+  return v;
+}
+
+double nonneg_or_zero(const Node& n, std::string_view key) { return n.has(key) ? n.positive(key, true) : 0; }
+
+const std::vector<std::string> kDomainStates = {"warming", "serving", "draining", "retired"};
+const std::vector<std::string> kPhases = {"reserve", "warm", "ramp", "drain", "retire", "rollback", "done"};
+const std::vector<std::string> kOutcomes = {"committed", "rolled-back", "failed"};
+
+}  // namespace
+
+Json to_json(const Observation& o) {
+  Json devices = Json::array();
+  for (const auto& d : o.devices) devices.push_back(Json{{"id", d.id}, {"utilization", d.utilization}});
+  Json domains = Json::array();
+  for (const auto& d : o.domains)
+    domains.push_back(Json{{"id", d.id},
+                           {"gear", d.gear},
+                           {"state", d.state},
+                           {"devices", d.devices},
+                           {"traffic_share", d.traffic_share},
+                           {"running", d.running},
+                           {"waiting", d.waiting}});
+  return Json{{"kind", kind::observation},
+              {"t_ms", o.t_ms},
+              {"gear", o.gear},
+              {"shifting", o.shifting},
+              {"queue_depth", o.queue_depth},
+              {"queue_depth_mean", o.queue_depth_mean},
+              {"est_queue_time_ms", o.est_queue_time_ms},
+              {"request_rate", o.request_rate},
+              {"predicted_rate", o.predicted_rate},
+              {"mean_prompt_tokens", o.mean_prompt_tokens},
+              {"mean_output_tokens", o.mean_output_tokens},
+              {"bubble_ratio", o.bubble_ratio},
+              {"contention_index", o.contention_index},
+              {"kv_watermark", o.kv_watermark},
+              {"ttft_ms", pct(o.ttft_ms)},
+              {"tpot_ms", pct(o.tpot_ms)},
+              {"e2e_ms", pct(o.e2e_ms)},
+              {"devices", devices},
+              {"domains", domains}};
+}
+
+Observation observation_from_json(const Json& j) {
+  Node r(j, "");
+  json::expect_kind(r, kind::observation);
+  Observation o;
+  o.t_ms = r.integer("t_ms");
+  o.gear = r.str("gear");
+  o.shifting = r.boolean_or("shifting", false);
+  o.queue_depth = nonneg_or_zero(r, "queue_depth");
+  o.queue_depth_mean = nonneg_or_zero(r, "queue_depth_mean");
+  o.est_queue_time_ms = nonneg_or_zero(r, "est_queue_time_ms");
+  o.request_rate = nonneg_or_zero(r, "request_rate");
+  o.predicted_rate = nonneg_or_zero(r, "predicted_rate");
+  o.mean_prompt_tokens = nonneg_or_zero(r, "mean_prompt_tokens");
+  o.mean_output_tokens = nonneg_or_zero(r, "mean_output_tokens");
+  o.bubble_ratio = ratio(r, "bubble_ratio");
+  o.contention_index = ratio(r, "contention_index");
+  o.kv_watermark = ratio(r, "kv_watermark");
+  o.ttft_ms = pct_or_zero(r, "ttft_ms");
+  o.tpot_ms = pct_or_zero(r, "tpot_ms");
+  o.e2e_ms = pct_or_zero(r, "e2e_ms");
+  if (auto ds = r.find("devices"))
+    for (const auto& n : ds->items()) o.devices.push_back(DeviceLoad{n.str("id"), ratio(n, "utilization")});
+  if (auto ds = r.find("domains")) {
+    for (const auto& n : ds->items()) {
+      DomainView d;
+      d.id = n.str("id");
+      d.gear = n.str("gear");
+      d.state = n.one_of("state", kDomainStates);
+      if (auto devs = n.find("devices"))
+        for (const auto& dn : devs->items()) d.devices.push_back(dn.str());
+      d.traffic_share = ratio(n, "traffic_share");
+      d.running = static_cast<int>(n.has("running") ? n.positive_integer("running", true) : 0);
+      d.waiting = static_cast<int>(n.has("waiting") ? n.positive_integer("waiting", true) : 0);
+      o.domains.push_back(std::move(d));
+    }
+  }
+  return o;
+}
+
+Json to_json(const Decision& d) {
+  Json signals = Json::array();
+  for (const auto& s : d.signals)
+    signals.push_back(Json{{"name", s.name}, {"value", s.value}, {"threshold", s.threshold}, {"agrees", s.agrees}});
+  Json o{{"kind", kind::decision}, {"t_ms", d.t_ms}, {"action", d.action}, {"from", d.from}};
+  if (!d.to.empty()) o["to"] = d.to;
+  o["policy"] = d.policy;
+  o["reason"] = d.reason;
+  o["signals"] = signals;
+  if (d.not_before_ms) o["not_before_ms"] = d.not_before_ms;
+  return o;
+}
+
+Decision decision_from_json(const Json& j) {
+  Node r(j, "");
+  json::expect_kind(r, kind::decision);
+  Decision d;
+  d.t_ms = r.integer("t_ms");
+  d.action = r.one_of("action", {"hold", "shift"});
+  d.from = r.str_or("from", "");
+  d.to = r.str_or("to", "");
+  if (d.action == "shift" && d.to.empty()) r.at("to");  // throws: a shift names its target
+  if (d.action == "shift" && d.to == d.from) r.at("to").fail("a shift must change the gear, got \"" + d.to + "\" twice");
+  d.policy = r.str("policy");
+  d.reason = r.str_or("reason", "");
+  if (auto ss = r.find("signals")) {
+    for (const auto& n : ss->items()) {
+      Signal s;
+      s.name = n.str("name");
+      s.value = n.number("value");
+      s.threshold = n.number_or("threshold", 0);
+      s.agrees = n.boolean_or("agrees", false);
+      d.signals.push_back(std::move(s));
+    }
+  }
+  d.not_before_ms = r.integer_or("not_before_ms", 0);
+  return d;
+}
+
+Json to_json(const ShiftEvent& e) {
+  Json o{{"kind", kind::shift_event}, {"shift_id", e.shift_id}, {"t_ms", e.t_ms}, {"phase", e.phase},
+         {"from", e.from},            {"to", e.to},             {"trigger", e.trigger},
+         {"traffic_share", e.traffic_share}, {"phase_ms", e.phase_ms}};
+  if (!e.outcome.empty()) o["outcome"] = e.outcome;
+  if (!e.message.empty()) o["message"] = e.message;
+  if (e.before) o["before_e2e_ms"] = pct(*e.before);
+  if (e.after) o["after_e2e_ms"] = pct(*e.after);
+  return o;
+}
+
+ShiftEvent shift_event_from_json(const Json& j) {
+  Node r(j, "");
+  json::expect_kind(r, kind::shift_event);
+  ShiftEvent e;
+  e.shift_id = r.str("shift_id");
+  e.t_ms = r.integer("t_ms");
+  e.phase = r.one_of("phase", kPhases);
+  e.from = r.str("from");
+  e.to = r.str("to");
+  e.trigger = r.str_or("trigger", "");
+  e.traffic_share = ratio(r, "traffic_share");
+  e.phase_ms = nonneg_or_zero(r, "phase_ms");
+  if (e.phase == "done")
+    e.outcome = r.one_of("outcome", kOutcomes);
+  else if (r.has("outcome"))
+    r.at("outcome").fail("only the \"done\" record carries an outcome, this is phase \"" + e.phase + "\"");
+  e.message = r.str_or("message", "");
+  if (auto b = r.find("before_e2e_ms")) e.before = pct_from(*b);
+  if (auto a = r.find("after_e2e_ms")) e.after = pct_from(*a);
+  return e;
+}
+
+}  // namespace ftp::doc

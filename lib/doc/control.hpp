@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/json.hpp"
+
+namespace ftp::doc {
+
+/// P50 and P99 of one latency, milliseconds.
+struct Percentiles {
+  double p50 = 0;
+  double p99 = 0;
+};
+
+/// A domain as an observation sees it.
+struct DomainView {
+  std::string id;
+  std::string gear;
+  std::string state;                  ///< "warming" | "serving" | "draining" | "retired"
+  std::vector<std::string> devices;
+  double traffic_share = 0;           ///< router weight, 0..1
+  int running = 0;                    ///< requests in the running batch
+  int waiting = 0;                    ///< requests queued
+};
+
+/// Utilisation of one device over the last interval.
+struct DeviceLoad {
+  std::string id;
+  double utilization = 0;             ///< 0..1, share of time busy with our work
+};
+
+/// ftp.observation/v1: one timestamped sample of the running system.
+struct Observation {
+  std::int64_t t_ms = 0;              ///< clock time (wall or virtual), ms
+  std::string gear;                   ///< current gear
+  bool shifting = false;              ///< a shift is in progress
+  double queue_depth = 0;             ///< requests waiting now
+  double queue_depth_mean = 0;        ///< sliding mean over the observer window (30 s)
+  double est_queue_time_ms = 0;       ///< mean service time x queue length, ms
+  double request_rate = 0;            ///< arrivals, requests/s
+  double predicted_rate = 0;          ///< predictor's forecast, requests/s
+  double mean_prompt_tokens = 0;
+  double mean_output_tokens = 0;
+  double bubble_ratio = 0;            ///< pipeline stage time spread vs slowest stage, 0..1
+  double contention_index = 0;        ///< share of device time taken by others, 0..1
+  double kv_watermark = 0;            ///< KV pool blocks in use / cap, 0..1
+  Percentiles ttft_ms, tpot_ms, e2e_ms;
+  std::vector<DeviceLoad> devices;
+  std::vector<DomainView> domains;
+};
+
+/// One signal a policy weighed in a decision.
+struct Signal {
+  std::string name;                   ///< "forecast_load", "queue_time", "kv_watermark", ...
+  double value = 0;
+  double threshold = 0;
+  bool agrees = false;                ///< whether it votes for the decision's action
+};
+
+/// ftp.decision/v1: what the controller wants.
+struct Decision {
+  std::int64_t t_ms = 0;
+  std::string action = "hold";        ///< "hold" | "shift"
+  std::string from;                   ///< current gear
+  std::string to;                     ///< target gear; empty for hold
+  std::string policy;                 ///< "gear-shifter", "tp-planner", ...
+  std::string reason;                 ///< for people: why
+  std::vector<Signal> signals;
+  std::int64_t not_before_ms = 0;     ///< staggered start; 0 for now
+};
+
+/// ftp.shift-event/v1: one step of a shift as it happens (phase records) or
+/// the closing record (phase "done", with an outcome).
+struct ShiftEvent {
+  std::string shift_id;
+  std::int64_t t_ms = 0;
+  std::string phase;                  ///< "reserve" | "warm" | "ramp" | "drain" | "retire" | "rollback" | "done"
+  std::string from, to;
+  std::string trigger;                ///< "manual", "policy:gear-shifter", ...
+  double traffic_share = 0;           ///< share on the new domain after this step, 0..1
+  double phase_ms = 0;                ///< time this phase took, ms
+  std::string outcome;                ///< only with phase "done": "committed" | "rolled-back" | "failed"
+  std::string message;
+  std::optional<Percentiles> before;  ///< P50/P99 E2E before the shift
+  std::optional<Percentiles> after;   ///< and after it
+};
+
+json::Json to_json(const Observation& o);
+Observation observation_from_json(const json::Json& j);
+
+json::Json to_json(const Decision& d);
+Decision decision_from_json(const json::Json& j);
+
+json::Json to_json(const ShiftEvent& e);
+ShiftEvent shift_event_from_json(const json::Json& j);
+
+}  // namespace ftp::doc
