@@ -1,11 +1,33 @@
 // SPDX-License-Identifier: Apache-2.0
-// ftp-probe: discover and measure devices, links and islands.
+// ftp-probe: discover and measure devices, links and islands; print ftp.topology/v1.
 #include "cli/tool.hpp"
+#include "doc/topology.hpp"
+#include "topology/probe.hpp"
 
 int main(int argc, char** argv) {
-  ftp::cli::Tool tool("ftp-probe", "Discover and measure devices, links and islands; print ftp.topology/v1.");
+  ftp::cli::Tool tool("ftp-probe",
+                      "Discover this machine's devices (CPU, CPU virtual devices, GPUs, MIG slices), measure them\n"
+                      "(GEMM TFLOP/s, triad GB/s, all-reduce bus bandwidth), group them into islands and print\n"
+                      "an ftp.topology/v1 document. With --cluster, describe a cluster from a spec instead.");
+  ftp::topology::ProbeOptions opts;
+  std::string cluster;
+  bool no_gpu = false;
+  auto& app = tool.app();
+  app.add_option("-n,--virtual-devices", opts.virtual_devices,
+                 "Split the CPU into N virtual devices in one island (0: one cpu0 device)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--cluster", cluster, "Read a cluster spec (ftp.cluster/v1, '-' for stdin) instead of probing")
+      ->option_text("FILE");
+  app.add_flag("--quick", opts.quick, "Short measurements (seconds instead of tens of seconds)");
+  app.add_flag("--no-gpu", no_gpu, "Do not look for CUDA devices");
+  app.get_option("--cluster")->excludes(app.get_option("--virtual-devices"));
+
   return tool.run(argc, argv, [&] {
-    tool.emit(ftp::json::Json{{"kind", "ftp.topology/v1"}});
+    opts.gpus = !no_gpu;
+    opts.progress = [&](std::string_view line) { tool.progress(line); };
+    ftp::doc::Topology topo = cluster.empty() ? ftp::topology::probe_local(opts)
+                                              : ftp::topology::topology_from_cluster_file(cluster);
+    tool.emit(ftp::doc::to_json(topo));
     return 0;
   });
 }

@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "backend/cpu/measure.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "core/error.hpp"
+
+namespace ftp::backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void check_threads(int threads, const char* what) {
+  if (threads < 1)
+    throw BackendError(std::string(what) + ": threads must be >= 1, got " + std::to_string(threads));
+}
+
+/// Restores OpenBLAS' global thread count on scope exit.
+class BlasThreads {
+ public:
+  explicit BlasThreads(int threads) : saved_(openblas_get_num_threads()) { openblas_set_num_threads(threads); }
+  ~BlasThreads() { openblas_set_num_threads(saved_); }
+  BlasThreads(const BlasThreads&) = delete;
+  BlasThreads& operator=(const BlasThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+}  // namespace
+
+Measurement measure_cpu_gemm_tflops(int threads, bool quick) {
+  check_threads(threads, "cpu gemm");
+  const int n = quick ? 1024 : 2048;
+  const int reps = quick ? 3 : 5;
+  const std::size_t elems = static_cast<std::size_t>(n) * n;
+  std::vector<float> a(elems), b(elems), c(elems, 0.0f);
+  // Small non-trivial values: denormals or zeros would flatter or slow the
+  // measurement depending on the micro-architecture.
+  for (std::size_t i = 0; i < elems; ++i) {
+    a[i] = static_cast<float>((i * 7 + 3) % 17) * 0.0625f - 0.5f;
+    b[i] = static_cast<float>((i * 5 + 1) % 13) * 0.0625f - 0.375f;
+  }
+  BlasThreads guard(threads);
+  auto gemm = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                c.data(), n);
+  };
+  gemm();  // warm-up: thread pool start, page faults on C
+  const double flops = 2.0 * n * static_cast<double>(n) * n;
+  Measurement m;
+  m.unit = "TFLOP/s";
+  m.repetitions = reps;
+  double best = 0, total = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    gemm();
+    double s = seconds_since(t0);
+    total += s;
+    best = std::max(best, flops / s / 1e12);
+  }
+  m.value = best;
+  m.seconds = total;
+  m.mean = flops * reps / total / 1e12;
+  m.method = "openblas sgemm fp32 m=n=k=" + std::to_string(n) + " threads=" + std::to_string(threads);
+  return m;
+}
+
+Measurement measure_cpu_triad_gbs(int threads, std::size_t elements, int repetitions) {
+  check_threads(threads, "cpu triad");
+  if (elements == 0 || repetitions < 1)
+    throw BackendError("cpu triad: elements and repetitions must be >= 1");
+  // Plain new[] (no value-initialisation) so that each thread first-touches
+  // its own slice: on NUMA machines the pages land next to the thread.
+  std::unique_ptr<double[]> a(new double[elements]), b(new double[elements]), c(new double[elements]);
+  const double scalar = 3.0;
+  const int passes = repetitions + 1;  // pass 0 is the warm-up
+  std::vector<double> pass_seconds(passes, 0.0);
+  Clock::time_point t0;
+  // Thread 0 times each pass between two barrier phases.
+  std::barrier<> sync(threads);
+  auto work = [&](int t) {
+    const std::size_t begin = elements * t / threads, end = elements * (t + 1) / threads;
+    double* pa = a.get();
+    const double* pb = b.get();
+    const double* pc = c.get();
+    for (std::size_t i = begin; i < end; ++i) {
+      a[i] = 0.0;
+      b[i] = 1.0;
+      c[i] = 2.0;
+    }
+    for (int p = 0; p < passes; ++p) {
+      sync.arrive_and_wait();
+      if (t == 0) t0 = Clock::now();
+      sync.arrive_and_wait();
+      for (std::size_t i = begin; i < end; ++i) pa[i] = pb[i] + scalar * pc[i];
+      sync.arrive_and_wait();
+      if (t == 0) pass_seconds[p] = seconds_since(t0);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  if (a[elements / 2] != 1.0 + scalar * 2.0) throw BackendError("cpu triad: wrong result in a[]");
+
+  const double bytes = 3.0 * sizeof(double) * static_cast<double>(elements);
+  Measurement m;
+  m.unit = "GB/s";
+  m.repetitions = repetitions;
+  double best = 0, total = 0;
+  for (int p = 1; p < passes; ++p) {
+    total += pass_seconds[p];
+    best = std::max(best, bytes / pass_seconds[p] / 1e9);
+  }
+  m.value = best;
+  m.seconds = total;
+  m.mean = bytes * repetitions / total / 1e9;
+  m.method = "stream triad fp64 3x" + std::to_string(elements * sizeof(double) >> 20) + " MiB threads=" +
+             std::to_string(threads) + " bytes=3*8*N";
+  return m;
+}
+
+Measurement measure_cpu_triad_gbs(int threads, bool quick) {
+  const std::size_t mib = quick ? 32 : 64;
+  return measure_cpu_triad_gbs(threads, mib * (std::size_t{1} << 20) / sizeof(double), quick ? 4 : 10);
+}
+
+void cpu_triad(float* a, const float* b, const float* c, float scalar, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) a[i] = b[i] + scalar * c[i];
+}
+
+}  // namespace ftp::backend

@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <vector>
+
+#include "backend/measurement.hpp"
+
+namespace ftp::backend {
+
+/// Single-precision GEMM rate of the CPU with `threads` OpenBLAS threads:
+/// C = A x B, square m = n = k (1024 with `quick`, 2048 otherwise), counted
+/// as 2 m n k flops. One warm-up, then 3 (quick) or 5 timed repetitions.
+///
+/// OpenBLAS keeps one global thread count: the call sets it to `threads` and
+/// restores the previous value before returning, so it must not run while
+/// another thread of the process uses BLAS. ftp-probe measures virtual
+/// devices one after another, each with its own thread share: the number is
+/// what that device does alone, not what N devices do at once (they then
+/// share caches and memory bandwidth). Throws ftp::BackendError if threads < 1.
+Measurement measure_cpu_gemm_tflops(int threads, bool quick);
+
+/// STREAM triad a[i] = b[i] + s * c[i] over doubles with `threads` threads
+/// (each pinned to nothing, first-touching its own slice). Arrays are
+/// 3 x 64 MiB (3 x 32 MiB with `quick`), far above the last-level caches of
+/// the CPUs we run on. Bytes counted as in STREAM: 3 x 8 x N per pass (two
+/// reads, one write; write-allocate traffic not counted). GB/s = 1e9 bytes/s,
+/// best of 10 passes (4 with `quick`) after one warm-up.
+Measurement measure_cpu_triad_gbs(int threads, bool quick);
+
+/// The same triad on caller-chosen sizes; `elements` per array. Exposed for
+/// tests and for ftp-probe's cluster-spec checks.
+Measurement measure_cpu_triad_gbs(int threads, std::size_t elements, int repetitions);
+
+/// The reference triad used to check device kernels: a[i] = b[i] + s * c[i].
+void cpu_triad(float* a, const float* b, const float* c, float scalar, std::size_t n);
+
+}  // namespace ftp::backend
