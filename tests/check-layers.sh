@@ -1,6 +1,7 @@
 #!/bin/bash
 # The folders of lib/ depend one way (lib/meson.build). A folder may include
-# headers only from the folders listed for it here.
+# headers only from the folders listed for it here (kernels/ is the CUDA ops
+# at the top level, used by the backend only).
 set -u
 lib=$1
 declare -A allowed=(
@@ -8,7 +9,7 @@ declare -A allowed=(
   [doc]="core doc"
   [ipc]="core ipc"
   [comm]="core doc comm"
-  [backend]="core doc backend"
+  [backend]="core doc backend kernels"
   [topology]="core doc comm backend topology"
   [cli]="core doc comm backend topology ipc cli"
 )

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <string>
 
+#include "doc/topology.hpp"
+
 namespace ftp::comm {
 
 /// One all-reduce measurement, with nccl-tests' definitions:
@@ -27,9 +29,8 @@ struct AllReduceMeasurement {
 };
 
 /// busbw = algbw x 2 (n - 1) / n (nccl-tests' all-reduce factor); 0 for n <= 1.
-inline double allreduce_busbw(double algbw, int n_ranks) {
-  return n_ranks <= 1 ? 0.0 : algbw * 2.0 * (n_ranks - 1) / n_ranks;
-}
+/// One definition for measurements and documents: doc::allreduce_busbw.
+using doc::allreduce_busbw;
 
 /// Fills time, algbw and busbw from the total seconds of `iterations` runs.
 inline void finish_allreduce_measurement(AllReduceMeasurement& m, double total_seconds) {

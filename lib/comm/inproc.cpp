@@ -26,12 +26,13 @@ constexpr std::size_t kUnit = 16;
 // Elements summed per block: the block's accumulator stays in L1.
 constexpr std::size_t kBlock = 1024;
 // Spins before sleeping on the futex: short collectives stay in the
-// microseconds, oversubscribed ranks do not burn a core for long.
+// microseconds, and a rank does not burn a core for long.
 constexpr int kSpins = 4000;
 
 }  // namespace
 
-InprocCommunicator::InprocCommunicator(int n_ranks) : n_(n_ranks) {
+InprocCommunicator::InprocCommunicator(int n_ranks)
+    : n_(n_ranks), spins_(static_cast<unsigned>(n_ranks) <= std::thread::hardware_concurrency() ? kSpins : 0) {
   if (n_ranks < 1) throw InputError("inproc communicator: n_ranks must be >= 1, got " + std::to_string(n_ranks));
   buffers_.assign(n_, nullptr);
   counts_.assign(n_, 0);
@@ -54,7 +55,7 @@ void InprocCommunicator::wait_all() {
     generation_.notify_all();
     return;
   }
-  for (int i = 0; i < kSpins && generation_.load(std::memory_order_acquire) == gen; ++i) cpu_relax();
+  for (int i = 0; i < spins_ && generation_.load(std::memory_order_acquire) == gen; ++i) cpu_relax();
   while (generation_.load(std::memory_order_acquire) == gen) generation_.wait(gen, std::memory_order_acquire);
   if (aborted()) throw Error("inproc communicator aborted");
 }

@@ -55,6 +55,9 @@ class InprocCommunicator {
   void check_counts(const char* op);
 
   int n_;
+  // Spins before sleeping in a barrier: none when ranks outnumber CPUs,
+  // where a spinning rank would take the CPU that the late rank needs.
+  int spins_;
   // Barrier state: arrivals of the current phase and its generation.
   alignas(64) std::atomic<int> arrived_{0};
   alignas(64) std::atomic<std::uint32_t> generation_{0};

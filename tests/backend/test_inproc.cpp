@@ -204,6 +204,9 @@ TEST(BusBandwidth, InprocMeasurement) {
 TEST(Nccl, WithoutGpuItIsABackendErrorNotACrash) {
   if (!nccl_available()) {
     EXPECT_THROW(measure_nccl_allreduce({0, 1}, 1 << 20, true), ftp::BackendError);
+    return;
   }
   EXPECT_THROW(measure_nccl_allreduce({}, 1 << 20, true), ftp::InputError);
+  // Built with NCCL: a device that does not exist is a backend error.
+  EXPECT_THROW(measure_nccl_allreduce({1000}, 1 << 20, true), ftp::BackendError);
 }

@@ -12,13 +12,8 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "kernels/triad.cuh"
 
-// Host entry point of kernels/triad.cu, declared as in kernels/triad.cuh
-// (lib/ may not include kernels/ under tests/check-layers.sh; a mismatch
-// of the signature fails at link time, names being mangled).
-namespace ftp::kernels {
-cudaError_t triad_f32(float* a, const float* b, const float* c, float scalar, std::size_t n, cudaStream_t stream);
-}
 
 namespace ftp::backend {
 namespace {
