@@ -11,7 +11,8 @@ declare -A allowed=(
   [comm]="core doc comm"
   [backend]="core doc backend kernels"
   [topology]="core doc comm backend topology"
-  [cli]="core doc comm backend topology ipc cli"
+  [plan]="core doc plan"
+  [cli]="core doc comm backend topology ipc plan cli"
 )
 bad=0
 for dir in "$lib"/*/; do

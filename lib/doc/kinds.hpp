@@ -14,4 +14,5 @@ inline constexpr std::string_view observation = "ftp.observation/v1";
 inline constexpr std::string_view decision = "ftp.decision/v1";
 inline constexpr std::string_view shift_event = "ftp.shift-event/v1";
 inline constexpr std::string_view capacity = "ftp.capacity/v1";
+inline constexpr std::string_view model_shape = "ftp.model-shape/v1";
 }  // namespace ftp::doc::kind

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "plan/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace ftp::plan {
+
+Workload resolve(const Workload& w, const ModelShape& m) {
+  Workload r = w;
+  if (r.context <= 0) r.context = m.context_length;
+  const int dflt_prompt = 512, dflt_output = 128;
+  if (r.prompt_tokens <= 0 && r.output_tokens <= 0 && dflt_prompt + dflt_output > r.context) {
+    r.prompt_tokens = std::max(1, r.context * 4 / 5);
+    r.output_tokens = std::max(1, r.context - r.prompt_tokens);
+  }
+  if (r.prompt_tokens <= 0) r.prompt_tokens = dflt_prompt;
+  if (r.output_tokens <= 0) r.output_tokens = dflt_output;
+  if (r.prompt_tokens + r.output_tokens > r.context)
+    throw InputError("the reference request (" + std::to_string(r.prompt_tokens) + " prompt + " +
+                     std::to_string(r.output_tokens) + " output tokens) is longer than the context (" +
+                     std::to_string(r.context) + " tokens)");
+  return r;
+}
+
+double allreduce_time_s(int n, double bytes, double busbw_gb_s, double latency_us) {
+  if (n <= 1) return 0;
+  double t = latency_us * 1e-6;
+  if (busbw_gb_s > 0) t += 2.0 * (n - 1) / n * bytes / (busbw_gb_s * 1e9);
+  return t;
+}
+
+double p2p_time_s(double bytes, double gb_s, double latency_us) {
+  return (gb_s > 0 ? bytes / (gb_s * 1e9) : 0) + latency_us * 1e-6;
+}
+
+double pipeline_bubble(int pp, int micro_batches) {
+  return pp <= 1 ? 0.0 : double(pp - 1) / double(micro_batches + pp - 1);
+}
+
+double stage_compute_params(const ModelShape& m, const StageSpan& s) {
+  return s.n_layers * m.layer_params() + (s.last ? m.head_params() : 0);
+}
+
+double stage_weight_params(const ModelShape& m, const StageSpan& s) {
+  return stage_compute_params(m, s) + (s.first ? m.embedding_params() : 0);
+}
+
+double prefill_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, double tokens) {
+  const double p = stage_compute_params(m, s);
+  const double compute = 2.0 * p * tokens / (g.tp * g.tflop_s * 1e12 * kComputeEfficiency);
+  // Small prefills are bound by reading the weights once, like a decode step.
+  const double read = p * m.bytes_per_param / g.tp / (g.gb_s * 1e9 * kMemoryEfficiency);
+  const double ar = allreduce_time_s(g.tp, double(m.hidden_size) * tokens * m.activation_bytes_per_element(), g.busbw_gb_s,
+                                     g.allreduce_latency_us);
+  return std::max(compute, read) + 2.0 * s.n_layers * ar + s.n_layers * kLayerOverheadS;
+}
+
+double decode_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, double batch, double context) {
+  const double p = stage_compute_params(m, s);
+  const double bytes = p * m.bytes_per_param / g.tp + batch * context * s.n_layers * m.kv_bytes_per_token_layer(g.tp);
+  const double read = bytes / (g.gb_s * 1e9 * kMemoryEfficiency);
+  const double compute = 2.0 * p * batch / (g.tp * g.tflop_s * 1e12 * kComputeEfficiency);
+  const double ar = allreduce_time_s(g.tp, double(m.hidden_size) * batch * m.activation_bytes_per_element(), g.busbw_gb_s,
+                                     g.allreduce_latency_us);
+  return std::max(read, compute) + 2.0 * s.n_layers * ar + s.n_layers * kLayerOverheadS;
+}
+
+StageMemory stage_memory(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const Workload& w, int concurrency,
+                         int context) {
+  StageMemory r;
+  r.weights = stage_weight_params(m, s) * m.bytes_per_param / g.tp;
+  r.activations = double(w.max_batched_tokens) *
+                  (4.0 * m.hidden_size + 2.0 * m.intermediate_size / g.tp + (s.last ? double(m.vocab_size) / g.tp : 0.0)) *
+                  kActivationBytesPerElement;
+  const double per_token = s.n_layers * m.kv_bytes_per_token_layer(g.tp);
+  r.kv_needed = double(concurrency) * context * per_token;
+  r.kv_pool = std::max(0.0, kKvCacheCap * (double(g.memory_bytes) - r.weights - r.activations));
+  r.need = r.weights + r.activations + r.kv_needed / kKvCacheCap;
+  r.kv_tokens = per_token > 0 ? r.kv_pool / per_token : 0;
+  return r;
+}
+
+ReplicaEstimate estimate_replica(const ModelShape& m, const std::vector<ReplicaStage>& stages, const Workload& w,
+                                 double kv_tokens) {
+  ReplicaEstimate e;
+  const int pp = static_cast<int>(stages.size());
+  if (pp == 0) return e;
+  const double req_tokens = double(w.prompt_tokens) + w.output_tokens;
+  e.batch = static_cast<int>(std::clamp(std::floor(kv_tokens / req_tokens), 1.0, double(kMaxDecodeBatch)));
+  e.micro_batches = pp > 1 ? std::min(pp, e.batch) : 1;
+  e.bubble = pipeline_bubble(pp, e.micro_batches);
+  const int mb = e.micro_batches;
+  const double act = double(m.hidden_size) * m.activation_bytes_per_element();
+
+  const double prompt_total = double(e.batch) * w.prompt_tokens;
+  const double chunks = std::ceil(prompt_total / w.max_batched_tokens);
+  const double mb_tokens = prompt_total / (chunks * mb);
+  double prefill_max = 0;
+  for (int i = 0; i < pp; ++i) {
+    const auto& st = stages[static_cast<std::size_t>(i)];
+    double t = prefill_time_s(m, st.span, st.perf, mb_tokens);
+    if (i + 1 < pp) t += p2p_time_s(mb_tokens * act, st.send_gb_s, st.send_latency_us);
+    prefill_max = std::max(prefill_max, t);
+  }
+  e.prefill_s = (chunks * mb + pp - 1) * prefill_max;
+
+  const double mb_batch = double(e.batch) / mb;
+  const double context = w.prompt_tokens + w.output_tokens / 2.0;
+  double decode_max = 0, decode_sum = 0;
+  for (int i = 0; i < pp; ++i) {
+    const auto& st = stages[static_cast<std::size_t>(i)];
+    double t = decode_time_s(m, st.span, st.perf, mb_batch, context);
+    if (i + 1 < pp) t += p2p_time_s(mb_batch * act, st.send_gb_s, st.send_latency_us);
+    decode_max = std::max(decode_max, t);
+    decode_sum += t;
+  }
+  // Sequences of one micro-batch wait for their own previous token, so a
+  // round takes max(m, pp) slots of the slowest stage.
+  e.decode_round_s = std::max(mb, pp) * decode_max;
+  e.spread = decode_max > 0 ? (decode_max - decode_sum / pp) / decode_max : 0;
+  e.rps = e.batch / (e.prefill_s + w.output_tokens * e.decode_round_s);
+  e.tokens_s = e.rps * w.output_tokens;
+  return e;
+}
+
+}  // namespace ftp::plan

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "plan/model_shape.hpp"
+
+/// The planner's cost model: time and memory of one pipeline stage, and the
+/// throughput of one data-parallel replica, from measured device speeds
+/// (ftp.topology/v1). Formulas are written next to each function and in
+/// ftp-plan(1). Units: seconds, bytes, 1 GB/s = 1e9 B/s, 1 TFLOP/s = 1e12 FLOP/s.
+namespace ftp::plan {
+
+/// Share of a device's measured GEMM TFLOP/s that model GEMMs reach.
+inline constexpr double kComputeEfficiency = 0.5;
+/// Share of a device's measured triad GB/s that weight and KV reads reach.
+inline constexpr double kMemoryEfficiency = 0.7;
+/// Share of the memory left after weights and activations that the KV pool
+/// may take; the rest is room for a shadow domain during a shift.
+inline constexpr double kKvCacheCap = 0.7;
+/// safe capacity = kSafeFraction x max capacity (ARCHITECTURE.md, capacity).
+inline constexpr double kSafeFraction = 0.8;
+/// Bytes per activation element of the scheduler's scratch buffers (f32).
+inline constexpr double kActivationBytesPerElement = 4;
+/// Fixed cost of one layer in one forward pass (kernel launches, thread
+/// hand-offs), seconds; keeps tiny models from looking infinitely fast.
+inline constexpr double kLayerOverheadS = 20e-6;
+/// Largest decode batch a replica is credited with.
+inline constexpr int kMaxDecodeBatch = 256;
+
+/// The traffic a gear is planned for.
+struct Workload {
+  int prompt_tokens = 0;          ///< reference request: prompt tokens; 0: 512, shrunk to fit the context
+  int output_tokens = 0;          ///< reference request: generated tokens; 0: 128, shrunk to fit the context
+  int concurrency = 8;            ///< requests a gear must hold at once, at `context` tokens each
+  int context = 0;                ///< tokens per request the KV cache must hold; 0: the model's context_length
+  int max_batched_tokens = 2048;  ///< scheduler token budget per step (activations)
+};
+
+/// The workload with its defaults filled in for a model: context (the model's
+/// context_length), prompt and output tokens (512 and 128, or 4/5 and 1/5 of a
+/// context shorter than 640 tokens). Throws InputError when the reference request
+/// is longer than the context.
+Workload resolve(const Workload& w, const ModelShape& m);
+
+/// Speed and memory of one tensor-parallel group: the `tp` ranks of one stage.
+/// The slowest rank sets the pace, the smallest rank the memory.
+struct GroupPerf {
+  int tp = 1;
+  double tflop_s = 0;               ///< TFLOP/s of the slowest rank
+  double gb_s = 0;                  ///< memory GB/s of the slowest rank
+  double busbw_gb_s = 0;            ///< all-reduce bus bandwidth over the group, GB/s; unused for tp 1
+  double allreduce_latency_us = 0;  ///< latency term of one all-reduce over the group, us
+  std::uint64_t memory_bytes = 0;   ///< memory of the smallest rank, bytes
+};
+
+/// Which layers a stage runs: a count, and whether it holds the embedding (first) and the head (last).
+struct StageSpan {
+  int n_layers = 0;
+  bool first = false;
+  bool last = false;
+};
+
+/// Ring all-reduce of `bytes` over n ranks (nccl-tests): 2(n-1)/n x bytes / busbw + latency; 0 for n <= 1. Seconds.
+double allreduce_time_s(int n, double bytes, double busbw_gb_s, double latency_us);
+/// Point-to-point send between pipeline stages: bytes / bandwidth + latency. Seconds.
+double p2p_time_s(double bytes, double gb_s, double latency_us);
+/// GPipe bubble share: (pp - 1) / (micro_batches + pp - 1).
+double pipeline_bubble(int pp, int micro_batches);
+
+/// Parameters whose GEMMs a stage runs: its layers, plus the output head on the last stage.
+double stage_compute_params(const ModelShape& m, const StageSpan& s);
+/// Parameters a stage stores: compute params, plus the embedding on the first stage.
+double stage_weight_params(const ModelShape& m, const StageSpan& s);
+
+/// Prefill of `tokens` tokens on one stage:
+///   max(2 x P x tokens / (tp x TFLOP/s x kComputeEfficiency), P x bytes_per_param / tp / (GB/s x kMemoryEfficiency))
+///   + 2 x n_layers x allreduce(tp, hidden x tokens x activation bytes) + n_layers x kLayerOverheadS
+/// with P = stage_compute_params. Attention's context-quadratic FLOPs are not counted. Seconds.
+double prefill_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, double tokens);
+/// One decode step of `batch` sequences of `context` tokens on one stage:
+///   max((P x bytes_per_param / tp + batch x context x n_layers x kv_bytes_per_token_layer(tp)) / (GB/s x kMemoryEfficiency),
+///       2 x P x batch / (tp x TFLOP/s x kComputeEfficiency))
+///   + 2 x n_layers x allreduce(tp, hidden x batch x activation bytes) + n_layers x kLayerOverheadS. Seconds.
+double decode_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, double batch, double context);
+
+/// Memory of one rank of a stage, bytes.
+struct StageMemory {
+  double weights = 0;      ///< stage_weight_params x bytes_per_param / tp
+  double activations = 0;  ///< max_batched_tokens x (4 hidden + 2 intermediate/tp [+ vocab/tp on the last stage]) x 4
+  double kv_needed = 0;    ///< concurrency x context x n_layers x kv_bytes_per_token_layer(tp)
+  double kv_pool = 0;      ///< kKvCacheCap x (memory - weights - activations), >= 0
+  double need = 0;         ///< weights + activations + kv_needed / kKvCacheCap: memory the rank must have
+  double kv_tokens = 0;    ///< tokens the KV pool holds: kv_pool / (n_layers x kv_bytes_per_token_layer(tp))
+  bool fits(std::uint64_t memory_bytes) const { return need <= static_cast<double>(memory_bytes); }
+};
+/// `concurrency` requests of `context` tokens held by this stage's replica.
+StageMemory stage_memory(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const Workload& w, int concurrency,
+                         int context);
+
+/// One stage of a replica, as the cost model sees it.
+struct ReplicaStage {
+  StageSpan span;
+  GroupPerf perf;
+  double send_gb_s = 0;         ///< link to the next stage (unused on the last)
+  double send_latency_us = 0;
+};
+
+/// Estimated steady-state throughput of one replica for the reference request.
+struct ReplicaEstimate {
+  int batch = 0;            ///< sequences decoded together: min(kv_tokens / (prompt + output), kMaxDecodeBatch), >= 1
+  int micro_batches = 1;    ///< pp > 1: min(pp, batch)
+  double prefill_s = 0;     ///< prefill of `batch` prompts
+  double decode_round_s = 0;///< one token for each of `batch` sequences
+  double bubble = 0;        ///< pipeline_bubble(pp, micro_batches)
+  double spread = 0;        ///< (slowest - mean) / slowest decode stage time
+  double rps = 0;           ///< batch / (prefill_s + output_tokens x decode_round_s)
+  double tokens_s = 0;      ///< rps x output_tokens
+};
+/// Throughput of one replica whose KV pool holds `kv_tokens` tokens:
+///   prefill_s = (chunks x m + pp - 1) x max_s (prefill_s(batch x prompt / (chunks x m)) + send)
+///     with chunks = ceil(batch x prompt / max_batched_tokens), m micro-batches per chunk;
+///   decode_round_s = max(m, pp) x max_s (decode_s(batch / m, prompt + output / 2) + send);
+///   rps = batch / (prefill_s + output_tokens x decode_round_s).
+ReplicaEstimate estimate_replica(const ModelShape& m, const std::vector<ReplicaStage>& stages, const Workload& w,
+                                 double kv_tokens);
+
+}  // namespace ftp::plan

@@ -1,0 +1,81 @@
+#!/bin/bash
+# ftp-plan end to end: every example cluster (through ftp-probe --cluster)
+# with every example model, then bad inputs with their exit codes and messages.
+set -u
+probe=$1
+plan=$2
+src=$3
+pass=0; failn=0
+check() {  # check NAME COMMAND...
+  local name=$1; shift
+  if "$@" >/dev/null; then pass=$((pass+1)); echo "ok: $name"; else failn=$((failn+1)); echo "FAIL: $name"; fi
+}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+models=$src/examples/models
+
+for c in "$src"/examples/clusters/*.json; do
+  cn=$(basename "$c" .json)
+  "$probe" --cluster "$c" --json=short >"$tmp/$cn.topo.json"
+  for m in llama-7b llama-70b stories260K; do
+    out=$tmp/$cn.$m.json
+    "$plan" --topology "$tmp/$cn.topo.json" --model "$models/$m.json" >"$out" 2>"$tmp/err"; rc=$?
+    check "$cn $m: exit 0" test $rc -eq 0
+    check "$cn $m: a gear table for the model" \
+      jq -e --arg m "$m" --arg t "$cn" '.kind=="ftp.gear-table/v1" and .model.name==$m and .topology==$t and (.gears|length)>=1' "$out"
+    check "$cn $m: estimates, safe = 0.8 x max" \
+      jq -e 'all(.gears[]; .estimated.source=="estimate" and .estimated.max_rps>0 and ((.estimated.safe_rps - 0.8*.estimated.max_rps)|fabs) < 1e-9*.estimated.max_rps)' "$out"
+    check "$cn $m: normal gears ordered by capacity and devices" \
+      jq -e '[.gears[]|select(.role=="normal")] | [range(1;length) as $i | .[$i-1].estimated.max_rps < .[$i].estimated.max_rps and ([.[$i-1].replicas[].stages[].devices[]]|length) <= ([.[$i].replicas[].stages[].devices[]]|length)] | all' "$out"
+    check "$cn $m: every replica covers all layers" \
+      jq -e '.model.n_layers as $n | all(.gears[].replicas[]; .stages[-1].layers[1]==$n and .stages[0].layers[0]==0)' "$out"
+    check "$cn $m: names known, at most one memory guard" \
+      jq -e 'all(.gears[]; .name|IN("economy","standard","performance","memory-guard")) and ([.gears[]|select(.role=="memory-guard")]|length)<=1' "$out"
+    check "$cn $m: nothing on stderr in a pipe" test ! -s "$tmp/err"
+  done
+done
+
+a100=$tmp/a100-8x-nvlink.topo.json
+check "a100 llama-7b: economy is one GPU, performance above it" \
+  jq -e '.gears[0].name=="economy" and ([.gears[0].replicas[].stages[].devices[]]|length)==1 and (.gears|map(.name)|index("performance"))>0' "$tmp/a100-8x-nvlink.llama-7b.json"
+check "a100 llama-70b: economy needs two 80 GB GPUs" \
+  jq -e '.gears[0].name=="economy" and ([.gears[0].replicas[].stages[].devices[]]|length)==2' "$tmp/a100-8x-nvlink.llama-70b.json"
+check "a100 llama-70b: tp divides 64 and 8" jq -e 'all(.gears[]; 8 % .tp == 0)' "$tmp/a100-8x-nvlink.llama-70b.json"
+fp=$tmp/flexpipe-fragmented.topo.json
+check "flexpipe: TP groups stay in one island" \
+  jq -e --slurpfile t "$fp" '[$t[0].islands[] | .devices] as $is | all(.gears[].replicas[].stages[]; .devices as $d | any($is[]; . as $i | all($d[]; . as $x | $i|index($x))))' \
+  "$tmp/flexpipe-fragmented.llama-7b.json"
+
+"$plan" --topology "$a100" --model "$models/llama-7b.json" --explain --json=short >"$tmp/out" 2>"$tmp/explain"
+check "--explain: JSON Lines of candidates on stderr" jq -e -s 'length>10 and all(.[]; has("tp") and has("feasible"))' "$tmp/explain"
+check "--explain: stdout is still one table" test "$(wc -l <"$tmp/out")" -eq 1
+"$plan" --topology "$a100" --model "$models/llama-7b.json" --max-gears 1 >"$tmp/out"
+check "--max-gears 1: one gear, standard" jq -e '(.gears|length)==1 and .gears[0].name=="standard"' "$tmp/out"
+"$plan" --topology - --model "$models/llama-7b.json" <"$a100" >"$tmp/out"
+check "topology from stdin" jq -e '.kind=="ftp.gear-table/v1"' "$tmp/out"
+
+expect_error() {  # expect_error NAME EXPECTED_RC PATTERN ARGS...
+  local name=$1 want=$2 pattern=$3; shift 3
+  "$plan" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  check "$name: exit $want" test $rc -eq "$want"
+  check "$name: message" grep -qF -- "$pattern" "$tmp/err"
+  check "$name: nothing on stdout" test ! -s "$tmp/out"
+}
+expect_error "wrong kind (model)" 2 "ftp-plan: error: $a100: kind: expected \"ftp.model-shape/v1\", got \"ftp.topology/v1\"" \
+  --topology "$a100" --model "$a100"
+expect_error "wrong kind (topology)" 2 "kind: expected \"ftp.topology/v1\", got \"ftp.model-shape/v1\"" \
+  --topology "$models/llama-7b.json" --model "$models/llama-7b.json"
+jq 'del(.hidden_size)' "$models/llama-7b.json" >"$tmp/nohidden.json"
+expect_error "missing field" 2 "ftp-plan: error: $tmp/nohidden.json: hidden_size: missing required field" \
+  --topology "$a100" --model "$tmp/nohidden.json"
+jq '.n_kv_heads = 5' "$models/llama-7b.json" >"$tmp/kv5.json"
+expect_error "n_kv_heads not dividing" 2 "n_kv_heads: must divide n_heads (32), got 5" --topology "$a100" --model "$tmp/kv5.json"
+jq '.n_layers = 800 | .name = "llama-700b"' "$models/llama-70b.json" >"$tmp/huge.json"
+expect_error "model that does not fit" 1 "ftp-plan: error: no gear fits: llama-700b needs" --topology "$a100" --model "$tmp/huge.json"
+check "does not fit: names a device and bytes short" grep -qE "GB short on device n0\.gpu[0-9]" "$tmp/err"
+expect_error "reference request too long" 2 "longer than the context" \
+  --topology "$a100" --model "$models/stories260K.json" --prompt-tokens 500 --output-tokens 100
+expect_error "missing --model" 2 "ftp-plan: error:" --topology "$a100"
+expect_error "missing file" 2 "/nonexistent.json: cannot open" --topology "$a100" --model /nonexistent.json
+
+echo "$pass passed, $failn failed"
+[ $failn -eq 0 ]
