@@ -10,9 +10,12 @@ declare -A allowed=(
   [ipc]="core ipc"
   [comm]="core doc comm"
   [backend]="core doc backend kernels"
+  [engine]="core doc comm backend model engine"
   [topology]="core doc comm backend topology"
   [plan]="core doc plan"
-  [cli]="core doc comm backend topology ipc plan cli"
+  [control]="core doc control"
+  [model]="core doc model"
+  [cli]="core doc comm backend topology ipc plan model control cli"
 )
 bad=0
 for dir in "$lib"/*/; do

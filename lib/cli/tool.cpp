@@ -35,7 +35,10 @@ int Tool::run(int argc, char** argv, const std::function<int()>& body) {
   try {
     app_.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    std::cout << app_.help() << std::flush;
+    // The help of the innermost subcommand given ("ftp-plan decide --help").
+    const CLI::App* app = &app_;
+    while (!app->get_subcommands().empty()) app = app->get_subcommands().front();
+    std::cout << app->help() << std::flush;
     return 0;
   } catch (const CLI::CallForAllHelp&) {
     std::cout << app_.help("", CLI::AppFormatMode::All) << std::flush;

@@ -15,4 +15,5 @@ inline constexpr std::string_view decision = "ftp.decision/v1";
 inline constexpr std::string_view shift_event = "ftp.shift-event/v1";
 inline constexpr std::string_view capacity = "ftp.capacity/v1";
 inline constexpr std::string_view model_shape = "ftp.model-shape/v1";
+inline constexpr std::string_view policy = "ftp.policy/v1";
 }  // namespace ftp::doc::kind

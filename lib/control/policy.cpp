@@ -1,0 +1,696 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "control/policy.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "core/error.hpp"
+#include "doc/kinds.hpp"
+
+namespace ftp::control {
+
+using json::Json;
+using json::Node;
+
+// ---------------------------------------------------------------- config
+
+namespace {
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+/// Reads the members of one section, remembering which keys it knows, so
+/// that an unknown (misspelt) key is an error.
+class Section {
+ public:
+  Section(const Node& parent, std::string_view key) : parent_(parent), key_(key) {
+    node_ = parent.find(key);
+    if (node_) node_->expect_object();
+  }
+  void number(std::string_view key, double& out) {
+    known_.insert(std::string(key));
+    if (node_ && node_->has(key)) out = node_->number(key);
+  }
+  void integer(std::string_view key, int& out) {
+    known_.insert(std::string(key));
+    if (node_ && node_->has(key)) {
+      auto v = node_->integer(key);
+      if (v < -1000000 || v > 1000000) node_->at(key).fail("out of range, got " + std::to_string(v));
+      out = static_cast<int>(v);
+    }
+  }
+  void seed(std::string_view key, std::uint64_t& out) {
+    known_.insert(std::string(key));
+    if (node_ && node_->has(key)) out = static_cast<std::uint64_t>(node_->positive_integer(key, true));
+  }
+  void one_of(std::string_view key, std::string& out, const std::vector<std::string>& choices) {
+    known_.insert(std::string(key));
+    if (node_ && node_->has(key)) out = node_->one_of(key, choices);
+  }
+  void finish() const {
+    if (!node_) return;
+    for (const auto& [k, v] : node_->value().items())
+      if (!known_.count(k)) Node(v, node_->child_path(k)).fail("unknown field (misspelt?)");
+  }
+
+ private:
+  const Node& parent_;
+  std::string key_;
+  std::optional<Node> node_;
+  std::set<std::string> known_;
+};
+
+void check(bool ok, const std::string& path, const std::string& why, double got) {
+  if (!ok) throw InputError(path + ": " + why + ", got " + num(got));
+}
+void positive(const std::string& path, double v) { check(std::isfinite(v) && v > 0, path, "must be positive", v); }
+void nonneg(const std::string& path, double v) { check(std::isfinite(v) && v >= 0, path, "must not be negative", v); }
+void ratio(const std::string& path, double v) { check(v > 0 && v <= 1, path, "must be a ratio in (0, 1]", v); }
+
+const std::vector<std::string> kLatencyMetrics = {"ttft", "tpot", "e2e"};
+
+}  // namespace
+
+Json to_json(const PolicyConfig& c) {
+  const auto& p = c.predictor;
+  const auto& k = c.capacity;
+  const auto& g = c.gear_shifter;
+  const auto& r = c.rollback;
+  const auto& t = c.tp_planner;
+  return Json{
+      {"kind", doc::kind::policy},
+      {"predictor", {{"alpha", p.alpha}, {"horizon_s", p.horizon_s}, {"peak_window_s", p.peak_window_s}}},
+      {"capacity",
+       {{"safe_fraction", k.safe_fraction},
+        {"refresh_every_s", k.refresh_every_s},
+        {"window_s", k.window_s},
+        {"saturation_queue", k.saturation_queue}}},
+      {"gear_shifter",
+       {{"min_dwell_s", g.min_dwell_s},
+        {"up_threshold", g.up_threshold},
+        {"down_threshold", g.down_threshold},
+        {"confirmations", g.confirmations},
+        {"confirmation_period_s", g.confirmation_period_s},
+        {"min_agreeing_signals", g.min_agreeing_signals},
+        {"queue_depth_up", g.queue_depth_up},
+        {"queue_depth_down", g.queue_depth_down},
+        {"queue_time_up_ms", g.queue_time_up_ms},
+        {"queue_time_down_ms", g.queue_time_down_ms},
+        {"bubble_ratio", g.bubble_ratio},
+        {"contention_index", g.contention_index},
+        {"memory_guard_kv", g.memory_guard_kv},
+        {"memory_guard_exit_kv", g.memory_guard_exit_kv},
+        {"replicas", g.replicas},
+        {"stagger_max_s", g.stagger_max_s},
+        {"seed", g.seed},
+        {"shift_timeout_s", g.shift_timeout_s}}},
+      {"rollback",
+       {{"p99_factor", r.p99_factor},
+        {"window_s", r.window_s},
+        {"watch_s", r.watch_s},
+        {"baseline_window_s", r.baseline_window_s}}},
+      {"tp_planner",
+       {{"loop_ms", t.loop_ms},
+        {"alpha", t.alpha},
+        {"target_utilization", t.target_utilization},
+        {"scale_down_utilization", t.scale_down_utilization},
+        {"scale_down_after_s", t.scale_down_after_s},
+        {"min_switch_interval_s", t.min_switch_interval_s},
+        {"latency_metric", t.latency_metric},
+        {"latency_target_ms", t.latency_target_ms},
+        {"latency_feedback", t.latency_feedback},
+        {"min_tp", t.min_tp},
+        {"max_tp", t.max_tp},
+        {"flops_per_token", t.flops_per_token},
+        {"device_tflop_s", t.device_tflop_s},
+        {"default_prompt_tokens", t.default_prompt_tokens},
+        {"reserve_ahead_s", t.reserve_ahead_s}}},
+      {"naive", {{"threshold", c.naive.threshold}}},
+  };
+}
+
+PolicyConfig policy_config_from_json(const Json& j) {
+  Node root(j, "");
+  json::expect_kind(root, doc::kind::policy);
+  PolicyConfig c;
+  {
+    Section s(root, "predictor");
+    s.number("alpha", c.predictor.alpha);
+    s.number("horizon_s", c.predictor.horizon_s);
+    s.number("peak_window_s", c.predictor.peak_window_s);
+    s.finish();
+  }
+  {
+    Section s(root, "capacity");
+    s.number("safe_fraction", c.capacity.safe_fraction);
+    s.number("refresh_every_s", c.capacity.refresh_every_s);
+    s.number("window_s", c.capacity.window_s);
+    s.number("saturation_queue", c.capacity.saturation_queue);
+    s.finish();
+  }
+  {
+    auto& g = c.gear_shifter;
+    Section s(root, "gear_shifter");
+    s.number("min_dwell_s", g.min_dwell_s);
+    s.number("up_threshold", g.up_threshold);
+    s.number("down_threshold", g.down_threshold);
+    s.integer("confirmations", g.confirmations);
+    s.number("confirmation_period_s", g.confirmation_period_s);
+    s.integer("min_agreeing_signals", g.min_agreeing_signals);
+    s.number("queue_depth_up", g.queue_depth_up);
+    s.number("queue_depth_down", g.queue_depth_down);
+    s.number("queue_time_up_ms", g.queue_time_up_ms);
+    s.number("queue_time_down_ms", g.queue_time_down_ms);
+    s.number("bubble_ratio", g.bubble_ratio);
+    s.number("contention_index", g.contention_index);
+    s.number("memory_guard_kv", g.memory_guard_kv);
+    s.number("memory_guard_exit_kv", g.memory_guard_exit_kv);
+    s.integer("replicas", g.replicas);
+    s.number("stagger_max_s", g.stagger_max_s);
+    s.seed("seed", g.seed);
+    s.number("shift_timeout_s", g.shift_timeout_s);
+    s.finish();
+  }
+  {
+    Section s(root, "rollback");
+    s.number("p99_factor", c.rollback.p99_factor);
+    s.number("window_s", c.rollback.window_s);
+    s.number("watch_s", c.rollback.watch_s);
+    s.number("baseline_window_s", c.rollback.baseline_window_s);
+    s.finish();
+  }
+  {
+    auto& t = c.tp_planner;
+    Section s(root, "tp_planner");
+    s.number("loop_ms", t.loop_ms);
+    s.number("alpha", t.alpha);
+    s.number("target_utilization", t.target_utilization);
+    s.number("scale_down_utilization", t.scale_down_utilization);
+    s.number("scale_down_after_s", t.scale_down_after_s);
+    s.number("min_switch_interval_s", t.min_switch_interval_s);
+    s.one_of("latency_metric", t.latency_metric, kLatencyMetrics);
+    s.number("latency_target_ms", t.latency_target_ms);
+    s.number("latency_feedback", t.latency_feedback);
+    s.integer("min_tp", t.min_tp);
+    s.integer("max_tp", t.max_tp);
+    s.number("flops_per_token", t.flops_per_token);
+    s.number("device_tflop_s", t.device_tflop_s);
+    s.number("default_prompt_tokens", t.default_prompt_tokens);
+    s.number("reserve_ahead_s", t.reserve_ahead_s);
+    s.finish();
+  }
+  {
+    Section s(root, "naive");
+    s.number("threshold", c.naive.threshold);
+    s.finish();
+  }
+  static const std::set<std::string> kSections = {"kind",     "predictor",  "capacity", "gear_shifter",
+                                                  "rollback", "tp_planner", "naive"};
+  for (const auto& [k, v] : j.items())
+    if (!kSections.count(k)) Node(v, k).fail("unknown section (expected predictor, capacity, gear_shifter, rollback, tp_planner or naive)");
+  validate(c);
+  return c;
+}
+
+void validate(const PolicyConfig& c) {
+  ratio("predictor.alpha", c.predictor.alpha);
+  nonneg("predictor.horizon_s", c.predictor.horizon_s);
+  nonneg("predictor.peak_window_s", c.predictor.peak_window_s);
+
+  ratio("capacity.safe_fraction", c.capacity.safe_fraction);
+  positive("capacity.refresh_every_s", c.capacity.refresh_every_s);
+  positive("capacity.window_s", c.capacity.window_s);
+  positive("capacity.saturation_queue", c.capacity.saturation_queue);
+
+  const auto& g = c.gear_shifter;
+  nonneg("gear_shifter.min_dwell_s", g.min_dwell_s);
+  ratio("gear_shifter.down_threshold", g.down_threshold);
+  check(g.up_threshold > g.down_threshold && g.up_threshold <= 1, "gear_shifter.up_threshold",
+        "must be in (down_threshold, 1] = (" + num(g.down_threshold) + ", 1]", g.up_threshold);
+  check(g.confirmations >= 1, "gear_shifter.confirmations", "must be at least 1", g.confirmations);
+  nonneg("gear_shifter.confirmation_period_s", g.confirmation_period_s);
+  check(g.min_agreeing_signals >= 1 && g.min_agreeing_signals <= 5, "gear_shifter.min_agreeing_signals",
+        "must be in [1, 5] (there are 5 signals)", g.min_agreeing_signals);
+  nonneg("gear_shifter.queue_depth_down", g.queue_depth_down);
+  check(g.queue_depth_up > g.queue_depth_down, "gear_shifter.queue_depth_up",
+        "must exceed queue_depth_down (" + num(g.queue_depth_down) + ")", g.queue_depth_up);
+  nonneg("gear_shifter.queue_time_down_ms", g.queue_time_down_ms);
+  check(g.queue_time_up_ms > g.queue_time_down_ms, "gear_shifter.queue_time_up_ms",
+        "must exceed queue_time_down_ms (" + num(g.queue_time_down_ms) + ")", g.queue_time_up_ms);
+  ratio("gear_shifter.bubble_ratio", g.bubble_ratio);
+  ratio("gear_shifter.contention_index", g.contention_index);
+  ratio("gear_shifter.memory_guard_kv", g.memory_guard_kv);
+  check(g.memory_guard_exit_kv > 0 && g.memory_guard_exit_kv < g.memory_guard_kv, "gear_shifter.memory_guard_exit_kv",
+        "must be in (0, memory_guard_kv) = (0, " + num(g.memory_guard_kv) + ")", g.memory_guard_exit_kv);
+  check(g.replicas >= 1, "gear_shifter.replicas", "must be at least 1", g.replicas);
+  nonneg("gear_shifter.stagger_max_s", g.stagger_max_s);
+  positive("gear_shifter.shift_timeout_s", g.shift_timeout_s);
+
+  check(c.rollback.p99_factor > 1, "rollback.p99_factor", "must exceed 1", c.rollback.p99_factor);
+  positive("rollback.window_s", c.rollback.window_s);
+  check(c.rollback.watch_s >= c.rollback.window_s, "rollback.watch_s",
+        "must be at least window_s (" + num(c.rollback.window_s) + ")", c.rollback.watch_s);
+  positive("rollback.baseline_window_s", c.rollback.baseline_window_s);
+
+  const auto& t = c.tp_planner;
+  positive("tp_planner.loop_ms", t.loop_ms);
+  ratio("tp_planner.alpha", t.alpha);
+  ratio("tp_planner.target_utilization", t.target_utilization);
+  check(t.scale_down_utilization > 0 && t.scale_down_utilization < t.target_utilization,
+        "tp_planner.scale_down_utilization",
+        "must be in (0, target_utilization) = (0, " + num(t.target_utilization) + ")", t.scale_down_utilization);
+  nonneg("tp_planner.scale_down_after_s", t.scale_down_after_s);
+  nonneg("tp_planner.min_switch_interval_s", t.min_switch_interval_s);
+  if (std::find(kLatencyMetrics.begin(), kLatencyMetrics.end(), t.latency_metric) == kLatencyMetrics.end())
+    throw InputError("tp_planner.latency_metric: must be one of ttft, tpot, e2e, got \"" + t.latency_metric + "\"");
+  positive("tp_planner.latency_target_ms", t.latency_target_ms);
+  ratio("tp_planner.latency_feedback", t.latency_feedback);
+  check(t.min_tp >= 1, "tp_planner.min_tp", "must be at least 1", t.min_tp);
+  check(t.max_tp == 0 || t.max_tp >= t.min_tp, "tp_planner.max_tp", "must be 0 (the table's largest) or >= min_tp (" + std::to_string(t.min_tp) + ")", t.max_tp);
+  nonneg("tp_planner.flops_per_token", t.flops_per_token);
+  positive("tp_planner.device_tflop_s", t.device_tflop_s);
+  positive("tp_planner.default_prompt_tokens", t.default_prompt_tokens);
+  nonneg("tp_planner.reserve_ahead_s", t.reserve_ahead_s);
+
+  positive("naive.threshold", c.naive.threshold);
+}
+
+// ---------------------------------------------------------------- rollback
+
+void RollbackMonitor::start(std::int64_t t_ms, double baseline_p99_ms) {
+  start_ms_ = t_ms;
+  baseline_ = baseline_p99_ms;
+  breach_since_.reset();
+  state_ = baseline_p99_ms > 0 ? Verdict::watching : Verdict::committed;
+}
+
+RollbackMonitor::Verdict RollbackMonitor::observe(const doc::Observation& o) {
+  if (state_ != Verdict::watching) return state_;
+  if (o.e2e_ms.p99 > config_.p99_factor * baseline_) {
+    if (!breach_since_) breach_since_ = o.t_ms;
+    if (o.t_ms - *breach_since_ >= static_cast<std::int64_t>(config_.window_s * 1000)) state_ = Verdict::rollback;
+  } else {
+    breach_since_.reset();
+    if (o.t_ms - start_ms_ >= static_cast<std::int64_t>(config_.watch_s * 1000)) state_ = Verdict::committed;
+  }
+  return state_;
+}
+
+// ---------------------------------------------------------------- helpers
+
+namespace {
+
+std::vector<int> normal_gears(const doc::GearTable& t) {
+  std::vector<int> v;
+  for (std::size_t i = 0; i < t.gears.size(); ++i)
+    if (t.gears[i].role == "normal") v.push_back(static_cast<int>(i));
+  if (v.empty()) throw InputError("gears: the gear table has no gear with role \"normal\"");
+  return v;
+}
+
+int gear_index(const doc::GearTable& t, const doc::Observation& o) {
+  int i = t.index_of(o.gear);
+  if (i < 0) {
+    std::string names;
+    for (const auto& g : t.gears) names += (names.empty() ? "" : ", ") + g.name;
+    throw InputError("gear: \"" + o.gear + "\" is not in the gear table (" + names + ")");
+  }
+  return i;
+}
+
+doc::Decision hold(const doc::Observation& o, std::string_view policy, std::string reason,
+                   std::vector<doc::Signal> signals = {}) {
+  doc::Decision d;
+  d.t_ms = o.t_ms;
+  d.action = "hold";
+  d.from = o.gear;
+  d.policy = std::string(policy);
+  d.reason = std::move(reason);
+  d.signals = std::move(signals);
+  return d;
+}
+
+std::string secs(std::int64_t ms) { return num(static_cast<double>(ms) / 1000.0) + " s"; }
+
+}  // namespace
+
+// ---------------------------------------------------------------- gear shifter
+
+GearShifter::GearShifter(const doc::GearTable& table, const PolicyConfig& config)
+    : table_(table),
+      config_(config),
+      capacity_(table, config.capacity),
+      predictor_(config.predictor),
+      rollback_(config.rollback),
+      rng_(config.gear_shifter.seed),
+      ladder_(normal_gears(table)) {
+  validate(config_);
+  for (std::size_t i = 0; i < table.gears.size(); ++i)
+    if (table.gears[i].role == "memory-guard") guard_ = static_cast<int>(i);
+}
+
+int GearShifter::target_for(double forecast) const {
+  const auto& gs = config_.gear_shifter;
+  for (int i : ladder_)
+    if (forecast <= gs.up_threshold * capacity_.capacity(table_.gears[i].name).safe_rps) return i;
+  return ladder_.back();
+}
+
+double GearShifter::baseline_p99() const {
+  if (p99_history_.empty()) return 0;
+  double sum = 0;
+  for (const auto& [t, v] : p99_history_) sum += v;
+  return sum / static_cast<double>(p99_history_.size());
+}
+
+doc::Decision GearShifter::shift(const doc::Observation& o, std::string to, std::string reason,
+                                 std::vector<doc::Signal> signals, bool stagger, bool load_driven) {
+  doc::Decision d = hold(o, name(), std::move(reason), std::move(signals));
+  d.action = "shift";
+  d.to = to;
+  const auto& gs = config_.gear_shifter;
+  std::int64_t start = o.t_ms;
+  if (stagger && gs.replicas > 1 && gs.stagger_max_s > 0) {
+    std::uniform_int_distribution<std::int64_t> offset(0, static_cast<std::int64_t>(gs.stagger_max_s * 1000));
+    start += offset(rng_);
+    d.not_before_ms = start;
+    d.reason += "; staggered by " + secs(start - o.t_ms) + " (" + std::to_string(gs.replicas) + " replicas)";
+  }
+  pending_ = Pending{to, o.gear, start + static_cast<std::int64_t>(gs.shift_timeout_s * 1000), load_driven,
+                     baseline_p99()};
+  confirm_dir_ = confirm_count_ = 0;
+  return d;
+}
+
+doc::Decision GearShifter::observe(const doc::Observation& o) {
+  const auto& gs = config_.gear_shifter;
+  const int cur = gear_index(table_, o);
+  capacity_.observe(o);
+  capacity_.refresh(o.t_ms);
+  predictor_.observe(o.t_ms, o.request_rate);
+
+  // A gear change we see is a shift done, whoever made it; dwell counts from it.
+  if (!last_gear_.empty() && o.gear != last_gear_ && !o.shifting) last_shift_ms_ = o.t_ms;
+  if (!o.shifting) last_gear_ = o.gear;
+
+  const double safe = capacity_.capacity(o.gear).safe_rps;
+  const double forecast = predictor_.forecast();
+  const bool in_guard = table_.gears[cur].role == "memory-guard";
+
+  // Load direction from the forecast; the other signals vote.
+  int dir = 0;
+  if (!in_guard) {
+    if (forecast > gs.up_threshold * safe) dir = +1;
+    else if (forecast < gs.down_threshold * safe) dir = -1;
+  }
+  std::vector<doc::Signal> sig;
+  sig.push_back({"forecast_load", forecast, (dir < 0 ? gs.down_threshold : gs.up_threshold) * safe, dir != 0});
+  sig.push_back({"queue_depth", o.queue_depth_mean, dir < 0 ? gs.queue_depth_down : gs.queue_depth_up,
+                 dir > 0 ? o.queue_depth_mean > gs.queue_depth_up : dir < 0 && o.queue_depth_mean < gs.queue_depth_down});
+  sig.push_back({"queue_time_ms", o.est_queue_time_ms, dir < 0 ? gs.queue_time_down_ms : gs.queue_time_up_ms,
+                 dir > 0 ? o.est_queue_time_ms > gs.queue_time_up_ms
+                         : dir < 0 && o.est_queue_time_ms < gs.queue_time_down_ms});
+  sig.push_back({"bubble_ratio", o.bubble_ratio, gs.bubble_ratio, dir != 0 && o.bubble_ratio > gs.bubble_ratio});
+  sig.push_back({"contention_index", o.contention_index, gs.contention_index,
+                 dir > 0 && o.contention_index > gs.contention_index});
+  sig.push_back({"kv_watermark", o.kv_watermark, in_guard ? gs.memory_guard_exit_kv : gs.memory_guard_kv,
+                 !in_guard && o.kv_watermark > gs.memory_guard_kv});
+
+  // 1. A shift in progress: signals muted, evaluated afresh after it.
+  if (pending_) {
+    if (o.gear == pending_->to && !o.shifting) {
+      last_shift_ms_ = o.t_ms;
+      if (pending_->load_driven) {
+        rollback_.start(o.t_ms, pending_->baseline_p99);
+        rollback_to_ = pending_->from;
+      }
+      pending_.reset();
+    } else if (o.t_ms <= pending_->deadline_ms) {
+      confirm_dir_ = confirm_count_ = 0;
+      return hold(o, name(),
+                  std::string(o.shifting ? "shift in progress" : "waiting for the shift") + " to " + pending_->to +
+                      "; signals muted until it is done",
+                  sig);
+    } else {
+      pending_.reset();  // never seen done: forget it and decide afresh
+    }
+  }
+  if (o.shifting) {
+    confirm_dir_ = confirm_count_ = 0;
+    p99_history_.clear();
+    return hold(o, name(), "shift in progress; signals muted until it is done", sig);
+  }
+
+  p99_history_.emplace_back(o.t_ms, o.e2e_ms.p99);
+  while (!p99_history_.empty() &&
+         p99_history_.front().first < o.t_ms - static_cast<std::int64_t>(config_.rollback.baseline_window_s * 1000))
+    p99_history_.pop_front();
+
+  // 2. Rollback after a load-driven shift.
+  if (rollback_.active()) {
+    auto v = rollback_.observe(o);
+    sig.push_back({"p99_regression_ms", o.e2e_ms.p99, config_.rollback.p99_factor * rollback_.baseline_ms(),
+                   o.e2e_ms.p99 > config_.rollback.p99_factor * rollback_.baseline_ms()});
+    if (v == RollbackMonitor::Verdict::rollback && table_.index_of(rollback_to_) >= 0 && rollback_to_ != o.gear)
+      return shift(o, rollback_to_,
+                   "rollback: E2E P99 " + num(o.e2e_ms.p99) + " ms > " + num(config_.rollback.p99_factor) +
+                       " x pre-shift baseline " + num(rollback_.baseline_ms()) + " ms for " +
+                       num(config_.rollback.window_s) + " s",
+                   sig, false, false);
+  }
+
+  // 3. Memory guard.
+  if (!in_guard && o.kv_watermark > gs.memory_guard_kv) {
+    if (guard_ >= 0)
+      return shift(o, table_.gears[guard_].name,
+                   "memory guard: KV watermark " + num(o.kv_watermark) + " > " + num(gs.memory_guard_kv), sig, false,
+                   false);
+    return hold(o, name(), "KV watermark " + num(o.kv_watermark) + " > " + num(gs.memory_guard_kv) +
+                               " but the gear table has no memory-guard gear", sig);
+  }
+
+  // 4. Load.
+  int agree = 0;
+  if (in_guard) {
+    if (o.kv_watermark < gs.memory_guard_exit_kv) dir = -2;  // leave the guard, by load
+    agree = dir ? gs.min_agreeing_signals : 0;
+  } else {
+    for (const auto& s : sig)
+      if (s.agrees && s.name != "kv_watermark") ++agree;
+  }
+  if (dir == 0) {
+    confirm_dir_ = confirm_count_ = 0;
+    if (in_guard)
+      return hold(o, name(), "memory guard: KV watermark " + num(o.kv_watermark) + " not below " +
+                                 num(gs.memory_guard_exit_kv), sig);
+    return hold(o, name(), "forecast " + num(forecast) + " req/s inside the band [" + num(gs.down_threshold * safe) +
+                               ", " + num(gs.up_threshold * safe) + "] of " + o.gear + "'s safe capacity " + num(safe),
+                sig);
+  }
+  const char* what = dir > 0 ? "up" : dir < 0 && !in_guard ? "down" : "leave the memory guard";
+  if (agree < gs.min_agreeing_signals) {
+    confirm_dir_ = confirm_count_ = 0;
+    return hold(o, name(), std::string(what) + ": only " + std::to_string(agree) + " of " +
+                               std::to_string(gs.min_agreeing_signals) + " signals agree", sig);
+  }
+  const auto period_ms = static_cast<std::int64_t>(gs.confirmation_period_s * 1000);
+  if (confirm_dir_ != dir || confirm_count_ == 0) {
+    confirm_dir_ = dir;
+    confirm_count_ = 1;
+    confirm_t_ms_ = o.t_ms;
+  } else if (o.t_ms - confirm_t_ms_ >= period_ms && confirm_count_ < gs.confirmations) {
+    ++confirm_count_;
+    confirm_t_ms_ = o.t_ms;
+  }
+  if (confirm_count_ < gs.confirmations)
+    return hold(o, name(), std::string(what) + ": confirmation " + std::to_string(confirm_count_) + " of " +
+                               std::to_string(gs.confirmations), sig);
+  const auto dwell_ms = static_cast<std::int64_t>(gs.min_dwell_s * 1000);
+  if (last_shift_ms_ && o.t_ms - *last_shift_ms_ < dwell_ms)
+    return hold(o, name(), std::string(what) + " confirmed, but dwell: " + secs(o.t_ms - *last_shift_ms_) + " of " +
+                               secs(dwell_ms) + " since the last shift", sig);
+  int target = target_for(forecast);
+  if ((dir > 0 && target <= cur) || (dir == -1 && target >= cur)) {
+    // Resolve by position on the ladder: one step further than the fit says is never taken.
+    return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits forecast " +
+                               num(forecast) + " req/s", sig);
+  }
+  std::string reason = std::string(dir > 0 ? "up" : dir < 0 && !in_guard ? "down" : "leave the memory guard") +
+                       ": forecast " + num(forecast) + " req/s " +
+                       (dir > 0 ? "> " + num(gs.up_threshold) : dir == -1 ? "< " + num(gs.down_threshold) : "vs") +
+                       " x safe " + num(safe) + " of " + o.gear + ", " + std::to_string(agree) +
+                       " signals agree over " + std::to_string(gs.confirmations) + " observations";
+  rollback_ = RollbackMonitor(config_.rollback);
+  return shift(o, table_.gears[target].name, reason, sig, true, true);
+}
+
+// ---------------------------------------------------------------- TP planner
+
+TpPlanner::TpPlanner(const doc::GearTable& table, const PolicyConfig& config)
+    : table_(table),
+      config_(config.tp_planner),
+      predictor_(PredictorConfig{config.tp_planner.alpha, config.tp_planner.reserve_ahead_s, 0}),
+      ladder_(normal_gears(table)) {
+  validate(config);
+  flops_per_token_ = config_.flops_per_token > 0 ? config_.flops_per_token : 2.0 * static_cast<double>(table.model.n_params);
+  if (flops_per_token_ <= 0)
+    throw InputError("tp_planner.flops_per_token: needed, since the gear table's model has no n_params");
+  max_tp_ = config_.max_tp;
+  if (max_tp_ == 0)
+    for (int i : ladder_) max_tp_ = std::max(max_tp_, table.gears[i].tp);
+}
+
+int TpPlanner::target_tp(double rate, double prompt_tokens) const {
+  double demand = rate * prompt_tokens * flops_per_token_;  // FLOP/s of prefill
+  double per_device = config_.target_utilization * config_.device_tflop_s * 1e12;
+  int tp = static_cast<int>(std::ceil(demand / per_device - 1e-9));
+  return std::clamp(tp, config_.min_tp, std::max(config_.min_tp, max_tp_));
+}
+
+int TpPlanner::gear_for_tp(int tp) const {
+  int best = -1;
+  for (int i : ladder_)
+    if (table_.gears[i].tp >= tp && (best < 0 || table_.gears[i].tp < table_.gears[best].tp)) best = i;
+  if (best >= 0) return best;
+  for (int i : ladder_)
+    if (best < 0 || table_.gears[i].tp > table_.gears[best].tp) best = i;
+  return best;
+}
+
+doc::Decision TpPlanner::observe(const doc::Observation& o) {
+  const int cur = gear_index(table_, o);
+  const int cur_tp = table_.gears[cur].tp;
+  predictor_.observe(o.t_ms, o.request_rate);
+  if (last_eval_ms_ && o.t_ms - *last_eval_ms_ < static_cast<std::int64_t>(config_.loop_ms))
+    return hold(o, name(), "inside the " + num(config_.loop_ms) + " ms loop period");
+  last_eval_ms_ = o.t_ms;
+
+  const double prompt = o.mean_prompt_tokens > 0 ? o.mean_prompt_tokens : config_.default_prompt_tokens;
+  const int want = target_tp(predictor_.level(), prompt);
+  const int ahead = target_tp(predictor_.forecast(), prompt);
+  double util = 0;
+  if (!o.devices.empty()) {
+    for (const auto& d : o.devices) util += d.utilization;
+    util /= static_cast<double>(o.devices.size());
+  } else {
+    util = predictor_.level() * prompt * flops_per_token_ / (cur_tp * config_.device_tflop_s * 1e12);
+  }
+  const double p99 = config_.latency_metric == "ttft"   ? o.ttft_ms.p99
+                     : config_.latency_metric == "tpot" ? o.tpot_ms.p99
+                                                        : o.e2e_ms.p99;
+  const double p99_limit = config_.latency_feedback * config_.latency_target_ms;
+
+  if (util < config_.scale_down_utilization) {
+    if (!low_util_since_) low_util_since_ = o.t_ms;
+  } else {
+    low_util_since_.reset();
+  }
+  std::vector<doc::Signal> sig{
+      {"predicted_rate", predictor_.level(), 0, false},
+      {"target_tp", static_cast<double>(want), static_cast<double>(cur_tp), want != cur_tp},
+      {"utilization", util, config_.scale_down_utilization, util < config_.scale_down_utilization},
+      {"latency_p99_ms", p99, p99_limit, p99 > p99_limit},
+      {"forecast_tp", static_cast<double>(ahead), static_cast<double>(cur_tp), ahead > cur_tp},
+  };
+  if (o.shifting) return hold(o, name(), "shift in progress", sig);
+
+  auto switch_to = [&](int gear, std::string reason) {
+    const auto interval = static_cast<std::int64_t>(config_.min_switch_interval_s * 1000);
+    if (last_switch_ms_ && o.t_ms - *last_switch_ms_ < interval)
+      return hold(o, name(), reason + "; held by the minimum switch interval (" + secs(o.t_ms - *last_switch_ms_) +
+                                 " of " + secs(interval) + ")", sig);
+    doc::Decision d = hold(o, name(), std::move(reason), sig);
+    d.action = "shift";
+    d.to = table_.gears[gear].name;
+    last_switch_ms_ = o.t_ms;
+    reserved_tp_ = 0;
+    low_util_since_.reset();
+    return d;
+  };
+
+  // Latency feedback: one step up, whatever the load model says.
+  if (p99 > p99_limit) {
+    int next = -1;
+    for (int i : ladder_)
+      if (table_.gears[i].tp > cur_tp && (next < 0 || table_.gears[i].tp < table_.gears[next].tp)) next = i;
+    if (next >= 0)
+      return switch_to(next, "latency feedback: " + config_.latency_metric + " P99 " + num(p99) + " ms > " +
+                                 num(config_.latency_feedback) + " x target " + num(config_.latency_target_ms) +
+                                 " ms, one step up");
+  }
+  int target = gear_for_tp(want);
+  const int target_tp_gear = table_.gears[target].tp;
+  if (target_tp_gear > cur_tp)
+    return switch_to(target, "up: predicted " + num(predictor_.level()) + " req/s x " + num(prompt) +
+                                 " prompt tokens needs tp " + std::to_string(want));
+  if (target_tp_gear < cur_tp) {
+    const auto after = static_cast<std::int64_t>(config_.scale_down_after_s * 1000);
+    if (low_util_since_ && o.t_ms - *low_util_since_ >= after)
+      return switch_to(target, "down: utilization " + num(util) + " < " + num(config_.scale_down_utilization) +
+                                   " for " + secs(o.t_ms - *low_util_since_) + ", tp " + std::to_string(want) +
+                                   " suffices");
+    return hold(o, name(), "tp " + std::to_string(want) + " would suffice; down only after utilization < " +
+                               num(config_.scale_down_utilization) + " for " + secs(after), sig);
+  }
+  // Reserve ahead of a predicted up-shift, once per target.
+  int ahead_gear = gear_for_tp(ahead);
+  if (table_.gears[ahead_gear].tp > cur_tp && table_.gears[ahead_gear].tp != reserved_tp_) {
+    reserved_tp_ = table_.gears[ahead_gear].tp;
+    sig.push_back({"reserve_tp", static_cast<double>(reserved_tp_), static_cast<double>(cur_tp), true});
+    return hold(o, name(), "reserve: devices of " + table_.gears[ahead_gear].name + " (tp " +
+                               std::to_string(reserved_tp_) + ") ahead of a predicted up-shift in " +
+                               num(config_.reserve_ahead_s) + " s", sig);
+  }
+  if (table_.gears[ahead_gear].tp <= cur_tp) reserved_tp_ = 0;
+  return hold(o, name(), "tp " + std::to_string(cur_tp) + " fits predicted " + num(predictor_.level()) + " req/s",
+              sig);
+}
+
+// ---------------------------------------------------------------- naive
+
+NaiveThreshold::NaiveThreshold(const doc::GearTable& table, const PolicyConfig& config)
+    : table_(table), config_(config.naive), capacity_(table, config.capacity), ladder_(normal_gears(table)) {
+  validate(config);
+}
+
+doc::Decision NaiveThreshold::observe(const doc::Observation& o) {
+  gear_index(table_, o);
+  std::vector<doc::Signal> sig{{"request_rate", o.request_rate,
+                                config_.threshold * capacity_.capacity(o.gear).safe_rps, false}};
+  if (o.shifting) return hold(o, name(), "shift in progress", sig);
+  int target = ladder_.back();
+  for (int i : ladder_)
+    if (o.request_rate <= config_.threshold * capacity_.capacity(table_.gears[i].name).safe_rps) {
+      target = i;
+      break;
+    }
+  if (table_.gears[target].name == o.gear)
+    return hold(o, name(), "rate " + num(o.request_rate) + " req/s fits " + o.gear, sig);
+  sig[0].agrees = true;
+  doc::Decision d = hold(o, name(), "rate " + num(o.request_rate) + " req/s: smallest gear that holds it is " +
+                                        table_.gears[target].name, sig);
+  d.action = "shift";
+  d.to = table_.gears[target].name;
+  return d;
+}
+
+// ---------------------------------------------------------------- factory
+
+const std::vector<std::string>& policy_names() {
+  static const std::vector<std::string> names = {"gear-shifter", "tp-planner", "naive"};
+  return names;
+}
+
+std::unique_ptr<Policy> make_policy(std::string_view name, const doc::GearTable& table, const PolicyConfig& config) {
+  if (name == "gear-shifter") return std::make_unique<GearShifter>(table, config);
+  if (name == "tp-planner") return std::make_unique<TpPlanner>(table, config);
+  if (name == "naive") return std::make_unique<NaiveThreshold>(table, config);
+  throw InputError("policy: must be one of gear-shifter, tp-planner, naive, got \"" + std::string(name) + "\"");
+}
+
+}  // namespace ftp::control

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "control/predictor.hpp"
+
+#include <algorithm>
+
+namespace ftp::control {
+
+Predictor::Predictor(PredictorConfig config) : config_(config) {}
+
+void Predictor::observe(std::int64_t t_ms, double rate) {
+  const double a = config_.alpha;
+  if (n_ == 0) {
+    level_ = rate;
+    trend_ = 0;
+  } else if (t_ms <= last_t_ms_) {
+    level_ = a * rate + (1 - a) * level_;
+    t_ms = last_t_ms_;
+  } else {
+    double dt = static_cast<double>(t_ms - last_t_ms_) / 1000.0;
+    double prev = level_;
+    level_ = a * rate + (1 - a) * (level_ + trend_ * dt);
+    trend_ = a * (level_ - prev) / dt + (1 - a) * trend_;
+  }
+  ++n_;
+  last_t_ms_ = t_ms;
+  // A monotonic deque of levels: the front is the peak of the window.
+  while (!peaks_.empty() && peaks_.back().second <= level_) peaks_.pop_back();
+  peaks_.emplace_back(t_ms, level_);
+  auto window_ms = static_cast<std::int64_t>(config_.peak_window_s * 1000);
+  while (!peaks_.empty() && peaks_.front().first < t_ms - window_ms) peaks_.pop_front();
+}
+
+double Predictor::recent_peak() const noexcept {
+  if (config_.peak_window_s <= 0 || peaks_.empty()) return level_;
+  return std::max(level_, peaks_.front().second);
+}
+
+double Predictor::forecast(double horizon_s) const noexcept {
+  double ahead = level_ + std::max(trend_, 0.0) * horizon_s;
+  return std::max({ahead, recent_peak(), 0.0});
+}
+
+}  // namespace ftp::control

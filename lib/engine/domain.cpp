@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/domain.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace ftp::engine {
+
+struct Domain::Seq {
+  GenerationRequest req;
+  std::vector<int> tokens;   // prompt + generated: everything whose KV is wanted
+  int computed = 0;          // leading tokens whose KV is in the cache
+  std::vector<int> blocks;
+  std::vector<int> output;
+  Sampler sampler;
+  std::uint64_t arrival = 0;
+
+  Seq(GenerationRequest r, std::uint64_t a) : req(std::move(r)), sampler(req.sampling), arrival(a) {
+    tokens = req.prompt;
+  }
+  int pending() const { return static_cast<int>(tokens.size()) - computed; }
+};
+
+namespace {
+
+using EventList = std::vector<std::pair<std::function<void(const GenerationEvent&)>, GenerationEvent>>;
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+int kv_blocks_for_bytes(const model::HParams& hp, const std::vector<StageLayout>& stages, int block_tokens,
+                        std::uint64_t bytes) {
+  std::uint64_t per_block = 0;
+  for (const auto& st : stages) {
+    int kv_heads_per_rank = st.tp <= hp.n_head_kv ? hp.n_head_kv / st.tp : 1;
+    per_block += 2ull * st.n_layers * st.tp * kv_heads_per_rank * block_tokens * hp.head_dim * sizeof(float);
+  }
+  return per_block ? static_cast<int>(bytes / per_block) : 0;
+}
+
+Domain::Domain(const WeightStore& weights, DomainConfig config)
+    : w_(weights), cfg_(std::move(config)), blocks_(cfg_.kv_blocks) {
+  const auto& hp = w_.hparams();
+  if (cfg_.stages.size() == 1 && cfg_.stages[0].n_layers == 0) cfg_.stages[0] = StageLayout{0, hp.n_layer, cfg_.stages[0].tp};
+  if (cfg_.max_context <= 0) cfg_.max_context = hp.n_ctx_train;
+  if (cfg_.max_batched_tokens < 1) throw InputError("domain " + cfg_.id + ": max_batched_tokens must be positive");
+  if (cfg_.max_running < 1) throw InputError("domain " + cfg_.id + ": max_running must be positive");
+  exec_ = std::make_unique<Executor>(w_, cfg_.stages, cfg_.kv_blocks, cfg_.block_tokens);
+}
+
+Domain::~Domain() = default;
+
+void Domain::submit(GenerationRequest r) {
+  const auto& hp = w_.hparams();
+  const std::string who = "request " + r.id + ": ";
+  if (r.prompt.empty()) throw InputError(who + "prompt: must hold at least one token");
+  for (std::size_t i = 0; i < r.prompt.size(); ++i)
+    if (r.prompt[i] < 0 || r.prompt[i] >= hp.n_vocab)
+      throw InputError(who + "prompt[" + std::to_string(i) + "]: token id " + std::to_string(r.prompt[i]) +
+                       " outside the vocabulary (0.." + std::to_string(hp.n_vocab - 1) + ")");
+  if (r.max_tokens < 1) throw InputError(who + "max_tokens: must be positive, got " + std::to_string(r.max_tokens));
+  int need = static_cast<int>(r.prompt.size()) + r.max_tokens;
+  if (static_cast<int>(r.prompt.size()) >= cfg_.max_context)
+    throw InputError(who + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
+                     std::to_string(cfg_.max_context));
+  if (ceil_div(std::min(need, cfg_.max_context), cfg_.block_tokens) > cfg_.kv_blocks)
+    throw InputError(who + std::to_string(need) + " tokens need " + std::to_string(ceil_div(need, cfg_.block_tokens)) +
+                     " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));
+  std::lock_guard lk(mu_);
+  incoming_.push_back(std::make_unique<Seq>(std::move(r), arrivals_++));
+  ++n_waiting_;
+}
+
+bool Domain::idle() const {
+  std::lock_guard lk(mu_);
+  return n_running_ == 0 && n_waiting_ == 0;
+}
+
+int Domain::running() const {
+  std::lock_guard lk(mu_);
+  return n_running_;
+}
+
+int Domain::waiting() const {
+  std::lock_guard lk(mu_);
+  return n_waiting_;
+}
+
+double Domain::kv_usage() const {
+  return 1.0 - static_cast<double>(blocks_.free_blocks()) / blocks_.total_blocks();
+}
+
+DomainStats Domain::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+bool Domain::ensure_blocks(Seq& s, int upto_tokens) {
+  int need = ceil_div(upto_tokens, cfg_.block_tokens);
+  while (static_cast<int>(s.blocks.size()) < need) {
+    int b = blocks_.allocate();
+    if (b < 0) return false;
+    s.blocks.push_back(b);
+  }
+  return true;
+}
+
+void Domain::release(Seq& s) {
+  for (int b : s.blocks) blocks_.free(b);
+  s.blocks.clear();
+}
+
+bool Domain::preempt_newest(const Seq* keep) {
+  // The newest running sequence gives its pages back and waits to be
+  // recomputed (prompt + output so far); it is never dropped.
+  auto newest = running_.end();
+  for (auto it = running_.begin(); it != running_.end(); ++it)
+    if (it->get() != keep && (newest == running_.end() || (*it)->arrival > (*newest)->arrival)) newest = it;
+  if (newest == running_.end()) return false;
+  Seq& s = **newest;
+  release(s);
+  s.computed = 0;
+  waiting_.push_front(std::move(*newest));
+  running_.erase(newest);
+  std::lock_guard lk(mu_);
+  ++stats_.preemptions;
+  return true;
+}
+
+void Domain::finish(Seq& s, const std::string& reason, const std::string& error, EventList& events) {
+  release(s);
+  GenerationEvent e;
+  e.request_id = s.req.id;
+  e.domain_id = cfg_.id;
+  e.index = static_cast<int>(s.output.size());
+  e.finished = true;
+  e.finish_reason = reason;
+  e.error = error;
+  if (s.req.on_event) events.emplace_back(s.req.on_event, e);
+  std::lock_guard lk(mu_);
+  if (reason == "error")
+    ++stats_.failed;
+  else
+    ++stats_.finished;
+}
+
+int Domain::step() {
+  {
+    std::lock_guard lk(mu_);
+    while (!incoming_.empty()) {
+      waiting_.push_back(std::move(incoming_.front()));
+      incoming_.pop_front();
+    }
+  }
+  int budget = cfg_.max_batched_tokens;
+  std::vector<std::pair<Seq*, int>> plan;  // sequence, tokens this step
+
+  // 1. Running sequences, oldest first: decodes (one token) and prefill chunks.
+  std::sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+  for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Seq& s = *running_[i];
+    int n = std::min(s.pending(), budget);
+    while (!ensure_blocks(s, s.computed + n)) {
+      // Out of pages: preempt the newest other sequence, or this one if it is the newest.
+      Seq* self = &s;
+      bool newest_is_self = std::all_of(running_.begin(), running_.end(),
+                                        [&](const auto& o) { return o->arrival <= self->arrival; });
+      if (newest_is_self || !preempt_newest(self)) {
+        preempt_newest(nullptr);
+        n = 0;
+        break;
+      }
+    }
+    if (n == 0) break;  // this sequence itself went back to waiting
+    plan.emplace_back(&s, n);
+    budget -= n;
+  }
+  // 2. Admit waiting sequences in arrival order while pages and budget last.
+  while (!waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < cfg_.max_running) {
+    Seq& s = *waiting_.front();
+    int n = std::min(s.pending(), budget);
+    if (!ensure_blocks(s, s.computed + n)) {
+      release(s);
+      break;
+    }
+    plan.emplace_back(&s, n);
+    budget -= n;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  {
+    std::lock_guard lk(mu_);
+    n_running_ = static_cast<int>(running_.size());
+    n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
+  }
+  if (plan.empty()) return 0;
+
+  std::vector<SeqChunk> chunks;
+  chunks.reserve(plan.size());
+  int computed_tokens = 0;
+  for (auto [s, n] : plan) {
+    SeqChunk c;
+    c.blocks = &s->blocks;
+    c.start_pos = s->computed;
+    c.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + n);
+    c.want_logits = s->computed + n == static_cast<int>(s->tokens.size());
+    chunks.push_back(std::move(c));
+    computed_tokens += n;
+  }
+
+  EventList events;
+  std::vector<Seq*> done;
+  try {
+    auto logits = exec_->forward(chunks, cfg_.micro_batches);
+    std::size_t li = 0;
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      Seq& s = *plan[i].first;
+      bool was_prefill = plan[i].second > 1 || s.computed < static_cast<int>(s.req.prompt.size());
+      s.computed += plan[i].second;
+      {
+        std::lock_guard lk(mu_);
+        if (was_prefill) stats_.prompt_tokens += static_cast<std::uint64_t>(plan[i].second);
+      }
+      if (!chunks[i].want_logits) continue;
+      int tok = s.sampler.sample(logits[li++]);
+      s.output.push_back(tok);
+      s.tokens.push_back(tok);
+      {
+        std::lock_guard lk(mu_);
+        ++stats_.generated_tokens;
+      }
+      GenerationEvent e;
+      e.request_id = s.req.id;
+      e.domain_id = cfg_.id;
+      e.token = tok;
+      e.index = static_cast<int>(s.output.size()) - 1;
+      if (s.req.on_event) events.emplace_back(s.req.on_event, e);
+      std::string reason;
+      if (tok == s.req.eos ||
+          std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), tok) != s.req.stop_tokens.end() ||
+          (s.req.stop_check && s.req.stop_check(s.output)))
+        reason = "stop";
+      else if (static_cast<int>(s.output.size()) >= s.req.max_tokens ||
+               static_cast<int>(s.tokens.size()) >= cfg_.max_context)
+        reason = "length";
+      if (!reason.empty()) {
+        finish(s, reason, "", events);
+        done.push_back(&s);
+      }
+    }
+  } catch (const std::exception& ex) {
+    // A failed forward fails the requests of this step with an error event;
+    // the domain keeps serving the others.
+    for (auto [s, n] : plan) {
+      finish(*s, "error", std::string("domain ") + cfg_.id + ": " + ex.what(), events);
+      done.push_back(s);
+    }
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                [&](const auto& p) { return std::find(done.begin(), done.end(), p.get()) != done.end(); }),
+                 running_.end());
+  {
+    std::lock_guard lk(mu_);
+    ++stats_.steps;
+    n_running_ = static_cast<int>(running_.size());
+    n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
+  }
+  for (auto& [fn, e] : events) fn(e);
+  return computed_tokens;
+}
+
+}  // namespace ftp::engine

@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/executor.hpp"
+#include "engine/sampler.hpp"
+#include "engine/weight_store.hpp"
+
+namespace ftp::engine {
+
+/// The shape and limits of one domain (one running replica of a gear).
+struct DomainConfig {
+  std::string id = "d0";
+  std::vector<StageLayout> stages{StageLayout{}};  ///< default: one stage, tp 1, filled in by the Domain
+  int kv_blocks = 256;           ///< KV pages of the domain (the cap)
+  int block_tokens = 16;         ///< positions per page
+  int max_batched_tokens = 256;  ///< token budget of one step (chunked prefill)
+  int max_running = 64;          ///< sequences in the running batch
+  int micro_batches = 1;         ///< pipeline micro-batches per step
+  int max_context = 0;           ///< positions per sequence; 0: the model's trained context
+};
+
+/// Something that happened to a request, delivered on the domain's thread.
+struct GenerationEvent {
+  std::string request_id;
+  std::string domain_id;
+  int token = -1;                ///< the new token; -1 on a finish without one
+  int index = 0;                 ///< its index in the output
+  bool finished = false;
+  std::string finish_reason;     ///< "stop" | "length" | "error"
+  std::string error;             ///< with "error": what went wrong
+};
+
+/// One completion to generate.
+struct GenerationRequest {
+  std::string id;
+  std::vector<int> prompt;
+  SamplingParams sampling;
+  int max_tokens = 16;
+  int eos = -1;                       ///< end-of-generation token; -1: none
+  std::vector<int> stop_tokens;       ///< more tokens that end the generation
+  /// Called after each token with the output so far; true ends it ("stop"),
+  /// e.g. for stop strings.
+  std::function<bool(const std::vector<int>& output)> stop_check;
+  std::function<void(const GenerationEvent&)> on_event;
+};
+
+/// Counters of a domain.
+struct DomainStats {
+  std::uint64_t steps = 0;
+  std::uint64_t prompt_tokens = 0;    ///< prefill tokens computed (recomputation included)
+  std::uint64_t generated_tokens = 0;
+  std::uint64_t preemptions = 0;      ///< sequences preempted for KV pages, recomputed later
+  std::uint64_t finished = 0;
+  std::uint64_t failed = 0;
+};
+
+/// A domain's scheduler over its executor: continuous batching (requests
+/// join and leave the batch at every step), chunked prefill under the
+/// token budget, paged KV under the block cap. When pages run out, the
+/// newest running sequence is preempted and recomputed later; a request is
+/// never dropped: it finishes, or fails with an error event.
+class Domain {
+ public:
+  Domain(const WeightStore& weights, DomainConfig config);
+  ~Domain();
+
+  const DomainConfig& config() const noexcept { return cfg_; }
+
+  /// Queues a request (thread-safe). Throws ftp::InputError when it can
+  /// never be served: empty prompt, token ids outside the vocabulary, prompt
+  /// plus max_tokens beyond the context or beyond the whole KV cache.
+  void submit(GenerationRequest request);
+
+  /// One iteration: schedule, forward, sample, deliver events. Returns the
+  /// tokens computed (0 when there was nothing to do).
+  int step();
+
+  bool idle() const;
+  int running() const;
+  int waiting() const;
+  /// KV pages in use / all pages.
+  double kv_usage() const;
+  DomainStats stats() const;
+  /// Busy seconds of each pipeline stage in the last step.
+  std::vector<double> stage_busy_s() const { return exec_->stage_busy_s(); }
+
+ private:
+  struct Seq;
+  bool ensure_blocks(Seq& s, int upto_tokens);
+  void release(Seq& s);
+  void finish(Seq& s, const std::string& reason, const std::string& error,
+              std::vector<std::pair<std::function<void(const GenerationEvent&)>, GenerationEvent>>& events);
+  bool preempt_newest(const Seq* keep);
+
+  const WeightStore& w_;
+  DomainConfig cfg_;
+  std::unique_ptr<Executor> exec_;
+  BlockAllocator blocks_;
+  mutable std::mutex mu_;                 // guards incoming_ and the counters read by others
+  std::deque<std::unique_ptr<Seq>> incoming_;
+  std::deque<std::unique_ptr<Seq>> waiting_;
+  std::vector<std::unique_ptr<Seq>> running_;
+  std::uint64_t arrivals_ = 0;
+  DomainStats stats_;
+  int n_running_ = 0, n_waiting_ = 0;
+};
+
+/// KV pages that fit `bytes` for a domain of these stages (every rank of a
+/// stage holds its KV heads of the stage's layers for each page).
+int kv_blocks_for_bytes(const model::HParams& hp, const std::vector<StageLayout>& stages, int block_tokens,
+                        std::uint64_t bytes);
+
+}  // namespace ftp::engine

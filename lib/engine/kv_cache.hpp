@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace ftp::engine {
+
+/// Hands out KV-cache blocks (pages of `block_tokens` positions) of one
+/// domain. One allocator serves every rank and stage of the domain: a
+/// sequence's block table indexes the same blocks in each rank's storage.
+class BlockAllocator {
+ public:
+  explicit BlockAllocator(int n_blocks);
+  /// A free block, or -1 when none is left.
+  int allocate();
+  void free(int block);
+  int free_blocks() const;
+  int total_blocks() const noexcept { return n_; }
+
+ private:
+  int n_;
+  mutable std::mutex mu_;
+  std::vector<int> free_;
+};
+
+/// The KV storage of one rank of one pipeline stage: for each of the
+/// stage's layers, K and V pages [block][kv_head][slot][head_dim].
+class KvStore {
+ public:
+  KvStore(int n_layers, int n_blocks, int block_tokens, int kv_heads, int head_dim);
+
+  float* k(int layer, int block, int head) noexcept { return at(k_, layer, block, head); }
+  float* v(int layer, int block, int head) noexcept { return at(v_, layer, block, head); }
+  int block_tokens() const noexcept { return bt_; }
+  std::uint64_t bytes() const noexcept { return (k_.size() + v_.size()) * sizeof(float); }
+
+ private:
+  float* at(std::vector<float>& s, int layer, int block, int head) noexcept {
+    return s.data() + ((static_cast<std::size_t>(layer) * nb_ + static_cast<std::size_t>(block)) * kvh_ +
+                       static_cast<std::size_t>(head)) * static_cast<std::size_t>(bt_) * hd_;
+  }
+  int nb_, bt_, kvh_, hd_;
+  std::vector<float> k_, v_;
+};
+
+}  // namespace ftp::engine

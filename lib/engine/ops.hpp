@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstddef>
+
+#include "engine/weight_store.hpp"
+
+/// The CPU backend's operations of the Llama forward pass, on float32.
+/// Each works on one rank's slice; the caller arranges the parallelism.
+namespace ftp::engine::ops {
+
+/// out[i] = w[i] * x[i] / sqrt(mean(x^2) + eps), for one row of n.
+void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
+
+/// out[t][w.rows] = x[t][w.cols] . W^T for a view W of a weight tensor in
+/// any dtype: float32 goes to BLAS sgemm in place (the view's leading
+/// dimension is the tensor's row length); F16, BF16 and Q8_0 are converted
+/// tile by tile (64 rows) into a per-thread buffer, then sgemm.
+void matmul(const float* x, const MatView& w, float* out, int t);
+
+/// Rotary embedding on adjacent pairs (v[2i], v[2i+1]) of each head, for
+/// the first n_rot dimensions: angle = pos x theta^(-2i / n_rot).
+void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta);
+
+/// g[i] = silu(g[i]) * u[i].
+void silu_mul(float* g, const float* u, std::size_t n);
+
+/// In-place softmax of one row of n.
+void softmax(float* x, int n);
+
+/// Sets the BLAS library to run single-threaded in each caller: a virtual
+/// device's rank thread is its compute. Called once by the engine.
+void blas_single_threaded();
+
+}  // namespace ftp::engine::ops

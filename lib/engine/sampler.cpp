@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace ftp::engine {
+
+int argmax(const std::vector<float>& v) {
+  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+
+int Sampler::sample(std::vector<float>& logits) {
+  if (p_.temperature <= 0.0f) return argmax(logits);
+  const int n = static_cast<int>(logits.size());
+  std::vector<int> idx(static_cast<std::size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  // Candidates sorted by logit (stable: lower id first on ties), cut by top-k.
+  int k = (p_.top_k > 0 && p_.top_k < n) ? p_.top_k : n;
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+    return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)] ||
+           (logits[static_cast<std::size_t>(a)] == logits[static_cast<std::size_t>(b)] && a < b);
+  });
+  idx.resize(static_cast<std::size_t>(k));
+  std::vector<double> prob(idx.size());
+  double mx = logits[static_cast<std::size_t>(idx[0])], sum = 0;
+  for (std::size_t i = 0; i < idx.size(); ++i) {
+    prob[i] = std::exp((logits[static_cast<std::size_t>(idx[i])] - mx) / p_.temperature);
+    sum += prob[i];
+  }
+  for (auto& p : prob) p /= sum;
+  // Top-p: the smallest prefix whose mass reaches top_p.
+  if (p_.top_p < 1.0f) {
+    double acc = 0;
+    std::size_t keep = prob.size();
+    for (std::size_t i = 0; i < prob.size(); ++i) {
+      acc += prob[i];
+      if (acc >= p_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    prob.resize(keep);
+    double s = std::accumulate(prob.begin(), prob.end(), 0.0);
+    for (auto& p : prob) p /= s;
+  }
+  double r = std::uniform_real_distribution<double>(0.0, 1.0)(rng_), acc = 0;
+  for (std::size_t i = 0; i < prob.size(); ++i) {
+    acc += prob[i];
+    if (r < acc) return idx[i];
+  }
+  return idx[prob.size() - 1];
+}
+
+}  // namespace ftp::engine

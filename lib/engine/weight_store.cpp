@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/weight_store.hpp"
+
+#include <string>
+
+#include "core/error.hpp"
+
+namespace ftp::engine {
+
+namespace {
+
+Range split(int n, int parts, int index) {
+  // Even split, the first n % parts ranks one larger; contiguous.
+  int base = n / parts, extra = n % parts;
+  int begin = index * base + std::min(index, extra);
+  return Range{begin, begin + base + (index < extra ? 1 : 0)};
+}
+
+std::vector<float> vec_f32(const model::TensorView& t) {
+  std::vector<float> v(static_cast<std::size_t>(t.elements()));
+  model::to_f32(t, 0, t.elements(), v.data());
+  return v;
+}
+
+}  // namespace
+
+RankLayerView split_rank(const model::HParams& hp, int tp, int rank) {
+  if (tp < 1 || rank < 0 || rank >= tp)
+    throw Error("split_rank: rank " + std::to_string(rank) + " of tp " + std::to_string(tp));
+  if (hp.n_head % tp != 0)
+    throw InputError("tp " + std::to_string(tp) + " does not divide n_head " + std::to_string(hp.n_head));
+  if (tp <= hp.n_head_kv ? hp.n_head_kv % tp != 0 : tp % hp.n_head_kv != 0)
+    throw InputError("tp " + std::to_string(tp) + " must divide n_head_kv " + std::to_string(hp.n_head_kv) +
+                     " or be a multiple of it");
+  if (tp > hp.n_ff)
+    throw InputError("tp " + std::to_string(tp) + " exceeds the feed-forward width " + std::to_string(hp.n_ff));
+  RankLayerView v{};
+  int qh = hp.n_head / tp;
+  v.q_heads = Range{rank * qh, (rank + 1) * qh};
+  if (tp <= hp.n_head_kv) {
+    int kvh = hp.n_head_kv / tp;
+    v.kv_heads = Range{rank * kvh, (rank + 1) * kvh};
+  } else {
+    // More ranks than KV heads: each rank reads the one KV head its query
+    // heads belong to; tp / n_head_kv ranks view the same head's weights.
+    int kv = v.q_heads.begin / (hp.n_head / hp.n_head_kv);
+    v.kv_heads = Range{kv, kv + 1};
+  }
+  v.ff = split(hp.n_ff, tp, rank);
+  return v;
+}
+
+WeightStore::WeightStore(const model::Model& m) : m_(m) {
+  const auto& w = m.weights;
+  auto count = [&](const model::TensorView& t) { weight_bytes_ += t.bytes; };
+  count(w.tok_embd);
+  count(w.output_norm);
+  if (w.output.data != w.tok_embd.data) count(w.output);
+  for (const auto& l : w.layers) {
+    for (const auto* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_down, &l.w_up})
+      count(*t);
+    attn_norm_.push_back(vec_f32(l.attn_norm));
+    ffn_norm_.push_back(vec_f32(l.ffn_norm));
+    owned_bytes_ += (attn_norm_.back().size() + ffn_norm_.back().size()) * sizeof(float);
+  }
+  output_norm_ = vec_f32(w.output_norm);
+  owned_bytes_ += output_norm_.size() * sizeof(float);
+}
+
+RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
+  const model::LayerWeights& l = m_.weights.layers.at(static_cast<std::size_t>(layer));
+  const auto& hp = m_.hparams;
+  RankLayerView v = split_rank(hp, tp, rank);
+  const std::int64_t E = hp.n_embd, hd = hp.head_dim;
+  v.attn_norm = attn_norm_[static_cast<std::size_t>(layer)].data();
+  v.ffn_norm = ffn_norm_[static_cast<std::size_t>(layer)].data();
+  v.wq = MatView{&l.wq, v.q_heads.begin * hd, v.q_heads.size() * hd, 0, E};
+  v.wk = MatView{&l.wk, v.kv_heads.begin * hd, v.kv_heads.size() * hd, 0, E};
+  v.wv = MatView{&l.wv, v.kv_heads.begin * hd, v.kv_heads.size() * hd, 0, E};
+  v.wo = MatView{&l.wo, 0, E, v.q_heads.begin * hd, v.q_heads.size() * hd};
+  v.w_gate = MatView{&l.w_gate, v.ff.begin, v.ff.size(), 0, E};
+  v.w_up = MatView{&l.w_up, v.ff.begin, v.ff.size(), 0, E};
+  v.w_down = MatView{&l.w_down, 0, E, v.ff.begin, v.ff.size()};
+  return v;
+}
+
+void WeightStore::embed(int token, float* out) const {
+  const auto& t = m_.weights.tok_embd;
+  model::to_f32(t, static_cast<std::int64_t>(token) * t.cols, t.cols, out);
+}
+
+MatView WeightStore::output() const {
+  const auto& t = m_.weights.output.data ? m_.weights.output : m_.weights.tok_embd;
+  return MatView{&t, 0, t.rows, 0, t.cols};
+}
+
+}  // namespace ftp::engine

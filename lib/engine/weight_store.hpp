@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/model.hpp"
+
+namespace ftp::engine {
+
+/// Half-open index range [begin, end).
+struct Range {
+  int begin = 0;
+  int end = 0;
+  int size() const noexcept { return end - begin; }
+};
+
+/// A view of a sub-matrix of a weight tensor as it lies in the model file
+/// (any dtype): rows [r0, r0 + rows) and columns [c0, c0 + cols) of the
+/// row-major [out][in] tensor. Never a copy.
+struct MatView {
+  const model::TensorView* t = nullptr;
+  std::int64_t r0 = 0, rows = 0;
+  std::int64_t c0 = 0, cols = 0;
+};
+
+/// The part of a layer's weights one tensor-parallel rank uses.
+/// Column-parallel matrices (q, k, v, gate, up) are row ranges of [out][in];
+/// row-parallel ones (o, down) are column ranges: both are views of the
+/// same resident tensors for every gear.
+struct RankLayerView {
+  const float* attn_norm = nullptr;  ///< [n_embd]
+  const float* ffn_norm = nullptr;   ///< [n_embd]
+  MatView wq, wk, wv;                ///< rows of this rank's heads
+  MatView wo;                        ///< all n_embd rows, columns of this rank's query heads
+  MatView w_gate, w_up;              ///< rows of this rank's feed-forward slice
+  MatView w_down;                    ///< all n_embd rows, columns of the feed-forward slice
+  Range q_heads;                     ///< query heads of this rank
+  Range kv_heads;                    ///< KV heads it reads (replicated when tp > n_head_kv)
+  Range ff;                          ///< feed-forward rows of this rank
+};
+
+/// How heads and feed-forward rows are split over `tp` ranks. Heads split
+/// evenly (tp must divide n_head, and divide n_head_kv or be a multiple of
+/// it: KV heads are then replicated). The feed-forward width is split as
+/// evenly as possible, so widths that tp does not divide (stories260K's 172
+/// at TP 8) give shards of uneven width.
+RankLayerView split_rank(const model::HParams& hp, int tp, int rank);
+
+/// The resident weights: the model's tensors where they lie (memory-mapped,
+/// in their stored dtype), viewed by every domain of every gear. Only the
+/// normalisation vectors are converted to float32 (n_embd floats each).
+/// Building a domain takes views: no weight byte is copied.
+class WeightStore {
+ public:
+  /// `m` must outlive the store.
+  explicit WeightStore(const model::Model& m);
+
+  const model::HParams& hparams() const noexcept { return m_.hparams; }
+  const model::Model& model() const noexcept { return m_; }
+
+  /// Views of one layer for rank `rank` of `tp`; no allocation, no copy.
+  RankLayerView layer(int layer, int tp, int rank) const;
+
+  /// The embedding row of `token` as float32.
+  void embed(int token, float* out) const;
+  const float* output_norm() const noexcept { return output_norm_.data(); }
+  /// The classifier [n_vocab][n_embd] (the token embedding when tied).
+  MatView output() const;
+
+  /// Bytes of the weights in the model file (mapped, not copied).
+  std::uint64_t weight_bytes() const noexcept { return weight_bytes_; }
+  /// Bytes the store allocated itself (the float32 normalisation vectors).
+  std::uint64_t owned_bytes() const noexcept { return owned_bytes_; }
+
+ private:
+  const model::Model& m_;
+  std::vector<std::vector<float>> attn_norm_, ffn_norm_;
+  std::vector<float> output_norm_;
+  std::uint64_t weight_bytes_ = 0, owned_bytes_ = 0;
+};
+
+}  // namespace ftp::engine

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ftp::model {
+
+/// Element types of weight tensors we load.
+enum class DType { f32, f16, bf16, q8_0 };
+
+const char* dtype_name(DType t) noexcept;
+
+/// Bytes of `n` elements of type t (n a multiple of 32 for q8_0: blocks of
+/// 32 int8 + one f16 scale = 34 bytes).
+std::size_t dtype_bytes(DType t, std::int64_t n);
+
+/// A read-only view of one tensor inside the loaded file (memory-mapped).
+/// Matrices are row-major [rows][cols] = [out_features][in_features], which
+/// is how both GGUF (ne[0] = cols, fastest) and llama2.c store them.
+struct TensorView {
+  std::string name;
+  DType dtype = DType::f32;
+  std::int64_t rows = 1;            ///< 1 for vectors
+  std::int64_t cols = 0;            ///< elements per row (the fastest dimension)
+  const void* data = nullptr;       ///< into the mapping; valid while the Model lives
+  std::size_t bytes = 0;
+
+  bool empty() const noexcept { return data == nullptr; }
+  std::int64_t elements() const noexcept { return rows * cols; }
+};
+
+/// Converts `count` elements of a row-major tensor starting at element
+/// `first` (must be a multiple of 32 for q8_0) to float32.
+void to_f32(const TensorView& t, std::int64_t first, std::int64_t count, float* out);
+
+/// Hyper-parameters of a Llama-family model.
+struct HParams {
+  std::string arch = "llama";
+  std::string name;
+  int n_vocab = 0;
+  int n_ctx_train = 0;      ///< context length the model was trained for
+  int n_embd = 0;           ///< hidden size
+  int n_ff = 0;             ///< feed-forward size
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;        ///< < n_head for grouped-query attention
+  int head_dim = 0;         ///< n_embd / n_head unless the file says otherwise
+  int n_rot = 0;            ///< rotary dimensions per head (usually head_dim)
+  float rms_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  bool tied_output = false; ///< the classifier is the token embedding
+};
+
+/// Weights of one transformer layer (all matrices [out][in]).
+struct LayerWeights {
+  TensorView attn_norm;     ///< [n_embd]
+  TensorView wq;            ///< [n_head*head_dim][n_embd]
+  TensorView wk;            ///< [n_head_kv*head_dim][n_embd]
+  TensorView wv;            ///< [n_head_kv*head_dim][n_embd]
+  TensorView wo;            ///< [n_embd][n_head*head_dim]
+  TensorView ffn_norm;      ///< [n_embd]
+  TensorView w_gate;        ///< [n_ff][n_embd]  (llama2.c w1)
+  TensorView w_down;        ///< [n_embd][n_ff]  (llama2.c w2)
+  TensorView w_up;          ///< [n_ff][n_embd]  (llama2.c w3)
+};
+
+struct Weights {
+  TensorView tok_embd;      ///< [n_vocab][n_embd]
+  std::vector<LayerWeights> layers;
+  TensorView output_norm;   ///< [n_embd]
+  TensorView output;        ///< [n_vocab][n_embd]; equals tok_embd when tied
+};
+
+/// What a tokenizer needs, from GGUF metadata (tokenizer.ggml.*) or from a
+/// llama2.c tokenizer.bin.
+struct TokenizerData {
+  std::string model;                 ///< "llama" (SentencePiece), "gpt2" (byte-level BPE), "llama2c"
+  std::string pre;                   ///< GGUF tokenizer.ggml.pre ("default", "llama3", ...)
+  std::vector<std::string> tokens;
+  std::vector<float> scores;         ///< empty when absent
+  std::vector<std::int32_t> types;   ///< token types (1 normal, 2 unknown, 3 control, 4 user, 6 byte); empty when absent
+  std::vector<std::string> merges;   ///< BPE merges "a b"; empty when absent
+  int bos = -1, eos = -1, unk = -1, pad = -1;
+  bool add_bos = true;
+  bool add_eos = false;
+  bool add_space_prefix = true;
+  int max_token_length = 0;          ///< llama2.c tokenizer.bin header
+  std::string chat_template;         ///< tokenizer.chat_template; empty when absent
+};
+
+/// A loaded model: hyper-parameters, weight views into the memory-mapped
+/// file, tokenizer data. Move-only; views stay valid while it lives.
+class Model {
+ public:
+  HParams hparams;
+  Weights weights;
+  TokenizerData tokenizer;
+  std::string path;
+  std::string format;                ///< "gguf" or "llama2c"
+
+  Model();
+  ~Model();
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+
+  /// Keeps the mapping of the file alive (set by the loaders).
+  std::shared_ptr<const void> mapping;
+};
+
+/// Loads a model, telling the format by its magic: GGUF v3 ("GGUF"), or a
+/// llama2.c legacy float32 checkpoint (its tokenizer from `tokenizer_path`,
+/// or tokenizer.bin / tok<vocab>.bin beside it). Errors (ftp::InputError)
+/// name the file, the tensor and the reason: bad magic or version, truncated
+/// file, tensor data out of bounds, unsupported type or architecture, shape
+/// mismatch with the metadata.
+Model load_model(const std::string& path, const std::string& tokenizer_path = "");
+
+/// Reads only the tokenizer data: of a GGUF file (a full model or a
+/// vocab-only GGUF, whatever its architecture), or of a llama2.c
+/// tokenizer.bin (told apart by the GGUF magic; all its tokens up to the end
+/// of the file). Errors (ftp::InputError) name the file and the key.
+TokenizerData load_tokenizer_data(const std::string& path);
+
+}  // namespace ftp::model

@@ -1,0 +1,546 @@
+// SPDX-License-Identifier: Apache-2.0
+// The control policies in virtual time: one test per rule of
+// ARCHITECTURE.md §4, plus the predictor, the capacity tracker and the
+// policy config.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "control/capacity.hpp"
+#include "control/clock.hpp"
+#include "control/policy.hpp"
+#include "control/predictor.hpp"
+#include "core/error.hpp"
+#include "doc/kinds.hpp"
+#include "fixtures.hpp"
+
+using namespace ftp::control;
+using ftp::doc::Decision;
+using ftp::doc::Observation;
+using ftp::json::Json;
+using ftp::test::busy;
+using ftp::test::obs;
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ftp::InputError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+const ftp::doc::Signal* signal(const Decision& d, const std::string& name) {
+  for (const auto& s : d.signals)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+struct Shifter {
+  ftp::doc::GearTable table = ftp::test::sample_gears();
+  PolicyConfig config;
+  std::unique_ptr<GearShifter> p;
+  Shifter() { p = std::make_unique<GearShifter>(table, config); }
+  explicit Shifter(PolicyConfig c) : config(c) { p = std::make_unique<GearShifter>(table, config); }
+  Decision operator()(const Observation& o) { return p->observe(o); }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------ clock
+
+TEST(Clock, VirtualTimeMovesOnlyWhenTold) {
+  VirtualClock c(1000);
+  EXPECT_EQ(c.now_ms(), 1000);
+  c.advance(500);
+  EXPECT_EQ(c.now_ms(), 1500);
+  c.set(2000);
+  EXPECT_EQ(c.now_ms(), 2000);
+  EXPECT_THROW(c.set(10), ftp::Error);
+  EXPECT_THROW(c.advance(-1), ftp::Error);
+  SystemClock s;
+  auto a = s.now_ms();
+  EXPECT_GE(s.now_ms(), a);
+}
+
+// ------------------------------------------------------------------ predictor
+
+TEST(Predictor, EwmaOfAConstantRateIsThatRate) {
+  Predictor p;
+  for (int t = 0; t < 20; ++t) p.observe(t * 10000, 100);
+  EXPECT_NEAR(p.level(), 100, 1e-9);
+  EXPECT_NEAR(p.forecast(), 100, 1e-9);
+}
+
+TEST(Predictor, AlphaWeighsTheNewestSample) {
+  Predictor p(PredictorConfig{0.5, 0, 0});
+  p.observe(0, 100);
+  p.observe(10000, 200);
+  EXPECT_NEAR(p.level(), 150, 1e-9);
+}
+
+TEST(Predictor, RecentPeakIsRememberedForItsWindowThenForgotten) {
+  Predictor p(PredictorConfig{0.25, 0, 60});
+  for (int t = 0; t <= 60; t += 10) p.observe(t * 1000, t < 30 ? 100 : 600);
+  double peak = p.level();
+  for (int t = 70; t <= 100; t += 10) p.observe(t * 1000, 100);
+  EXPECT_LT(p.level(), peak);
+  EXPECT_NEAR(p.forecast(), peak, 1e-9) << "the peak of the last 60 s holds the forecast up";
+  for (int t = 110; t <= 300; t += 10) p.observe(t * 1000, 100);
+  EXPECT_LT(p.forecast(), 0.5 * peak) << "an old peak is forgotten";
+}
+
+TEST(Predictor, HorizonProjectsARisingTrendOnly) {
+  Predictor p(PredictorConfig{0.25, 45, 0});
+  for (int t = 0; t <= 100; t += 10) p.observe(t * 1000, 100 + 5.0 * t);  // +5 req/s per s
+  EXPECT_GT(p.trend(), 0);
+  EXPECT_GT(p.forecast(), p.level());
+  EXPECT_GT(p.forecast(60), p.forecast(30));
+  Predictor q(PredictorConfig{0.25, 45, 0});
+  for (int t = 0; t <= 100; t += 10) q.observe(t * 1000, 1000 - 5.0 * t);
+  EXPECT_NEAR(q.forecast(), q.level(), 1e-9) << "a falling trend is not projected";
+}
+
+// ------------------------------------------------------------------ capacity
+
+TEST(Capacity, StartsFromMeasuredElseEstimatedWithSafeAt80Percent) {
+  auto t = ftp::test::sample_gears();
+  t.gears[1].estimated->safe_rps = 0;
+  ftp::doc::Capacity m;
+  m.max_rps = 500;
+  m.source = "bench";
+  t.gears[2].measured = m;
+  CapacityTracker c(t);
+  EXPECT_DOUBLE_EQ(c.capacity("standard").safe_rps, 0.8 * 600);
+  EXPECT_DOUBLE_EQ(c.capacity("performance").max_rps, 500);
+  EXPECT_EQ(c.capacity("performance").source, "bench");
+  EXPECT_CONTAINS(error_of([&] { c.capacity("turbo"); }), "\"turbo\" is not in the gear table");
+  t.gears[0].estimated.reset();
+  EXPECT_CONTAINS(error_of([&] { CapacityTracker bad(t); }), "gears[0]: gear \"economy\" has no measured");
+}
+
+TEST(Capacity, RefreshedEvery10MinFromTheLast5MinOfLiveData) {
+  auto t = ftp::test::sample_gears();
+  CapacityTracker c(t);
+  // economy saturated: 160 req/s arrive, the queue grows 3/s, so it serves 157.
+  for (int s = 0; s <= 600; s += 10) {
+    Observation o = obs(s, "economy", 160);
+    o.queue_depth_mean = 10;
+    o.queue_depth = 3.0 * s;
+    c.observe(o);
+    if (s < 600) EXPECT_FALSE(c.refresh(o.t_ms)) << "no refresh before 10 min, t=" << s;
+  }
+  EXPECT_TRUE(c.refresh(600000));
+  const auto& e = c.capacity("economy");
+  EXPECT_NEAR(e.max_rps, 157, 1e-9);
+  EXPECT_NEAR(e.safe_rps, 0.8 * 157, 1e-9);
+  EXPECT_EQ(e.source, "live");
+  EXPECT_EQ(e.t_ms, 600000);
+  EXPECT_NEAR(e.window_s, 300, 1e-9);
+  EXPECT_EQ(c.capacity("standard").source, "estimate") << "no data, no change";
+  EXPECT_FALSE(c.refresh(900000));
+
+  // Unsaturated, a gear can only be found larger than thought.
+  for (int s = 610; s <= 1200; s += 10) c.observe(obs(s, "standard", s < 1000 ? 300 : 700));
+  EXPECT_TRUE(c.refresh(1200000));
+  EXPECT_NEAR(c.capacity("standard").max_rps, 700, 1e-9);
+}
+
+// ------------------------------------------------------------------ gear shifter rules
+
+TEST(GearShifter, NConfirmations) {
+  Shifter s;
+  auto d0 = s(busy(0, "economy", 300));
+  EXPECT_EQ(d0.action, "hold");
+  EXPECT_CONTAINS(d0.reason, "confirmation 1 of 3");
+  EXPECT_CONTAINS(s(busy(10, "economy", 300)).reason, "confirmation 2 of 3");
+  auto d = s(busy(20, "economy", 300));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "standard");
+  EXPECT_EQ(d.policy, "gear-shifter");
+
+  // Observations closer than 10 s do not count twice; a break restarts the count.
+  Shifter f;
+  for (int t = 0; t < 20; ++t) EXPECT_EQ(f(busy(t, "economy", 300)).action, "hold") << "t=" << t;
+  EXPECT_EQ(f(busy(20, "economy", 300)).action, "shift");
+  Shifter b;
+  b(busy(0, "economy", 300));
+  b(busy(10, "economy", 300));
+  EXPECT_CONTAINS(b(obs(15, "economy", 300)).reason, "only 1 of 2 signals agree");
+  EXPECT_CONTAINS(b(busy(20, "economy", 300)).reason, "confirmation 1 of 3");
+  EXPECT_EQ(b(busy(30, "economy", 300)).action, "hold");
+  EXPECT_EQ(b(busy(40, "economy", 300)).action, "shift");
+}
+
+TEST(GearShifter, TwoSignalAgreement) {
+  Shifter s;
+  for (int t = 0; t <= 200; t += 10) {
+    auto d = s(obs(t, "economy", 300));  // forecast says up, the queue is quiet
+    ASSERT_EQ(d.action, "hold") << "t=" << t;
+    EXPECT_CONTAINS(d.reason, "only 1 of 2 signals agree");
+    EXPECT_TRUE(signal(d, "forecast_load")->agrees);
+    EXPECT_FALSE(signal(d, "queue_depth")->agrees);
+  }
+  // Contention is a second voice.
+  Decision d;
+  for (int t = 210; t <= 230; t += 10) {
+    Observation o = obs(t, "economy", 300);
+    o.contention_index = 0.5;
+    d = s(o);
+  }
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_TRUE(signal(d, "contention_index")->agrees);
+  EXPECT_CONTAINS(d.reason, "2 signals agree");
+}
+
+TEST(GearShifter, HysteresisBand) {
+  // standard: safe 480, band [0.30 x 480, 0.85 x 480] = [144, 408].
+  // (Under 10 min: a queue at 400 req/s for longer tells the capacity
+  // tracker that standard saturates at 400.)
+  Shifter s;
+  for (int t = 0; t < 600; t += 10) {
+    auto d = s(busy(t, "standard", 400));
+    ASSERT_EQ(d.action, "hold") << "400 req/s is inside the band, t=" << t;
+    EXPECT_CONTAINS(d.reason, "inside the band [144, 408]");
+    EXPECT_DOUBLE_EQ(signal(d, "forecast_load")->threshold, 408);
+  }
+  Shifter low;
+  for (int t = 0; t <= 600; t += 10) ASSERT_EQ(low(obs(t, "standard", 150)).action, "hold") << "t=" << t;
+  Shifter up;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = up(busy(t, "standard", 420));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "performance");
+  EXPECT_CONTAINS(d.reason, "> 0.85 x safe 480");
+  Shifter down;
+  for (int t = 0; t <= 20; t += 10) d = down(obs(t, "standard", 90));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "economy");
+  EXPECT_CONTAINS(d.reason, "down: forecast 90");
+  EXPECT_DOUBLE_EQ(signal(d, "forecast_load")->threshold, 144);
+}
+
+TEST(GearShifter, MinimumDwell) {
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));
+  ASSERT_EQ(d.action, "shift");
+  s(busy(25, "standard", 300)).action;  // done at t=25: the dwell starts
+  for (int t = 30; t < 325; t += 10) {
+    d = s(busy(t, "standard", 700));
+    ASSERT_EQ(d.action, "hold") << "t=" << t;
+  }
+  EXPECT_CONTAINS(d.reason, "dwell: 295 s of 300 s");
+  d = s(busy(325, "standard", 700));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "performance");
+}
+
+TEST(GearShifter, MemoryGuardAtOnce) {
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));
+  s(obs(30, "standard", 300));  // shift done: dwell running
+  Observation o = obs(40, "standard", 300);
+  o.kv_watermark = 0.95;
+  d = s(o);
+  EXPECT_EQ(d.action, "shift") << "no dwell, no confirmation for the memory guard";
+  EXPECT_EQ(d.to, "memory-guard");
+  EXPECT_EQ(d.not_before_ms, 0);
+  EXPECT_CONTAINS(d.reason, "memory guard: KV watermark 0.95 > 0.9");
+  EXPECT_TRUE(signal(d, "kv_watermark")->agrees);
+
+  // Left, by load, once KV is below 0.7, after the dwell and the confirmations.
+  for (int t = 50; t <= 400; t += 10) {
+    Observation g = obs(t, "memory-guard", 300);
+    g.kv_watermark = t < 200 ? 0.8 : 0.5;
+    d = s(g);
+    if (d.action == "shift") {
+      EXPECT_GE(t, 50 + 300) << d.reason;
+      EXPECT_EQ(d.to, "standard");
+      EXPECT_CONTAINS(d.reason, "leave the memory guard");
+      break;
+    }
+  }
+  EXPECT_EQ(d.action, "shift");
+  // A table without a guard gear says so.
+  auto t = ftp::test::sample_gears();
+  t.gears.pop_back();
+  GearShifter n(t, PolicyConfig{});
+  Observation k = obs(0, "standard", 300);
+  k.kv_watermark = 0.95;
+  EXPECT_CONTAINS(n.observe(k).reason, "no memory-guard gear");
+}
+
+TEST(GearShifter, StaggerWithinFiveMinutes) {
+  auto offset = [](std::uint64_t seed, int replicas) {
+    PolicyConfig c;
+    c.gear_shifter.replicas = replicas;
+    c.gear_shifter.seed = seed;
+    Shifter s(c);
+    Decision d;
+    for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));
+    EXPECT_EQ(d.action, "shift");
+    return d;
+  };
+  EXPECT_EQ(offset(7, 1).not_before_ms, 0) << "one replica: nothing to stagger";
+  std::set<std::int64_t> seen;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    Decision d = offset(seed, 4);
+    EXPECT_GE(d.not_before_ms, 20000);
+    EXPECT_LE(d.not_before_ms, 20000 + 300000);
+    EXPECT_CONTAINS(d.reason, "staggered by");
+    EXPECT_EQ(d.not_before_ms, offset(seed, 4).not_before_ms) << "deterministic per seed";
+    seen.insert(d.not_before_ms);
+  }
+  EXPECT_GE(seen.size(), 15u) << "replicas get different offsets";
+}
+
+TEST(GearShifter, RollbackAfterItsWindow) {
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));  // baseline P99 2000 ms
+  ASSERT_EQ(d.action, "shift");
+  s(obs(30, "standard", 300));  // done: the monitor watches
+  for (int t = 40; t < 220; t += 10) {
+    Observation o = obs(t, "standard", 300);
+    o.e2e_ms.p99 = 3500;  // > 1.5 x 2000
+    d = s(o);
+    ASSERT_EQ(d.action, "hold") << "breach for " << t - 40 << " s only";
+  }
+  Observation o = obs(220, "standard", 300);
+  o.e2e_ms.p99 = 3500;
+  d = s(o);
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "economy");
+  EXPECT_CONTAINS(d.reason, "rollback: E2E P99 3500 ms > 1.5 x pre-shift baseline 2000 ms for 180 s");
+  EXPECT_TRUE(signal(d, "p99_regression_ms")->agrees);
+}
+
+TEST(RollbackMonitor, NeedsTheWholeWindowWithoutABreak) {
+  RollbackMonitor m;
+  m.start(0, 100);
+  auto at = [](double t_s, double p99) {
+    Observation o;
+    o.t_ms = static_cast<std::int64_t>(t_s * 1000);
+    o.e2e_ms = {p99 / 2, p99};
+    return o;
+  };
+  using V = RollbackMonitor::Verdict;
+  for (int t = 10; t < 100; t += 10) EXPECT_EQ(m.observe(at(t, 200)), V::watching);
+  EXPECT_EQ(m.observe(at(100, 140)), V::watching) << "below 1.5 x: the breach ends";
+  for (int t = 110; t < 290; t += 10) EXPECT_EQ(m.observe(at(t, 200)), V::watching) << t;
+  EXPECT_EQ(m.observe(at(290, 200)), V::rollback);
+  RollbackMonitor ok;
+  ok.start(0, 100);
+  for (int t = 10; t < 600; t += 10) EXPECT_EQ(ok.observe(at(t, 120)), V::watching);
+  EXPECT_EQ(ok.observe(at(600, 120)), V::committed);
+  RollbackMonitor blind;
+  blind.start(0, 0);
+  EXPECT_EQ(blind.observe(at(10, 1e6)), V::committed) << "no baseline, nothing to compare";
+}
+
+TEST(GearShifter, SignalsMutedDuringAShiftAndEvaluatedAfter) {
+  Shifter s;
+  for (int t = 0; t <= 10; t += 10) s(busy(t, "economy", 300));
+  for (int t = 20; t <= 60; t += 10) {
+    Observation o = busy(t, "economy", 300);
+    o.shifting = true;  // a manual shift
+    auto d = s(o);
+    EXPECT_EQ(d.action, "hold");
+    EXPECT_CONTAINS(d.reason, "signals muted");
+    EXPECT_FALSE(d.signals.empty()) << "still reported";
+  }
+  EXPECT_CONTAINS(s(busy(70, "economy", 300)).reason, "confirmation 1 of 3") << "counted afresh";
+}
+
+TEST(GearShifter, OneShiftPerDecisionUntilDoneOrTimedOut) {
+  Shifter s;
+  int shifts = 0;
+  for (int t = 0; t <= 600; t += 10) shifts += s(busy(t, "economy", 300)).action == "shift";
+  EXPECT_EQ(shifts, 1) << "the decided shift is waited for";
+  shifts = 0;
+  for (int t = 630; t <= 700; t += 10) shifts += s(busy(t, "economy", 300)).action == "shift";
+  EXPECT_EQ(shifts, 1) << "not seen done after shift_timeout_s: decided afresh";
+}
+
+TEST(GearShifter, UnknownGearIsAnInputError) {
+  Shifter s;
+  EXPECT_CONTAINS(error_of([&] { s(obs(0, "turbo", 1)); }),
+                  "gear: \"turbo\" is not in the gear table (economy, standard, performance, memory-guard)");
+}
+
+// ------------------------------------------------------------------ TP planner rules
+// target_tp = ceil(rate x 512 x 1.4e10 / (0.5 x 100e12)) = ceil(0.14336 x rate)
+
+namespace {
+Observation tp_obs(double t_s, const std::string& gear, double rate, double util = 0.6, double p99 = 300) {
+  Observation o = obs(t_s, gear, rate);
+  o.devices.push_back({"d0", util});
+  o.e2e_ms = {p99 / 2, p99};
+  return o;
+}
+}  // namespace
+
+TEST(TpPlanner, TargetFromPredictedCompute) {
+  auto t = ftp::test::sample_gears();
+  TpPlanner p(t, PolicyConfig{});
+  EXPECT_EQ(p.target_tp(5, 512), 1);
+  EXPECT_EQ(p.target_tp(10, 512), 2);
+  EXPECT_EQ(p.target_tp(20, 512), 3);
+  EXPECT_EQ(p.target_tp(1000, 512), 4) << "clamped to the table's largest";
+  auto d = p.observe(tp_obs(0, "economy", 20));
+  EXPECT_EQ(d.action, "shift") << "up without hesitation";
+  EXPECT_EQ(d.to, "performance");
+  EXPECT_EQ(d.policy, "tp-planner");
+  EXPECT_DOUBLE_EQ(signal(d, "target_tp")->value, 3);
+  EXPECT_CONTAINS(p.observe(tp_obs(0.2, "performance", 20)).reason, "loop period");
+}
+
+TEST(TpPlanner, MinimumSwitchInterval) {
+  auto t = ftp::test::sample_gears();
+  TpPlanner p(t, PolicyConfig{});
+  ASSERT_EQ(p.observe(tp_obs(0, "economy", 10)).to, "standard");
+  Decision d;
+  for (double s = 0.5; s < 10; s += 0.5) {
+    d = p.observe(tp_obs(s, "standard", 25));
+    ASSERT_EQ(d.action, "hold") << "t=" << s;
+  }
+  EXPECT_CONTAINS(d.reason, "minimum switch interval (9.5 s of 10 s)");
+  d = p.observe(tp_obs(10, "standard", 25));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "performance");
+}
+
+TEST(TpPlanner, LatencyFeedbackAt80PercentOfTarget) {
+  auto t = ftp::test::sample_gears();
+  TpPlanner p(t, PolicyConfig{});
+  EXPECT_EQ(p.observe(tp_obs(0, "economy", 5, 0.6, 790)).action, "hold") << "below 0.8 x 1000 ms";
+  auto d = p.observe(tp_obs(0.5, "economy", 5, 0.6, 810));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "standard") << "one step up";
+  EXPECT_CONTAINS(d.reason, "latency feedback: e2e P99 810 ms > 0.8 x target 1000 ms");
+  EXPECT_TRUE(signal(d, "latency_p99_ms")->agrees);
+}
+
+TEST(TpPlanner, ScaleDownOnlyAfterFiveMinutesUnder40Percent) {
+  auto t = ftp::test::sample_gears();
+  TpPlanner busy_p(t, PolicyConfig{});
+  for (double s = 0; s <= 900; s += 0.5)
+    ASSERT_EQ(busy_p.observe(tp_obs(s, "performance", 2, 0.45)).action, "hold") << "45 % is not low, t=" << s;
+  TpPlanner p(t, PolicyConfig{});
+  Decision d;
+  for (double s = 0; s < 300; s += 0.5) {
+    d = p.observe(tp_obs(s, "performance", 2, 0.2));
+    ASSERT_EQ(d.action, "hold") << "t=" << s;
+  }
+  EXPECT_CONTAINS(d.reason, "down only after utilization < 0.4 for 300 s");
+  d = p.observe(tp_obs(300, "performance", 2, 0.2));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "economy");
+}
+
+TEST(TpPlanner, ReservesDevicesAheadOfAPredictedUpShift) {
+  auto t = ftp::test::sample_gears();
+  TpPlanner p(t, PolicyConfig{});
+  int reserve_at = -1, shift_at = -1, reserves = 0;
+  for (int i = 0; i < 60 && shift_at < 0; ++i) {
+    double s = i * 0.5;
+    auto d = p.observe(tp_obs(s, "economy", 1 + 0.5 * s));  // +0.5 req/s per s
+    if (d.action == "shift") {
+      shift_at = i;
+      EXPECT_EQ(d.to, "standard");
+    } else if (d.reason.rfind("reserve:", 0) == 0) {
+      ++reserves;
+      if (reserve_at < 0) reserve_at = i;
+      ASSERT_NE(signal(d, "reserve_tp"), nullptr);
+      EXPECT_DOUBLE_EQ(signal(d, "reserve_tp")->value, 2);
+      EXPECT_CONTAINS(d.reason, "devices of standard (tp 2) ahead of a predicted up-shift in 5 s");
+    }
+  }
+  ASSERT_GE(shift_at, 0);
+  ASSERT_GE(reserve_at, 0);
+  EXPECT_LT(reserve_at, shift_at) << "reserved before the shift";
+  EXPECT_EQ(reserves, 1) << "said once";
+}
+
+// ------------------------------------------------------------------ naive
+
+TEST(NaiveThreshold, FollowsTheInstantaneousRate) {
+  auto t = ftp::test::sample_gears();
+  NaiveThreshold n(t, PolicyConfig{});
+  EXPECT_EQ(n.observe(obs(0, "economy", 100)).action, "hold");
+  EXPECT_EQ(n.observe(obs(10, "economy", 130)).to, "standard");
+  EXPECT_EQ(n.observe(obs(20, "standard", 100)).to, "economy");
+  EXPECT_EQ(n.observe(obs(30, "economy", 5000)).to, "performance");
+}
+
+// ------------------------------------------------------------------ config
+
+TEST(PolicyConfig, DefaultsAreTheDesignsAndRoundTrip) {
+  PolicyConfig c;
+  EXPECT_EQ(c.gear_shifter.min_dwell_s, 300);
+  EXPECT_EQ(c.gear_shifter.up_threshold, 0.85);
+  EXPECT_EQ(c.gear_shifter.down_threshold, 0.30);
+  EXPECT_EQ(c.gear_shifter.confirmations, 3);
+  EXPECT_EQ(c.gear_shifter.min_agreeing_signals, 2);
+  EXPECT_EQ(c.gear_shifter.memory_guard_kv, 0.90);
+  EXPECT_EQ(c.gear_shifter.stagger_max_s, 300);
+  EXPECT_EQ(c.rollback.p99_factor, 1.5);
+  EXPECT_EQ(c.rollback.window_s, 180);
+  EXPECT_EQ(c.tp_planner.loop_ms, 500);
+  EXPECT_EQ(c.tp_planner.latency_feedback, 0.8);
+  EXPECT_EQ(c.tp_planner.scale_down_utilization, 0.4);
+  EXPECT_EQ(c.tp_planner.scale_down_after_s, 300);
+  EXPECT_EQ(c.tp_planner.min_switch_interval_s, 10);
+  EXPECT_EQ(c.capacity.safe_fraction, 0.8);
+  EXPECT_EQ(c.capacity.refresh_every_s, 600);
+  EXPECT_EQ(c.capacity.window_s, 300);
+  Json j = to_json(c);
+  EXPECT_EQ(j["kind"], ftp::doc::kind::policy);
+  EXPECT_EQ(to_json(policy_config_from_json(j)), j);
+  PolicyConfig m;
+  m.gear_shifter.seed = 42;
+  m.tp_planner.latency_metric = "ttft";
+  EXPECT_EQ(to_json(policy_config_from_json(to_json(m))), to_json(m));
+  // Missing sections and fields take the defaults.
+  EXPECT_EQ(to_json(policy_config_from_json(Json{{"kind", "ftp.policy/v1"}})), j);
+}
+
+TEST(PolicyConfig, ExampleDefaultJsonMatchesTheDefaults) {
+  const char* src = std::getenv("FTP_SOURCE_ROOT");
+  if (!src) GTEST_SKIP() << "FTP_SOURCE_ROOT not set";
+  Json file = ftp::json::read_file(std::string(src) + "/examples/policies/default.json");
+  EXPECT_EQ(file, to_json(PolicyConfig{})) << "examples/policies/default.json must list every default";
+}
+
+TEST(PolicyConfig, ValidationErrorsNameThePath) {
+  auto err = [](Json j) {
+    j["kind"] = "ftp.policy/v1";
+    return error_of([&] { policy_config_from_json(j); });
+  };
+  EXPECT_EQ(err({{"gear_shifter", {{"up_threshold", 0.2}}}}),
+            "gear_shifter.up_threshold: must be in (down_threshold, 1] = (0.3, 1], got 0.2");
+  EXPECT_EQ(err({{"gear_shifter", {{"min_dwel_s", 3}}}}), "gear_shifter.min_dwel_s: unknown field (misspelt?)");
+  EXPECT_EQ(err({{"predictor", {{"alpha", "high"}}}}), "predictor.alpha: expected a number, got string");
+  EXPECT_EQ(err({{"predictor", {{"alpha", 1.5}}}}), "predictor.alpha: must be a ratio in (0, 1], got 1.5");
+  EXPECT_EQ(err({{"gear_shifter", {{"confirmations", 0}}}}), "gear_shifter.confirmations: must be at least 1, got 0");
+  EXPECT_EQ(err({{"gear_shifter", {{"confirmations", 2.5}}}}), "gear_shifter.confirmations: expected an integer, got 2.5");
+  EXPECT_EQ(err({{"tp_planner", {{"latency_metric", "p99"}}}}),
+            "tp_planner.latency_metric: must be one of ttft, tpot, e2e, got \"p99\"");
+  EXPECT_EQ(err({{"tp_planner", {{"scale_down_utilization", 0.6}}}}),
+            "tp_planner.scale_down_utilization: must be in (0, target_utilization) = (0, 0.5), got 0.6");
+  EXPECT_EQ(err({{"rollback", {{"p99_factor", 1}}}}), "rollback.p99_factor: must exceed 1, got 1");
+  EXPECT_EQ(err({{"rollback", 3}}), "rollback: expected an object, got integer");
+  EXPECT_CONTAINS(err({{"gearshifter", Json::object()}}), "gearshifter: unknown section");
+  EXPECT_EQ(error_of([] { policy_config_from_json(Json{{"kind", "ftp.gear-table/v1"}}); }),
+            "kind: expected \"ftp.policy/v1\", got \"ftp.gear-table/v1\"");
+  EXPECT_CONTAINS(error_of([] { make_policy("bogus", ftp::test::sample_gears(), PolicyConfig{}); }),
+                  "must be one of gear-shifter, tp-planner, naive");
+}

@@ -1,0 +1,296 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU engine on the real stories260K model: golden greedy tokens at
+// every TP x PP layout, logits across gears, zero-copy domains, continuous
+// batching, chunked prefill, preemption, request errors, sampling.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <new>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "engine/domain.hpp"
+#include "engine/weight_store.hpp"
+#include "model/model.hpp"
+
+using namespace ftp::engine;
+
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+// Counts heap bytes allocated while `g_counting` is set (zero-copy proof).
+static std::atomic<bool> g_counting{false};
+static std::atomic<std::uint64_t> g_allocated{0};
+void* operator new(std::size_t n) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocated += n;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+std::string data_dir() {
+  const char* d = std::getenv("FTP_TEST_DATA");
+  return d ? d : "../shared/data";
+}
+
+std::string model_path(const char* file) { return data_dir() + "/models/stories260K/" + file; }
+
+std::vector<int> golden_ids() {
+  std::ifstream f(model_path("golden_greedy_t0_steps256_token_ids.txt"));
+  std::string line, last;
+  while (std::getline(f, line))
+    if (!line.empty() && line[0] != '#') last = line;
+  std::istringstream ss(last);
+  std::vector<int> ids;
+  for (int t; ss >> t;) ids.push_back(t);
+  return ids;
+}
+
+struct Fixture : ::testing::Test {
+  static inline std::unique_ptr<ftp::model::Model> model;
+  static inline std::unique_ptr<WeightStore> store;
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(model_path("stories260K.bin"))) return;
+    model = std::make_unique<ftp::model::Model>(ftp::model::load_model(model_path("stories260K.bin")));
+    store = std::make_unique<WeightStore>(*model);
+  }
+  void SetUp() override {
+    if (!store) GTEST_SKIP() << "stories260K.bin not found under " << data_dir() << " (set FTP_TEST_DATA)";
+  }
+};
+
+struct Gear {
+  const char* name;
+  std::vector<StageLayout> stages;
+  int micro_batches = 1;
+};
+
+std::vector<Gear> gears() {
+  return {
+      {"tp1", {{0, 5, 1}}},
+      {"tp2", {{0, 5, 2}}},
+      {"tp4", {{0, 5, 4}}},
+      {"tp8 (KV heads replicated)", {{0, 5, 8}}},
+      {"pp2", {{0, 3, 1}, {3, 2, 1}}, 2},
+      {"tp2 x pp2", {{0, 2, 2}, {2, 3, 2}}, 2},
+      {"pp5", {{0, 1, 1}, {1, 1, 1}, {2, 1, 1}, {3, 1, 1}, {4, 1, 1}}, 3},
+  };
+}
+
+/// Runs requests to completion; returns each request's output tokens.
+std::vector<std::vector<int>> run(Domain& d, std::vector<GenerationRequest> reqs) {
+  std::vector<std::vector<int>> out(reqs.size());
+  std::vector<int> finished(reqs.size(), 0);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].on_event = [&, i](const GenerationEvent& e) {
+      if (e.token >= 0) out[i].push_back(e.token);
+      if (e.finished) {
+        ++finished[i];
+        EXPECT_NE(e.finish_reason, "error") << e.error;
+      }
+    };
+    d.submit(std::move(reqs[i]));
+  }
+  for (int guard = 0; !d.idle() && guard < 100000; ++guard) d.step();
+  for (std::size_t i = 0; i < finished.size(); ++i) EXPECT_EQ(finished[i], 1) << "request " << i << " finished " << finished[i] << " times";
+  return out;
+}
+
+GenerationRequest greedy(std::string id, std::vector<int> prompt, int max_tokens) {
+  GenerationRequest r;
+  r.id = std::move(id);
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+}  // namespace
+
+TEST_F(Fixture, GoldenGreedyTokensAtEveryGear) {
+  auto golden = golden_ids();
+  ASSERT_EQ(golden.size(), 256u);
+  for (const auto& g : gears()) {
+    DomainConfig cfg;
+    cfg.stages = g.stages;
+    cfg.micro_batches = g.micro_batches;
+    Domain d(*store, cfg);
+    auto out = run(d, {greedy("golden", {1}, 256)});
+    EXPECT_EQ(out[0], golden) << "gear " << g.name;
+  }
+}
+
+TEST_F(Fixture, LogitsAgreeAcrossGears) {
+  std::vector<int> prompt = {1, 410, 469, 347, 261, 378};
+  std::vector<float> ref;
+  for (const auto& g : gears()) {
+    DomainConfig cfg;
+    cfg.stages = g.stages;
+    Executor ex(*store, cfg.stages, 4, 16);
+    std::vector<int> blocks = {0};
+    SeqChunk c{&blocks, 0, prompt, true};
+    auto logits = ex.forward({c}, g.micro_batches);
+    ASSERT_EQ(logits.size(), 1u);
+    if (ref.empty()) {
+      ref = logits[0];
+      continue;
+    }
+    double max_diff = 0, max_abs = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(ref[i] - logits[0][i])));
+      max_abs = std::max(max_abs, static_cast<double>(std::fabs(ref[i])));
+    }
+    EXPECT_LT(max_diff, 1e-4 * max_abs) << "gear " << g.name;
+  }
+}
+
+TEST_F(Fixture, DomainsOfAnyGearTakeViewsNotCopies) {
+  const auto& hp = store->hparams();
+  const auto& w = model->weights;
+  for (const auto& g : gears()) {
+    for (const auto& st : g.stages)
+      for (int r = 0; r < st.tp; ++r)
+        for (int L = st.first_layer; L < st.first_layer + st.n_layers; ++L) {
+          RankLayerView v = store->layer(L, st.tp, r);
+          const auto& lw = w.layers[static_cast<std::size_t>(L)];
+          // Every matrix is a view of the model's own mapped tensor.
+          EXPECT_EQ(v.wq.t->data, lw.wq.data);
+          EXPECT_EQ(v.wk.t->data, lw.wk.data);
+          EXPECT_EQ(v.wv.t->data, lw.wv.data);
+          EXPECT_EQ(v.wo.t->data, lw.wo.data);
+          EXPECT_EQ(v.w_gate.t->data, lw.w_gate.data);
+          EXPECT_EQ(v.w_up.t->data, lw.w_up.data);
+          EXPECT_EQ(v.w_down.t->data, lw.w_down.data);
+        }
+    DomainConfig cfg;
+    cfg.stages = g.stages;
+    cfg.kv_blocks = 8;
+    g_allocated = 0;
+    g_counting = true;
+    auto d = std::make_unique<Domain>(*store, cfg);
+    g_counting = false;
+    std::uint64_t kv = 0;
+    for (const auto& st : g.stages)
+      kv += 2ull * st.n_layers * st.tp * (st.tp <= hp.n_head_kv ? hp.n_head_kv / st.tp : 1) * cfg.kv_blocks *
+            cfg.block_tokens * hp.head_dim * sizeof(float);
+    // A domain allocates its KV pool and bookkeeping; a copy of any weight
+    // set of weights (about 1 MB here, 1/8 of it per TP-8 rank) would show.
+    ASSERT_GE(g_allocated.load(), kv) << g.name;
+    EXPECT_LT(g_allocated.load() - kv, 64u * 1024) << g.name << ": allocated " << g_allocated << " bytes, KV " << kv;
+  }
+  EXPECT_GT(store->weight_bytes(), 1000000u);
+  EXPECT_LT(store->owned_bytes(), 8u * 1024);  // the float32 norm vectors only
+}
+
+TEST_F(Fixture, ContinuousBatchingGivesTheTokensOfARequestAlone) {
+  std::vector<std::vector<int>> prompts = {{1}, {1, 410, 469, 347}, {1, 403, 407}, {1, 261, 378, 432, 383, 286, 261},
+                                           {1, 300}, {1, 470, 280, 290, 300, 310, 320, 330, 340, 350, 360}};
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : prompts) {
+    Domain d(*store, DomainConfig{});
+    alone.push_back(run(d, {greedy("a", p, 40)})[0]);
+  }
+  for (const auto& g : gears()) {
+    DomainConfig cfg;
+    cfg.stages = g.stages;
+    cfg.micro_batches = g.micro_batches;
+    cfg.max_batched_tokens = 8;  // chunked prefill: prompts span several steps
+    Domain d(*store, cfg);
+    std::vector<GenerationRequest> reqs;
+    for (std::size_t i = 0; i < prompts.size(); ++i) reqs.push_back(greedy("r" + std::to_string(i), prompts[i], 40));
+    auto out = run(d, reqs);
+    for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(out[i], alone[i]) << g.name << " request " << i;
+  }
+}
+
+TEST_F(Fixture, RequestsJoinARunningBatch) {
+  DomainConfig cfg;
+  Domain d(*store, cfg);
+  std::vector<std::vector<int>> out(3);
+  int finished = 0;
+  auto submit = [&](int i, std::vector<int> prompt) {
+    auto r = greedy("r" + std::to_string(i), std::move(prompt), 30);
+    r.on_event = [&, i](const GenerationEvent& e) {
+      if (e.token >= 0) out[static_cast<std::size_t>(i)].push_back(e.token);
+      finished += e.finished;
+    };
+    d.submit(std::move(r));
+  };
+  submit(0, {1});
+  for (int s = 0; s < 5; ++s) d.step();
+  submit(1, {1, 410, 469, 347});
+  for (int s = 0; s < 7; ++s) d.step();
+  submit(2, {1});
+  while (!d.idle()) d.step();
+  EXPECT_EQ(finished, 3);
+  auto golden = golden_ids();
+  EXPECT_EQ(out[0], std::vector<int>(golden.begin(), golden.begin() + 30));
+  EXPECT_EQ(out[2], out[0]);
+}
+
+TEST_F(Fixture, PreemptionRecomputesAndDropsNothing) {
+  std::vector<std::vector<int>> prompts = {{1}, {1, 410, 469, 347}, {1, 403, 407}};
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : prompts) {
+    Domain d(*store, DomainConfig{});
+    alone.push_back(run(d, {greedy("a", p, 60)})[0]);
+  }
+  DomainConfig cfg;
+  cfg.kv_blocks = 6;  // 96 positions for three requests of up to 64: someone must wait
+  Domain d(*store, cfg);
+  std::vector<GenerationRequest> reqs;
+  for (std::size_t i = 0; i < prompts.size(); ++i) reqs.push_back(greedy("p" + std::to_string(i), prompts[i], 60));
+  auto out = run(d, reqs);
+  for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(out[i], alone[i]) << "request " << i;
+  EXPECT_GT(d.stats().preemptions, 0u);
+  EXPECT_EQ(d.stats().finished, 3u);
+  EXPECT_EQ(d.kv_usage(), 0.0);
+}
+
+TEST_F(Fixture, RequestsThatCanNeverBeServedAreRefused) {
+  DomainConfig cfg;
+  cfg.kv_blocks = 4;
+  Domain d(*store, cfg);
+  auto msg = [&](GenerationRequest r) {
+    try {
+      d.submit(std::move(r));
+    } catch (const ftp::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<accepted>");
+  };
+  EXPECT_EQ(msg(greedy("e", {}, 4)), "request e: prompt: must hold at least one token");
+  EXPECT_EQ(msg(greedy("v", {1, 512}, 4)), "request v: prompt[1]: token id 512 outside the vocabulary (0..511)");
+  EXPECT_EQ(msg(greedy("k", {1}, 100)), "request k: 101 tokens need 7 KV pages, domain d0 has 4");
+  EXPECT_EQ(msg(greedy("m", {1}, 0)), "request m: max_tokens: must be positive, got 0");
+  EXPECT_TRUE(d.idle());
+}
+
+TEST_F(Fixture, SamplingIsReproducibleBySeed) {
+  auto sampled = [&](std::uint64_t seed, float temp, int top_k, float top_p) {
+    Domain d(*store, DomainConfig{});
+    auto r = greedy("s", {1}, 40);
+    r.sampling = SamplingParams{temp, top_k, top_p, seed};
+    return run(d, {r})[0];
+  };
+  auto a = sampled(7, 1.0f, 0, 0.9f), b = sampled(7, 1.0f, 0, 0.9f), c = sampled(8, 1.0f, 0, 0.9f);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  auto golden = golden_ids();
+  EXPECT_EQ(sampled(3, 1.0f, 1, 1.0f), std::vector<int>(golden.begin(), golden.begin() + 40));  // top-k 1 is greedy
+}
+
+TEST_F(Fixture, StopTokensAndStopCheck) {
+  auto golden = golden_ids();
+  Domain d(*store, DomainConfig{});
+  auto r = greedy("stop", {1}, 100);
+  r.stop_tokens = {golden[5]};
+  auto out = run(d, {r})[0];
+  EXPECT_EQ(out, std::vector<int>(golden.begin(), golden.begin() + 6));
+  auto r2 = greedy("check", {1}, 100);
+  r2.stop_check = [](const std::vector<int>& o) { return o.size() == 9; };
+  EXPECT_EQ(run(d, {r2})[0].size(), 9u);
+}
