@@ -18,12 +18,14 @@ _ftp_probe() {
 complete -F _ftp_probe ftp-probe
 
 _ftp_plan() {
-  local cur prev
+  local cur prev i sub=
   cur=${COMP_WORDS[COMP_CWORD]}
   prev=${COMP_WORDS[COMP_CWORD-1]}
+  for ((i = 1; i < COMP_CWORD; i++)); do [[ ${COMP_WORDS[i]} == decide ]] && sub=decide; done
   case $prev in
     --json) COMPREPLY=($(compgen -W "pretty short" -- "$cur")); return ;;
-    --topology|--model) COMPREPLY=($(compgen -f -X '!*.json' -- "$cur") $(compgen -d -- "$cur")); return ;;
+    --topology|--model|--gears|--policy) COMPREPLY=($(compgen -f -X '!*.json' -- "$cur") $(compgen -d -- "$cur")); return ;;
+    --policy-name) COMPREPLY=($(compgen -W "gear-shifter tp-planner naive" -- "$cur")); return ;;
     --concurrency) COMPREPLY=($(compgen -W "1 8 32 128" -- "$cur")); return ;;
     --context|--prompt-tokens|--output-tokens|--max-batched-tokens) COMPREPLY=($(compgen -W "128 512 2048 4096" -- "$cur")); return ;;
     --max-gears|--max-pp) COMPREPLY=($(compgen -W "1 2 4 8" -- "$cur")); return ;;
@@ -31,6 +33,28 @@ _ftp_plan() {
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "--help --version --json --topology --model --concurrency --context --prompt-tokens --output-tokens --max-batched-tokens --max-gears --max-pp --explain" -- "$cur"))
+  if [[ $sub == decide ]]; then
+    COMPREPLY=($(compgen -W "--help --gears --policy --policy-name" -- "$cur")); return
+  fi
+  COMPREPLY=($(compgen -W "decide --help --version --json --topology --model --concurrency --context --prompt-tokens --output-tokens --max-batched-tokens --max-gears --max-pp --explain" -- "$cur"))
 }
 complete -F _ftp_plan ftp-plan
+
+_ftp_serve() {
+  local cur prev
+  cur=${COMP_WORDS[COMP_CWORD]}
+  prev=${COMP_WORDS[COMP_CWORD-1]}
+  case $prev in
+    --json) COMPREPLY=($(compgen -W "pretty short" -- "$cur")); return ;;
+    -m|--model) COMPREPLY=($(compgen -f -X '!*.@(gguf|bin)' -- "$cur") $(compgen -d -- "$cur")); return ;;
+    --tokenizer) COMPREPLY=($(compgen -f -X '!*.bin' -- "$cur") $(compgen -d -- "$cur")); return ;;
+    --gear) COMPREPLY=($(compgen -W "tp=1,pp=1 tp=2,pp=1 tp=4,pp=1 tp=1,pp=2 tp=2,pp=2" -- "$cur")); return ;;
+    -p|--prompt|--stop|-s|--seed|-t|--temperature|--top-k|--top-p|-n|--max-tokens) return ;;
+  esac
+  if [[ $cur == --json=* ]]; then
+    COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
+  fi
+  COMPREPLY=($(compgen -W "--help --version --json --model --tokenizer --gear --prompt --max-tokens --temperature --top-k --top-p --seed --stop" -- "$cur"))
+}
+shopt -s extglob 2>/dev/null
+complete -F _ftp_serve ftp-serve

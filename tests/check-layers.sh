@@ -10,12 +10,13 @@ declare -A allowed=(
   [ipc]="core ipc"
   [comm]="core doc comm"
   [backend]="core doc backend kernels"
+  [serve]="core doc comm backend model engine ipc control plan serve"
   [engine]="core doc comm backend model engine"
   [topology]="core doc comm backend topology"
   [plan]="core doc plan"
   [control]="core doc control"
   [model]="core doc model"
-  [cli]="core doc comm backend topology ipc plan model control cli"
+  [cli]="core doc comm backend topology ipc plan model control engine serve cli"
 )
 bad=0
 for dir in "$lib"/*/; do

@@ -483,6 +483,11 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     for (const auto& s : sig)
       if (s.agrees && s.name != "kv_watermark") ++agree;
   }
+  if (dir < 0 && !in_guard && cur == ladder_.front()) {
+    confirm_dir_ = confirm_count_ = 0;
+    return hold(o, name(), "forecast " + num(forecast) + " req/s below the band of " + o.gear +
+                               ", already the smallest gear", sig);
+  }
   if (dir == 0) {
     confirm_dir_ = confirm_count_ = 0;
     if (in_guard)

@@ -306,8 +306,7 @@ Model model_from_gguf(const GgufFile& f) {
 
 namespace {
 
-bool has_gguf_magic(const std::string& path, const std::shared_ptr<const void>& map, std::size_t size) {
-  (void)path;
+bool has_gguf_magic(const std::shared_ptr<const void>& map, std::size_t size) {
   if (size < 4) return false;
   std::uint32_t magic;
   std::memcpy(&magic, map.get(), 4);
@@ -319,7 +318,7 @@ bool has_gguf_magic(const std::string& path, const std::shared_ptr<const void>& 
 Model load_model(const std::string& path, const std::string& tokenizer_path) {
   std::size_t size = 0;
   auto map = map_file(path, size);
-  if (size >= 4 && has_gguf_magic(path, map, size)) {
+  if (has_gguf_magic(map, size)) {
     GgufFile f = GgufFile::open(path);
     return model_from_gguf(f);
   }
@@ -342,7 +341,7 @@ Model load_model(const std::string& path, const std::string& tokenizer_path) {
 TokenizerData load_tokenizer_data(const std::string& path) {
   std::size_t size = 0;
   auto map = map_file(path, size);
-  if (has_gguf_magic(path, map, size)) return tokenizer_from_gguf(GgufFile::open(path));
+  if (has_gguf_magic(map, size)) return tokenizer_from_gguf(GgufFile::open(path));
   return parse_llama2c_tokenizer(map.get(), size, -1, path);
 }
 

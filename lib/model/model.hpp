@@ -56,6 +56,11 @@ struct HParams {
 };
 
 /// Weights of one transformer layer (all matrices [out][in]).
+/// Rows of wq and wk are in the interleaved RoPE order of llama2.c and
+/// Meta's checkpoints: within each head, elements (2i, 2i+1) form one rotated
+/// pair. GGUF "llama" files use the same order (llama.cpp's converters permute
+/// HF's rotate-half layout into it; its llama2.c converter copies unchanged),
+/// so one RoPE serves both formats.
 struct LayerWeights {
   TensorView attn_norm;     ///< [n_embd]
   TensorView wq;            ///< [n_head*head_dim][n_embd]

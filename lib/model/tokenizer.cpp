@@ -411,27 +411,47 @@ void Tokenizer::encode_llama2c(std::string_view text, std::vector<int>& out) con
     buf.clear();
   }
 
-  // pair[i]: the merged token of out[i], out[i+1] (or -1), kept up to date.
-  auto pair_id = [&](std::size_t i) { return find(tokens_[out[i]].text + tokens_[out[i + 1]].text); };
-  std::vector<int> pair;
-  for (std::size_t i = first; i + 1 < out.size(); ++i) pair.push_back(pair_id(i));
-  while (true) {
-    float best = -1e10f;
-    std::ptrdiff_t best_i = -1;
-    for (std::size_t k = 0; k < pair.size(); ++k) {
-      if (pair[k] >= 0 && tokens_[pair[k]].score > best) {
-        best = tokens_[pair[k]].score;
-        best_i = static_cast<std::ptrdiff_t>(k);
-      }
-    }
-    if (best_i < 0) break;
-    const std::size_t i = first + static_cast<std::size_t>(best_i);
-    out[i] = pair[best_i];
-    out.erase(out.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-    pair.erase(pair.begin() + best_i);
-    if (best_i > 0) pair[best_i - 1] = pair_id(i - 1);
-    if (static_cast<std::size_t>(best_i) < pair.size()) pair[best_i] = pair_id(i);
+  // run.c scans for the best pair on every merge (quadratic); a heap with
+  // stale entries skipped picks the same pair: highest score, leftmost on a
+  // tie (a merged token keeps its left position, so order is kept).
+  const std::size_t n = out.size() - first;
+  if (n < 2) return;
+  std::vector<int> tok(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+  std::vector<int> prev(n), next(n);
+  std::vector<std::uint32_t> version(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    prev[i] = static_cast<int>(i) - 1;
+    next[i] = i + 1 < n ? static_cast<int>(i) + 1 : -1;
   }
+  struct Cand { float score; int left, right, id; std::uint32_t vl, vr; };
+  auto cmp = [](const Cand& a, const Cand& b) {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  };
+  std::priority_queue<Cand, std::vector<Cand>, decltype(cmp)> heap(cmp);
+  auto push = [&](int l, int r) {
+    if (l < 0 || r < 0) return;
+    const int id = find(tokens_[tok[l]].text + tokens_[tok[r]].text);
+    if (id < 0 || !(tokens_[id].score > -1e10f)) return;
+    heap.push({tokens_[id].score, l, r, id, version[l], version[r]});
+  };
+  for (std::size_t i = 0; i + 1 < n; ++i) push(static_cast<int>(i), static_cast<int>(i) + 1);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    if (tok[c.left] < 0 || tok[c.right] < 0 || next[c.left] != c.right || version[c.left] != c.vl ||
+        version[c.right] != c.vr)
+      continue;
+    tok[c.left] = c.id;
+    ++version[c.left];
+    tok[c.right] = -1;
+    ++version[c.right];
+    next[c.left] = next[c.right];
+    if (next[c.right] >= 0) prev[next[c.right]] = c.left;
+    push(prev[c.left], c.left);
+    push(c.left, next[c.left]);
+  }
+  out.resize(first);
+  for (int i = 0; i >= 0; i = next[i]) out.push_back(tok[i]);
 }
 
 std::string Tokenizer::token_to_piece(int id, bool special) const {

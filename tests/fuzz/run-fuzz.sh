@@ -46,14 +46,19 @@ libsrc=("$src/lib/model/gguf.cpp" "$src/lib/model/llama2c.cpp" "$src/lib/model/m
 mkdir -p "$tmp/seed_gguf" "$tmp/seed_llama2c"
 sd=$data/models/stories260K
 vd=$data/models/llama.cpp-vocab
-for f in "$sd/stories260K.gguf" "$vd/ggml-vocab-llama-spm.gguf" "$vd/ggml-vocab-bert-bge.gguf"; do
+for f in "$sd/stories260K.gguf"; do
   [ -f "$f" ] && cp "$f" "$tmp/seed_gguf/"
 done
 for f in "$sd/stories260K.bin" "$sd/tok512.bin"; do
   [ -f "$f" ] && cp "$f" "$tmp/seed_llama2c/"
 done
 # Small seeds too: headers alone mutate faster than megabyte files.
-[ -f "$sd/stories260K.gguf" ] && head -c 4096 "$sd/stories260K.gguf" >"$tmp/seed_gguf/head.gguf"
+[ -f "$sd/stories260K.gguf" ] && head -c 16384 "$sd/stories260K.gguf" >"$tmp/seed_gguf/head.gguf"
+# The vocab-only files are large; their first 64 KiB hold the header and the
+# start of the token arrays.
+for f in "$vd/ggml-vocab-llama-spm.gguf" "$vd/ggml-vocab-gpt-2.gguf"; do
+  [ -f "$f" ] && head -c 65536 "$f" >"$tmp/seed_gguf/$(basename "$f" .gguf)-head.gguf"
+done
 [ -f "$sd/tok512.bin" ] && head -c 600 "$sd/tok512.bin" >"$tmp/seed_llama2c/tokhead.bin"
 [ -n "$(ls "$tmp/seed_gguf")" ] || echo "note: no test data under $data; fuzzing from empty corpora"
 
@@ -76,10 +81,12 @@ for target in fuzz_gguf fuzz_llama2c; do
       -artifact_prefix="$work/fuzz-artifacts/$target-" >"$tmp/$target.log" 2>&1)
   rc=$?
   grep -E "^(#[0-9]+.*DONE|Done [0-9]+ runs|stat::number_of_executed_units)" "$tmp/$target.log" | tail -3
-  [ "$jobs" -gt 1 ] && cat "$tmp"/fuzz-*.log 2>/dev/null | grep -E "Done [0-9]+ runs" | tail -"$jobs"
+  if [ "$jobs" -gt 1 ]; then cat "$tmp"/fuzz-*.log 2>/dev/null | grep -E "Done [0-9]+ runs" | tail -"$jobs"; rm -f "$tmp"/fuzz-*.log; fi
+  # With -jobs the parent may exit 0 while a worker crashed: look for reproducers too.
+  if [ $rc -eq 0 ] && ls "$work/fuzz-artifacts/$target-"* >/dev/null 2>&1; then rc=1; fi
   if [ $rc -ne 0 ]; then
     echo "FAIL: $target exited $rc; reproducer under $work/fuzz-artifacts/"
-    grep -E "ERROR|SUMMARY|runtime error" -A12 "$tmp/$target.log" | head -60
+    cat "$tmp/$target.log" "$tmp"/fuzz-*.log 2>/dev/null | grep -E "ERROR|SUMMARY|runtime error" -A12 | head -60
     status=1
   else
     echo "ok: $target, no crash"

@@ -365,8 +365,16 @@ TEST(Model, GgufAndLlama2cWeightsAgree) {
   // the control tokens are named alike.
   EXPECT_EQ(g.tokenizer.scores, c.tokenizer.scores);
   for (std::size_t i = 3; i < 512; ++i) {
-    std::string s = g.tokenizer.tokens[i];
-    for (std::size_t p; (p = s.find("\xe2\x96\x81")) != std::string::npos;) s.replace(p, 3, " ");
+    const std::string& piece = g.tokenizer.tokens[i];
+    std::string s;
+    for (std::size_t k = 0; k < piece.size(); ++k) {
+      if (piece.compare(k, 3, "\xe2\x96\x81") == 0) {
+        s += ' ';
+        k += 2;
+      } else {
+        s += piece[k];
+      }
+    }
     EXPECT_EQ(s, c.tokenizer.tokens[i]) << "token " << i;
   }
 }
@@ -501,10 +509,18 @@ TEST(Tokenizer, VocabOnlyGgufs) {
     TokenizerData t = load_tokenizer_data(vocab(v.file));
     EXPECT_EQ(t.model, v.model);
     EXPECT_EQ(t.tokens.size(), v.n);
-    if (!t.scores.empty()) EXPECT_EQ(t.scores.size(), v.n);
-    if (!t.types.empty()) EXPECT_EQ(t.types.size(), v.n);
-    if (t.model == "gpt2") EXPECT_GT(t.merges.size(), 1000u);
-    if (t.model == "llama") EXPECT_EQ(t.scores.size(), v.n);
+    if (!t.scores.empty()) {
+      EXPECT_EQ(t.scores.size(), v.n);
+    }
+    if (!t.types.empty()) {
+      EXPECT_EQ(t.types.size(), v.n);
+    }
+    if (t.model == "gpt2") {
+      EXPECT_GT(t.merges.size(), 1000u);
+    }
+    if (t.model == "llama") {
+      EXPECT_EQ(t.scores.size(), v.n);
+    }
   }
   TokenizerData spm = load_tokenizer_data(vocab("ggml-vocab-llama-spm.gguf"));
   EXPECT_EQ(spm.bos, 1);

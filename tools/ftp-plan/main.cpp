@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
 
   return tool.run(argc, argv, [&] {
     if (decide->parsed()) {
-      if (gears_path == "-" || policy_path == "-") throw ftp::InputError("decide reads observations on stdin; --gears and --policy take files");
+      if (gears_path == "-" || policy_path == "-")
+        throw ftp::InputError("decide reads observations on stdin; --gears and --policy take files");
       auto table = ftp::json::parse_file(gears_path, [](const ftp::json::Json& j) { return ftp::doc::gear_table_from_json(j); });
       ftp::control::PolicyConfig config;
       if (!policy_path.empty())

@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/generate.hpp"
+
+#include <charconv>
+
+#include "core/error.hpp"
+#include "engine/weight_store.hpp"
+
+namespace ftp::serve {
+
+GearSpec parse_gear_spec(std::string_view text) {
+  GearSpec g;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t end = text.find(',', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view part = text.substr(pos, end - pos);
+    auto eq = part.find('=');
+    std::string_view key = part.substr(0, eq), val = eq == std::string_view::npos ? "" : part.substr(eq + 1);
+    int v = 0;
+    auto [p, ec] = std::from_chars(val.data(), val.data() + val.size(), v);
+    if (eq == std::string_view::npos || ec != std::errc() || p != val.data() + val.size() || v < 1)
+      throw InputError("--gear: " + std::string(part) + ": expected tp=N, pp=N or dp=N with N a positive integer");
+    if (key == "tp")
+      g.tp = v;
+    else if (key == "pp")
+      g.pp = v;
+    else if (key == "dp")
+      g.dp = v;
+    else
+      throw InputError("--gear: " + std::string(part) + ": unknown key \"" + std::string(key) + "\" (tp, pp, dp)");
+    pos = end + 1;
+  }
+  return g;
+}
+
+std::vector<engine::StageLayout> even_stages(int n_layer, int tp, int pp) {
+  if (pp < 1 || pp > n_layer)
+    throw InputError("pp " + std::to_string(pp) + " must be between 1 and the model's " + std::to_string(n_layer) +
+                     " layers");
+  std::vector<engine::StageLayout> st;
+  int first = 0;
+  for (int s = 0; s < pp; ++s) {
+    int n = n_layer / pp + (s < n_layer % pp ? 1 : 0);
+    st.push_back(engine::StageLayout{first, n, tp});
+    first += n;
+  }
+  return st;
+}
+
+TextStream::TextStream(const model::Tokenizer& tok, std::vector<int> context, std::vector<std::string> stop)
+    : tok_(tok), context_(std::move(context)), stop_(std::move(stop)) {}
+
+std::string TextStream::decoded() const {
+  // Decode with the prompt in front so that rules that depend on the
+  // previous token (a leading space after BOS) apply as they would in one
+  // pass, then cut the prompt's text off.
+  // SentencePiece drops the dummy-prefix space of the first piece; llama.cpp
+  // only does so without a leading BOS, so decode without it (run.c's rule
+  // for llama2.c tokenizers needs the BOS and keeps it).
+  std::vector<int> head_ids = context_;
+  if (tok_.kind() != model::Tokenizer::Kind::llama2c && !head_ids.empty() && head_ids[0] == tok_.bos())
+    head_ids.erase(head_ids.begin());
+  std::vector<int> all = head_ids;
+  all.insert(all.end(), out_.begin(), out_.end());
+  std::string full = tok_.decode(all, true);
+  std::string head = tok_.decode(head_ids, true);
+  return full.compare(0, head.size(), head) == 0 ? full.substr(head.size()) : tok_.decode(out_, true);
+}
+
+namespace {
+
+/// Length of the longest prefix of s that ends on a whole UTF-8 character.
+std::size_t utf8_complete(const std::string& s) {
+  std::size_t n = s.size(), i = n;
+  for (int back = 0; back < 4 && i > 0; ++back) {
+    unsigned char c = static_cast<unsigned char>(s[i - 1]);
+    if ((c & 0xC0) != 0x80) {
+      std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+      return (n - (i - 1) >= len) ? n : i - 1;
+    }
+    --i;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string TextStream::push(int token) {
+  if (stopped_) return "";
+  out_.push_back(token);
+  std::string text = decoded();
+  for (const auto& s : stop_) {
+    auto at = s.empty() ? std::string::npos : text.find(s);
+    if (at != std::string::npos) {
+      stopped_ = true;
+      std::string rest = at > emitted_ ? text.substr(emitted_, at - emitted_) : "";
+      emitted_ = at;
+      return rest;
+    }
+  }
+  // Hold back what could still become the start of a stop string.
+  std::size_t safe = utf8_complete(text);
+  for (const auto& s : stop_)
+    for (std::size_t k = std::min(s.size() - 1, safe); k > 0; --k)
+      if (text.compare(safe - k, k, s, 0, k) == 0) {
+        safe -= k;
+        break;
+      }
+  if (safe <= emitted_) return "";
+  std::string piece = text.substr(emitted_, safe - emitted_);
+  emitted_ = safe;
+  return piece;
+}
+
+std::string TextStream::finish() {
+  if (stopped_) return "";
+  std::string text = decoded();
+  std::string rest = text.size() > emitted_ ? text.substr(emitted_) : "";
+  emitted_ = text.size();
+  return rest;
+}
+
+std::string generate_once(const model::Model& model, const GenerateOptions& o,
+                          const std::function<void(std::string_view)>& on_text) {
+  if (o.gear.dp != 1) throw InputError("--gear: dp=" + std::to_string(o.gear.dp) + ": one-shot generation runs one replica (dp=1)");
+  if (o.max_tokens < 1) throw InputError("--max-tokens: must be positive, got " + std::to_string(o.max_tokens));
+  model::Tokenizer tok = model::Tokenizer::from(model.tokenizer);
+  std::vector<int> prompt = tok.encode(o.prompt, true);
+  if (prompt.empty()) prompt.push_back(tok.bos());
+  engine::WeightStore store(model);
+  engine::DomainConfig cfg;
+  cfg.id = "oneshot";
+  cfg.stages = even_stages(model.hparams.n_layer, o.gear.tp, o.gear.pp);
+  cfg.micro_batches = 1;
+  int positions = std::min<int>(static_cast<int>(prompt.size()) + o.max_tokens, model.hparams.n_ctx_train);
+  cfg.kv_blocks = (positions + cfg.block_tokens - 1) / cfg.block_tokens;
+  engine::Domain domain(store, cfg);
+
+  TextStream stream(tok, prompt, o.stop);
+  std::string text, error;
+  engine::GenerationRequest r;
+  r.id = "oneshot";
+  r.prompt = prompt;
+  r.sampling = o.sampling;
+  r.max_tokens = std::min(o.max_tokens, model.hparams.n_ctx_train - static_cast<int>(prompt.size()));
+  if (r.max_tokens < 1)
+    throw InputError("--prompt: " + std::to_string(prompt.size()) + " tokens fill the model's context of " +
+                     std::to_string(model.hparams.n_ctx_train));
+  // llama2.c models end on BOS; GGUF models on their end-of-generation tokens.
+  r.eos = model.format == "llama2c" ? tok.bos() : tok.eos();
+  for (int id = 0; id < tok.n_vocab(); ++id)
+    if (tok.is_eog(id) && id != r.eos) r.stop_tokens.push_back(id);
+  r.stop_check = [&](const std::vector<int>&) { return stream.stopped(); };
+  r.on_event = [&](const engine::GenerationEvent& e) {
+    if (e.token >= 0 && e.token != r.eos &&
+        std::find(r.stop_tokens.begin(), r.stop_tokens.end(), e.token) == r.stop_tokens.end()) {
+      std::string piece = stream.push(e.token);
+      text += piece;
+      if (!piece.empty()) on_text(piece);
+    }
+    if (e.finished) {
+      if (e.finish_reason == "error") error = e.error;
+      std::string rest = stream.finish();
+      text += rest;
+      if (!rest.empty()) on_text(rest);
+    }
+  };
+  domain.submit(std::move(r));
+  while (!domain.idle()) domain.step();
+  if (!error.empty()) throw Error(error);
+  return text;
+}
+
+}  // namespace ftp::serve

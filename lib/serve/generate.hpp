@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/domain.hpp"
+#include "model/model.hpp"
+#include "model/tokenizer.hpp"
+
+namespace ftp::serve {
+
+/// A gear as given on the command line: "tp=2,pp=1,dp=1" (any order, each
+/// optional, default 1).
+struct GearSpec {
+  int tp = 1, pp = 1, dp = 1;
+};
+
+/// Parses "tp=T,pp=P,dp=D"; errors name the bad part ("--gear: pp=x: expected a positive integer").
+GearSpec parse_gear_spec(std::string_view text);
+
+/// Pipeline stages of one replica: `pp` contiguous layer ranges as even as
+/// possible (earlier stages one layer larger when pp does not divide).
+std::vector<engine::StageLayout> even_stages(int n_layer, int tp, int pp);
+
+/// One completion without a daemon: what `ftp-serve --prompt` does.
+struct GenerateOptions {
+  GearSpec gear;
+  std::string prompt;              ///< "" means BOS only
+  int max_tokens = 256;
+  engine::SamplingParams sampling;
+  std::vector<std::string> stop;   ///< stop strings; the text ends before the first one
+};
+
+/// Text that a stream of tokens decodes to, released as it becomes final:
+/// whole UTF-8 characters only, and never past a possible stop string.
+class TextStream {
+ public:
+  TextStream(const model::Tokenizer& tok, std::vector<int> context, std::vector<std::string> stop);
+  /// Adds a token; returns the newly final text (maybe empty). Sets stopped()
+  /// when the text reached a stop string.
+  std::string push(int token);
+  /// The rest of the text at the end of generation.
+  std::string finish();
+  bool stopped() const noexcept { return stopped_; }
+
+ private:
+  std::string decoded() const;
+  const model::Tokenizer& tok_;
+  std::vector<int> context_;       // prompt tokens: decoding starts after them
+  std::vector<int> out_;
+  std::vector<std::string> stop_;
+  std::size_t emitted_ = 0;
+  bool stopped_ = false;
+  std::string final_;
+};
+
+/// Tokenises the prompt (BOS per the tokenizer), runs one domain of the
+/// gear over the model, and streams the completion text to `on_text`.
+/// Returns the whole completion. Errors: ftp::InputError for bad options.
+std::string generate_once(const model::Model& model, const GenerateOptions& opts,
+                          const std::function<void(std::string_view)>& on_text);
+
+}  // namespace ftp::serve

@@ -1,0 +1,63 @@
+#!/bin/bash
+# ftp-serve one-shot: the stories260K golden outputs, byte for byte, from the
+# GGUF and the llama2.c files, at every gear TP {1,2,4,8} x PP {1,2,5};
+# bad model files exit 2 with one line naming the problem.
+set -u
+serve=$1
+data=${FTP_TEST_DATA:-}
+m=$data/models/stories260K
+if [ ! -f "$m/stories260K.bin" ] || [ ! -f "$m/stories260K.gguf" ]; then
+  echo "SKIP: stories260K not found under '$data' (set FTP_TEST_DATA to ../shared/data)"
+  exit 77
+fi
+pass=0; failn=0
+check() {
+  local name=$1; shift
+  if "$@" >/dev/null 2>&1; then pass=$((pass+1)); else failn=$((failn+1)); echo "FAIL: $name"; fi
+}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+for file in stories260K.bin stories260K.gguf; do
+  for tp in 1 2 4 8; do
+    for pp in 1 2 5; do
+      g="tp=$tp,pp=$pp"
+      "$serve" -m "$m/$file" --gear "$g" -p '' -n 256 >"$tmp/out" 2>"$tmp/err"
+      check "$file $g: 256 steps, exit 0" test $? -eq 0
+      # One-shot prints the completion and a newline; the golden has no newline.
+      head -c -1 "$tmp/out" >"$tmp/text"
+      check "$file $g: golden 256 steps" cmp "$tmp/text" "$m/golden_greedy_t0_steps256.txt"
+      { printf 'Zoo'; "$serve" -m "$m/$file" --gear "$g" -p Zoo -n 57 | head -c -1; } >"$tmp/zoo"
+      check "$file $g: golden Zoo 60 steps" cmp "$tmp/zoo" "$m/golden_greedy_t0_prompt_Zoo_steps60.txt"
+    done
+  done
+done
+
+"$serve" -m "$m/stories260K.gguf" -p 'Once' -n 20 -t 0.8 --seed 42 >"$tmp/s1"
+"$serve" -m "$m/stories260K.gguf" -p 'Once' -n 20 -t 0.8 --seed 42 --gear tp=2 >"$tmp/s2"
+check "sampling: same seed, same text across gears" cmp "$tmp/s1" "$tmp/s2"
+"$serve" -m "$m/stories260K.bin" -p '' -n 256 --stop 'Lily' >"$tmp/stop"
+check "stop string: text ends before it" test "$(cat "$tmp/stop")" = "Once upon a time, there was a little girl named "
+"$serve" -m "$m/stories260K.bin" -p '' -n 10 --json=short >"$tmp/json"
+check "--json: a completion document" jq -e '.kind=="ftp.completion/v1" and (.text|length)>0' "$tmp/json"
+
+expect_error() {  # NAME PATTERN ARGS...
+  local name=$1 pattern=$2; shift 2
+  "$serve" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  check "$name: exit 2" test $rc -eq 2
+  check "$name: one line" test "$(wc -l <"$tmp/err")" -eq 1
+  check "$name: message" grep -qF -- "$pattern" "$tmp/err"
+}
+head -c 100000 "$m/stories260K.gguf" >"$tmp/trunc.gguf"
+expect_error "truncated GGUF" "$tmp/trunc.gguf" -m "$tmp/trunc.gguf" -p x
+{ printf 'GGUX'; tail -c +5 "$m/stories260K.gguf"; } >"$tmp/magic.gguf"
+expect_error "corrupted header" "$tmp/magic.gguf" -m "$tmp/magic.gguf" -p x
+head -c 500000 "$m/stories260K.bin" >"$tmp/trunc.bin"
+cp "$m/tok512.bin" "$tmp/tok512.bin"
+expect_error "truncated llama2.c" "$tmp/trunc.bin" -m "$tmp/trunc.bin" -p x
+expect_error "missing model" "/nonexistent.gguf" -m /nonexistent.gguf -p x
+expect_error "bad gear" "--gear: pp=x" -m "$m/stories260K.gguf" --gear tp=1,pp=x -p x
+expect_error "tp not dividing heads" "tp 3 does not divide n_head 8" -m "$m/stories260K.gguf" --gear tp=3 -p x
+expect_error "no prompt" "--prompt is required" -m "$m/stories260K.gguf"
+
+echo "$pass passed, $failn failed"
+[ $failn -eq 0 ]
