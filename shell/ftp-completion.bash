@@ -13,7 +13,7 @@ _ftp_probe() {
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "--help --version --json --quick --no-gpu --virtual-devices --cluster" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --quick --no-gpu --virtual-devices --cluster --watch --interval --count --socket" -- "$cur"))
 }
 complete -F _ftp_probe ftp-probe
 
@@ -48,13 +48,53 @@ _ftp_serve() {
     --json) COMPREPLY=($(compgen -W "pretty short" -- "$cur")); return ;;
     -m|--model) COMPREPLY=($(compgen -f -X '!*.@(gguf|bin)' -- "$cur") $(compgen -d -- "$cur")); return ;;
     --tokenizer) COMPREPLY=($(compgen -f -X '!*.bin' -- "$cur") $(compgen -d -- "$cur")); return ;;
+    --gears) COMPREPLY=($(compgen -f -X '!*.json' -- "$cur") $(compgen -d -- "$cur")); return ;;
+    --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --gear) COMPREPLY=($(compgen -W "tp=1,pp=1 tp=2,pp=1 tp=4,pp=1 tp=1,pp=2 tp=2,pp=2" -- "$cur")); return ;;
     -p|--prompt|--stop|-s|--seed|-t|--temperature|--top-k|--top-p|-n|--max-tokens) return ;;
   esac
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "--help --version --json --model --tokenizer --gear --prompt --max-tokens --temperature --top-k --top-p --seed --stop" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --model --tokenizer --gears --gear --start-gear --host --port --socket --api-key --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --ramp --step-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop" -- "$cur"))
 }
 shopt -s extglob 2>/dev/null
 complete -F _ftp_serve ftp-serve
+
+# The gear names of the running daemon's table, for --to.
+_ftp_gear_names() {
+  local sock=${FTP_SOCKET:-${XDG_RUNTIME_DIR:-/run}/flextp/control.sock}
+  [ -S "$sock" ] || return
+  command -v jq >/dev/null || return
+  printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"gears"}' | timeout 1 socat - "UNIX-CONNECT:$sock" 2>/dev/null |
+    jq -r '.result.gears[].name' 2>/dev/null
+}
+
+_ftp_shift() {
+  local cur prev
+  cur=${COMP_WORDS[COMP_CWORD]}
+  prev=${COMP_WORDS[COMP_CWORD-1]}
+  case $prev in
+    --json) COMPREPLY=($(compgen -W "pretty short" -- "$cur")); return ;;
+    --to) COMPREPLY=($(compgen -W "$(_ftp_gear_names)" -- "$cur")); return ;;
+    --ramp) COMPREPLY=($(compgen -W "0.1,0.5,1.0 0.5,1.0 1.0" -- "$cur")); return ;;
+    --inject-fault) COMPREPLY=($(compgen -W "check" -- "$cur")); return ;;
+    --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    --step-interval|--trigger) return ;;
+  esac
+  COMPREPLY=($(compgen -W "--help --version --json --to --ramp --step-interval --trigger --follow --from-stdin --socket --inject-fault" -- "$cur"))
+}
+complete -F _ftp_shift ftp-shift
+
+_ftp_drain() {
+  local cur prev
+  cur=${COMP_WORDS[COMP_CWORD]}
+  prev=${COMP_WORDS[COMP_CWORD-1]}
+  case $prev in
+    --json) COMPREPLY=($(compgen -W "pretty short" -- "$cur")); return ;;
+    --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    --domain|--devices|--timeout) return ;;
+  esac
+  COMPREPLY=($(compgen -W "--help --version --json --domain --devices --force --timeout --follow --socket" -- "$cur"))
+}
+complete -F _ftp_drain ftp-drain

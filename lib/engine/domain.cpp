@@ -146,9 +146,20 @@ void Domain::finish(Seq& s, const std::string& reason, const std::string& error,
     ++stats_.finished;
 }
 
+void Domain::limit_running(int cap, int steps) {
+  std::lock_guard lk(mu_);
+  cap_ = std::max(1, cap);
+  cap_steps_ = steps;
+}
+
 int Domain::step() {
+  int max_running = cfg_.max_running;
   {
     std::lock_guard lk(mu_);
+    if (cap_steps_ > 0) {
+      max_running = std::min(max_running, cap_);
+      --cap_steps_;
+    }
     while (!incoming_.empty()) {
       waiting_.push_back(std::move(incoming_.front()));
       incoming_.pop_front();
@@ -178,7 +189,7 @@ int Domain::step() {
     budget -= n;
   }
   // 2. Admit waiting sequences in arrival order while pages and budget last.
-  while (!waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < cfg_.max_running) {
+  while (!waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < max_running) {
     Seq& s = *waiting_.front();
     int n = std::min(s.pending(), budget);
     if (!ensure_blocks(s, s.computed + n)) {

@@ -89,6 +89,9 @@ class Domain {
   /// KV pages in use / all pages.
   double kv_usage() const;
   DomainStats stats() const;
+  /// Slow start: at most `cap` running sequences for the next `steps` steps.
+  void limit_running(int cap, int steps);
+
   /// Busy seconds of each pipeline stage in the last step.
   std::vector<double> stage_busy_s() const { return exec_->stage_busy_s(); }
 
@@ -111,6 +114,7 @@ class Domain {
   std::uint64_t arrivals_ = 0;
   DomainStats stats_;
   int n_running_ = 0, n_waiting_ = 0;
+  int cap_ = 0, cap_steps_ = 0;  // slow start
 };
 
 /// KV pages that fit `bytes` for a domain of these stages (every rank of a

@@ -5,6 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 namespace ftp::engine::ops {
@@ -16,16 +23,13 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
   for (int i = 0; i < n; ++i) out[i] = w[i] * (ss * x[i]);
 }
 
-void matmul(const float* x, const MatView& w, float* out, int t) {
-  if (t == 0 || w.rows == 0) return;
+namespace {
+
+/// The portable path: tiles of 64 rows converted to float32 by
+/// model::to_f32, then sgemm.
+void matmul_tiles(const float* x, const MatView& w, float* out, int t) {
   const model::TensorView& tv = *w.t;
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
-  if (tv.dtype == model::DType::f32) {
-    const float* base = static_cast<const float*>(tv.data) + w.r0 * tv.cols + w.c0;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, n, k, 1.0f, x, k, base, static_cast<int>(tv.cols), 0.0f,
-                out, n);
-    return;
-  }
   constexpr int kTile = 64;
   thread_local std::vector<float> tile, row;
   tile.resize(static_cast<std::size_t>(kTile) * k);
@@ -45,6 +49,266 @@ void matmul(const float* x, const MatView& w, float* out, int t) {
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, rows, k, 1.0f, x, k, tile.data(), k, 0.0f, out + i0, n);
   }
+}
+
+#if defined(__x86_64__)
+#define FTP_X86 1
+#define FTP_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+bool have_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+// Software prefetch distance, bytes ahead in each weight row: the rows of
+// a block are 4 streams, more than the hardware prefetchers follow well.
+constexpr int kPrefetchBytes = 1024;
+constexpr int kPrefetch16 = kPrefetchBytes / 2;
+
+FTP_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+FTP_AVX2 inline float f16_scalar(std::uint16_t h) { return _cvtsh_ss(h); }
+inline float bf16_scalar(std::uint16_t h) {
+  std::uint32_t b = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+/// 8 weights of a 16-bit row from element j.
+template <model::DType D>
+FTP_AVX2 inline __m256 load8(const std::uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (D == model::DType::f16) {
+    return _mm256_cvtph_ps(h);
+  } else {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <model::DType D>
+FTP_AVX2 inline float scalar16(std::uint16_t h) {
+  if constexpr (D == model::DType::f16) return f16_scalar(h);
+  else return bf16_scalar(h);
+}
+
+/// R weight rows x T tokens of F16/BF16: out[tok][row] = x[tok] . w[row],
+/// each weight converted once and used for T tokens.
+template <model::DType D, int R, int T>
+FTP_AVX2 void block16(const float* x, int ldx, const std::uint16_t* const* wr, int k, float* out, int ldo) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 8 <= k; j += 8) {
+    __m256 xv[T];
+    for (int u = 0; u < T; ++u) xv[u] = _mm256_loadu_ps(x + static_cast<std::ptrdiff_t>(u) * ldx + j);
+    if ((j & 31) == 0)
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + j + kPrefetch16), _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) {
+      __m256 wv = load8<D>(wr[r] + j);
+      for (int u = 0; u < T; ++u) acc[r][u] = _mm256_fmadd_ps(wv, xv[u], acc[r][u]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) {
+      float s = hsum(acc[r][u]);
+      const float* xu = x + static_cast<std::ptrdiff_t>(u) * ldx;
+      for (int jj = j; jj < k; ++jj) s += scalar16<D>(wr[r][jj]) * xu[jj];
+      out[static_cast<std::ptrdiff_t>(u) * ldo + r] = s;
+    }
+}
+
+/// Activations quantised as Q8_0 does its weights: per block of 32, int8
+/// values and one float scale (llama.cpp's vec_dot_q8_0_q8_0 scheme).
+struct QuantRows {
+  std::vector<std::int8_t> q;  // [t][k]
+  std::vector<float> d;        // [t][k / 32]
+};
+
+FTP_AVX2 void quantize_rows(const float* x, int t, int k, QuantRows& out) {
+  out.q.resize(static_cast<std::size_t>(t) * k);
+  out.d.resize(static_cast<std::size_t>(t) * (k / 32));
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int u = 0; u < t; ++u)
+    for (int b = 0; b < k / 32; ++b) {
+      const float* p = x + static_cast<std::ptrdiff_t>(u) * k + b * 32;
+      __m256 v[4], m = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(p + 8 * i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+      }
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float amax = _mm_cvtss_f32(m4);
+      const float d = amax / 127.0f;
+      out.d[static_cast<std::size_t>(u) * (k / 32) + b] = d;
+      const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+      __m256i i32[4];
+      for (int i = 0; i < 4; ++i)
+        i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      // Pack 32 int32 to 32 int8 (packs work per 128-bit lane: fix the order).
+      __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
+      __m256i i8 = _mm256_packs_epi16(i16a, i16b);
+      i8 = _mm256_permutevar8x32_epi32(i8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + static_cast<std::ptrdiff_t>(u) * k + b * 32), i8);
+    }
+}
+
+/// R Q8_0 weight rows x T quantised tokens, integer dots per block of 32
+/// (maddubs on |w| and sign-adjusted x), scaled by d_w x d_x in float.
+/// Rows whose segment starts on a block and holds whole blocks.
+template <int R, int T>
+FTP_AVX2 void block_q8(const std::int8_t* xq, const float* xd, int k, const std::uint8_t* const* wr, float* out,
+                       int ldo) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps();
+  const int nb = k / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; ++b) {
+    __m256i xv[T];
+    __m256 dx[T];
+    for (int u = 0; u < T; ++u) {
+      xv[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + static_cast<std::ptrdiff_t>(u) * k + b * 32));
+      dx[u] = _mm256_set1_ps(xd[static_cast<std::ptrdiff_t>(u) * nb + b]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* blk = wr[r] + static_cast<std::ptrdiff_t>(b) * 34;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+      std::uint16_t h;
+      std::memcpy(&h, blk, 2);
+      const __m256 dw = _mm256_set1_ps(f16_scalar(h));
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      const __m256i aw = _mm256_sign_epi8(w, w);
+      for (int u = 0; u < T; ++u) {
+        __m256i sx = _mm256_sign_epi8(xv[u], w);
+        __m256i p16 = _mm256_maddubs_epi16(aw, sx);
+        __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        acc[r][u] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[u]), p, acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(acc[r][u]);
+}
+
+template <int R, int T>
+FTP_AVX2 void block_q8_any(const std::int8_t* xq, const float* xd, int k, const std::uint8_t* const* wr, float* out,
+                           int ldo) {
+  block_q8<R, T>(xq, xd, k, wr, out, ldo);
+}
+
+/// Q8_0: rows by 4 (then 1), tokens by groups of 3, as matmul_fused.
+FTP_AVX2 void matmul_q8(const float* x, const MatView& w, float* out, int t) {
+  const model::TensorView& tv = *w.t;
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), nb = k / 32;
+  const auto* base = static_cast<const std::uint8_t*>(tv.data);
+  thread_local QuantRows xq;
+  quantize_rows(x, t, k, xq);
+  auto row_ptr = [&](std::int64_t i) { return base + ((w.r0 + i) * tv.cols + w.c0) / 32 * 34; };
+  using Fn = void (*)(const std::int8_t*, const float*, int, const std::uint8_t* const*, float*, int);
+  static constexpr Fn k4[4] = {nullptr, block_q8_any<4, 1>, block_q8_any<4, 2>, block_q8_any<4, 3>};
+  static constexpr Fn k1[4] = {nullptr, block_q8_any<1, 1>, block_q8_any<1, 2>, block_q8_any<1, 3>};
+  int i = 0;
+  for (; i < n; i += (n - i >= 4 ? 4 : 1)) {
+    const bool four = n - i >= 4;
+    const std::uint8_t* wr[4] = {row_ptr(i), four ? row_ptr(i + 1) : nullptr, four ? row_ptr(i + 2) : nullptr,
+                                 four ? row_ptr(i + 3) : nullptr};
+    for (int u = 0; u < t; u += 3) {
+      int g = std::min(3, t - u);
+      (four ? k4 : k1)[g](xq.q.data() + static_cast<std::ptrdiff_t>(u) * k, xq.d.data() + static_cast<std::ptrdiff_t>(u) * nb,
+                          k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+    }
+  }
+}
+
+using BlockFn = void (*)(const float*, int, const void* const*, int, float*, int);
+
+template <model::DType D, int R, int T>
+FTP_AVX2 void block_any(const float* x, int ldx, const void* const* wr, int k, float* out, int ldo) {
+  block16<D, R, T>(x, ldx, reinterpret_cast<const std::uint16_t* const*>(wr), k, out, ldo);
+}
+
+/// Rows by blocks of 4 (then 1), tokens by groups of 3 (then 2, 1): 12
+/// accumulators plus 3 activations and a weight vector fit the 16 ymm
+/// registers. A weight row segment (k x 2 bytes, a few KiB) stays in L1
+/// while the token groups pass over it, so memory reads each weight once.
+template <model::DType D>
+FTP_AVX2 void matmul_fused(const float* x, const MatView& w, float* out, int t) {
+  const model::TensorView& tv = *w.t;
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  const auto* base = static_cast<const std::uint8_t*>(tv.data);
+  auto row_ptr = [&](std::int64_t i) -> const void* {
+    std::int64_t first = (w.r0 + i) * tv.cols + w.c0;
+    return base + first * 2;
+  };
+  static constexpr BlockFn k4[4] = {nullptr, block_any<D, 4, 1>, block_any<D, 4, 2>, block_any<D, 4, 3>};
+  static constexpr BlockFn k1[4] = {nullptr, block_any<D, 1, 1>, block_any<D, 1, 2>, block_any<D, 1, 3>};
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const void* wr[4] = {row_ptr(i), row_ptr(i + 1), row_ptr(i + 2), row_ptr(i + 3)};
+    for (int u = 0; u < t; u += 3) {
+      int g = std::min(3, t - u);
+      k4[g](x + static_cast<std::ptrdiff_t>(u) * k, k, wr, k, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+    }
+  }
+  for (; i < n; ++i) {
+    const void* wr[1] = {row_ptr(i)};
+    for (int u = 0; u < t; u += 3) {
+      int g = std::min(3, t - u);
+      k1[g](x + static_cast<std::ptrdiff_t>(u) * k, k, wr, k, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+void matmul_reference(const float* x, const MatView& w, float* out, int t) {
+  if (t == 0 || w.rows == 0) return;
+  const model::TensorView& tv = *w.t;
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  if (tv.dtype == model::DType::f32) {
+    const float* base = static_cast<const float*>(tv.data) + w.r0 * tv.cols + w.c0;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, n, k, 1.0f, x, k, base, static_cast<int>(tv.cols), 0.0f,
+                out, n);
+    return;
+  }
+  matmul_tiles(x, w, out, t);
+}
+
+void matmul(const float* x, const MatView& w, float* out, int t) {
+  if (t == 0 || w.rows == 0) return;
+  const model::TensorView& tv = *w.t;
+#if FTP_X86
+  // FTP_MATMUL=reference: the portable path everywhere (A/B runs of engine-bench).
+  static const bool reference = [] {
+    const char* e = std::getenv("FTP_MATMUL");
+    return e && std::string_view(e) == "reference";
+  }();
+  if (tv.dtype != model::DType::f32 && w.cols > 0 && !reference && have_avx2()) {
+    switch (tv.dtype) {
+      case model::DType::f16: return matmul_fused<model::DType::f16>(x, w, out, t);
+      case model::DType::bf16: return matmul_fused<model::DType::bf16>(x, w, out, t);
+      case model::DType::q8_0:
+        // Segments that start on a block and hold whole blocks; others
+        // (odd TP splits of tiny models) take the portable path.
+        if (w.c0 % 32 == 0 && w.cols % 32 == 0 && tv.cols % 32 == 0)
+          return matmul_q8(x, w, out, t);
+        break;
+      default: break;
+    }
+  }
+#endif
+  matmul_reference(x, w, out, t);
 }
 
 void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta) {

@@ -14,9 +14,18 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
 
 /// out[t][w.rows] = x[t][w.cols] . W^T for a view W of a weight tensor in
 /// any dtype: float32 goes to BLAS sgemm in place (the view's leading
-/// dimension is the tensor's row length); F16, BF16 and Q8_0 are converted
-/// tile by tile (64 rows) into a per-thread buffer, then sgemm.
+/// dimension is the tensor's row length). F16, BF16 and Q8_0 go, where the
+/// CPU has AVX2/FMA/F16C, to fused kernels that convert each weight in
+/// registers once and use it for every token (memory reads each weight
+/// once, whatever t); elsewhere (and for Q8_0 views that do not start on a
+/// block of 32) to matmul_reference. FTP_MATMUL=reference in the
+/// environment forces matmul_reference everywhere (for A/B measurements).
 void matmul(const float* x, const MatView& w, float* out, int t);
+
+/// The portable path and the reference of the tests: float32 to sgemm in
+/// place; other dtypes converted tile by tile (64 rows) by model::to_f32
+/// into a per-thread buffer, then sgemm.
+void matmul_reference(const float* x, const MatView& w, float* out, int t);
 
 /// Rotary embedding on adjacent pairs (v[2i], v[2i+1]) of each head, for
 /// the first n_rot dimensions: angle = pos x theta^(-2i / n_rot).

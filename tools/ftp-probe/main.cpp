@@ -2,6 +2,7 @@
 // ftp-probe: discover and measure devices, links and islands; print ftp.topology/v1.
 #include "cli/tool.hpp"
 #include "doc/topology.hpp"
+#include "ipc/client.hpp"
 #include "topology/probe.hpp"
 
 int main(int argc, char** argv) {
@@ -20,9 +21,31 @@ int main(int argc, char** argv) {
       ->option_text("FILE");
   app.add_flag("--quick", opts.quick, "Short measurements (seconds instead of tens of seconds)");
   app.add_flag("--no-gpu", no_gpu, "Do not look for CUDA devices");
+  bool watch = false;
+  int interval_ms = 1000, count = 0;
+  std::string socket;
+  app.add_flag("--watch", watch, "Stream ftp.observation/v1 JSON Lines from a running ftp-serve");
+  app.add_option("--interval", interval_ms, "With --watch: ms between observations (default 1000)")
+      ->check(CLI::Range(50, 3600000))
+      ->option_text("MS");
+  app.add_option("--count", count, "With --watch: stop after N observations (default: never)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--socket", socket, "With --watch: control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
+      ->option_text("PATH");
+  app.get_option("--watch")->excludes(app.get_option("--cluster"));
   app.get_option("--cluster")->excludes(app.get_option("--virtual-devices"));
 
   return tool.run(argc, argv, [&] {
+    if (watch) {
+      ftp::ipc::Client client(socket.empty() ? ftp::ipc::default_socket_path() : socket);
+      ftp::json::Json params{{"interval_ms", interval_ms}};
+      if (count > 0) params["count"] = count;
+      client.stream("watch", params, [&](const ftp::json::Json& o) {
+        tool.emit_line(o);
+        return true;
+      });
+      return 0;
+    }
     opts.gpus = !no_gpu;
     opts.progress = [&](std::string_view line) { tool.progress(line); };
     ftp::doc::Topology topo = cluster.empty() ? ftp::topology::probe_local(opts)

@@ -1,55 +1,100 @@
 // SPDX-License-Identifier: Apache-2.0
-// ftp-serve: serve a model. This build offers the one-shot mode: generate
-// one completion for --prompt and exit.
+// ftp-serve: the daemon (OpenAI-compatible HTTP, control socket, live gear
+// shifts), or with --prompt one completion and exit.
+#include <unistd.h>
+
 #include <iostream>
 
 #include "cli/tool.hpp"
 #include "core/error.hpp"
 #include "model/model.hpp"
+#include "serve/daemon.hpp"
 #include "serve/generate.hpp"
 
 int main(int argc, char** argv) {
   ftp::cli::Tool tool("ftp-serve",
-                      "Serve a Llama-family model (GGUF or llama2.c) on CPU virtual devices.\n"
-                      "One-shot mode: with --prompt, generate one completion, print only its text on\n"
-                      "stdout, and exit. The daemon mode (HTTP API, control socket) is not in this build.");
-  std::string model_path, tokenizer_path, gear = "tp=1,pp=1", prompt;
+                      "Serve a Llama-family model (GGUF or llama2.c) on CPU virtual devices: an OpenAI-compatible\n"
+                      "HTTP API and a JSON-RPC control socket; the gear changes while it serves (ftp-shift).\n"
+                      "With --prompt: generate one completion, print only its text, and exit.");
+  ftp::serve::DaemonOptions d;
+  std::string prompt;
   bool have_prompt = false;
   ftp::serve::GenerateOptions o;
+  std::string ramp;
   auto& app = tool.app();
-  app.add_option("-m,--model", model_path, "Model file: GGUF v3, or a llama2.c checkpoint (.bin)")
+  app.add_option("-m,--model", d.model_path, "Model file: GGUF v3, or a llama2.c checkpoint (.bin)")
       ->required()
       ->option_text("PATH");
-  app.add_option("--tokenizer", tokenizer_path,
+  app.add_option("--tokenizer", d.tokenizer_path,
                  "llama2.c tokenizer.bin (default: tokenizer.bin or tok<vocab>.bin beside the model)")
       ->option_text("PATH");
-  app.add_option("--gear", gear, "Parallel layout: tp=T,pp=P (default tp=1,pp=1)")->option_text("tp=T,pp=P");
-  app.add_option("-p,--prompt", prompt, "Generate one completion of TEXT and exit ('' means BOS only)")
+  app.add_option("--gears", d.gears_path, "Gear table (ftp.gear-table/v1); SIGHUP reloads it")->option_text("FILE");
+  app.add_option("--gear", d.gear_spec, "One-gear layout instead of --gears (default tp=1,pp=1,dp=1)")
+      ->option_text("tp=T,pp=P,dp=D");
+  app.add_option("--start-gear", d.service.start_gear, "Gear to start in (default: the first of the table)")
+      ->option_text("NAME");
+  app.add_option("--host", d.http.host, "HTTP address (default 127.0.0.1)")->option_text("ADDR");
+  app.add_option("--port", d.http.port, "HTTP port (default 8080; 0 picks a free one)")->check(CLI::Range(0, 65535));
+  app.add_option("--socket", d.socket_path, "Control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
+      ->option_text("PATH");
+  app.add_option("--api-key", d.http.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (default: $FTP_API_KEY)")
+      ->envname("FTP_API_KEY")
+      ->option_text("KEY");
+  app.add_option("--kv-blocks", d.service.kv_blocks, "KV-cache pages of 16 tokens per domain (default 512)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-running", d.service.max_running, "Sequences in a domain's running batch (default 64)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-batched-tokens", d.service.max_batched_tokens, "Token budget of one step (default 256)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-tokens-limit", d.service.max_tokens_limit, "Largest max_tokens a request may ask (default 2048)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-prompt-tokens", d.service.max_prompt_tokens, "Longest prompt (default: the context - 1)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--ramp", ramp, "Traffic shares of a shift's ramp (default 0.1,0.5,1.0)")->option_text("LIST");
+  app.add_option("--step-interval-ms", d.service.step_interval_ms, "Wait at each ramp step (default 1000)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("-p,--prompt", prompt, "One-shot: generate a completion of TEXT and exit ('' means BOS only)")
       ->option_text("TEXT")
       ->each([&](const std::string&) { have_prompt = true; });
-  app.add_option("-n,--max-tokens", o.max_tokens, "Tokens to generate at most (default 256)")
+  app.add_option("-n,--max-tokens", o.max_tokens, "One-shot: tokens to generate at most (default 256)")
       ->check(CLI::PositiveNumber);
-  app.add_option("-t,--temperature", o.sampling.temperature, "Sampling temperature; 0 is greedy (default 0)")
+  app.add_option("-t,--temperature", o.sampling.temperature, "One-shot: temperature; 0 is greedy (default 0)")
       ->check(CLI::Range(0.0f, 100.0f));
-  app.add_option("--top-k", o.sampling.top_k, "Sample among the K most likely tokens (0: off)")
+  app.add_option("--top-k", o.sampling.top_k, "One-shot: sample among the K most likely tokens (0: off)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--top-p", o.sampling.top_p, "Sample from the smallest set of mass P (1: off)")
+  app.add_option("--top-p", o.sampling.top_p, "One-shot: sample from the smallest set of mass P (1: off)")
       ->check(CLI::Range(0.0f, 1.0f));
-  app.add_option("-s,--seed", o.sampling.seed, "Random seed of the sampler (default 0)");
-  app.add_option("--stop", o.stop, "Stop before this text (repeatable)")->option_text("TEXT");
+  app.add_option("-s,--seed", o.sampling.seed, "One-shot: random seed of the sampler (default 0)");
+  app.add_option("--stop", o.stop, "One-shot: stop before this text (repeatable)")->option_text("TEXT");
+  app.get_option("--gears")->excludes(app.get_option("--gear"));
 
   return tool.run(argc, argv, [&]() -> int {
-    if (!have_prompt)
-      throw ftp::InputError("--prompt is required: this build of ftp-serve offers the one-shot mode only");
-    o.gear = ftp::serve::parse_gear_spec(gear);
+    if (!have_prompt) {
+      if (!ramp.empty()) {
+        d.service.ramp.clear();
+        for (std::size_t pos = 0; pos <= ramp.size();) {
+          std::size_t end = std::min(ramp.find(',', pos), ramp.size());
+          try {
+            d.service.ramp.push_back(std::stod(ramp.substr(pos, end - pos)));
+          } catch (...) {
+            throw ftp::InputError("--ramp: expected shares like 0.1,0.5,1.0, got \"" + ramp + "\"");
+          }
+          pos = end + 1;
+        }
+      }
+      std::string pid = std::to_string(::getpid());
+      d.log = [&](std::string_view line) { std::cerr << "ftp-serve[" << pid << "]: " << line << "\n" << std::flush; };
+      return ftp::serve::run_daemon(d);
+    }
+    o.gear = ftp::serve::parse_gear_spec(d.gear_spec);
     o.prompt = prompt;
-    ftp::model::Model model = ftp::model::load_model(model_path, tokenizer_path);
+    ftp::model::Model model = ftp::model::load_model(d.model_path, d.tokenizer_path);
     bool json = !tool.app().get_option("--json")->empty();
     std::string text = ftp::serve::generate_once(model, o, [&](std::string_view piece) {
       if (!json) std::cout << piece << std::flush;
     });
     if (json)
-      tool.emit(ftp::json::Json{{"kind", "ftp.completion/v1"}, {"model", model_path}, {"gear", gear}, {"text", text}});
+      tool.emit(ftp::json::Json{{"kind", "ftp.completion/v1"}, {"model", d.model_path}, {"gear", d.gear_spec}, {"text", text}});
     else
       std::cout << "\n" << std::flush;
     return 0;

@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/control.hpp"
+
+#include <chrono>
+
+#include "doc/gear_table.hpp"
+
+namespace ftp::serve {
+
+using json::Json;
+
+int control_error_code(const std::string& name) {
+  for (const auto& e : kControlErrors)
+    if (name == e.name) return e.code;
+  return -32000;
+}
+
+ControlPlane::ControlPlane(Service& service, ipc::ServerOptions options, std::string gear_table_path)
+    : svc_(service), path_(options.socket_path.empty() ? ipc::default_socket_path() : options.socket_path),
+      gears_path_(std::move(gear_table_path)) {
+  options.socket_path = path_;
+  server_ = std::make_unique<ipc::Server>(std::move(options), methods());
+}
+
+ControlPlane::~ControlPlane() { stop(); }
+
+void ControlPlane::start() { server_->start(); }
+
+void ControlPlane::stop() {
+  {
+    std::lock_guard lk(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  server_->stop();  // cancels streams: watch loops end, shift/drain answers are dropped
+  std::vector<std::thread> w;
+  {
+    std::lock_guard lk(mu_);
+    w.swap(workers_);
+  }
+  for (auto& t : w)
+    if (t.joinable()) t.join();
+}
+
+void ControlPlane::spawn(std::function<void()> fn) {
+  std::lock_guard lk(mu_);
+  workers_.emplace_back(std::move(fn));
+}
+
+namespace {
+
+void answer_error(ipc::Call& c, const std::exception& e) {
+  if (auto* ce = dynamic_cast<const ControlError*>(&e)) {
+    c.error(control_error_code(ce->name()), ce->name(), ce->what());
+  } else if (dynamic_cast<const InputError*>(&e)) {
+    c.error(ipc::Errc::invalid_params, e.what());
+  } else {
+    c.error(ipc::Errc::internal, e.what());
+  }
+}
+
+}  // namespace
+
+std::vector<ipc::Method> ControlPlane::methods() {
+  std::vector<ipc::Method> m;
+  m.push_back({"status", "The current gear, its domains (state, devices, traffic share, load) and counters.", {},
+               "ftp.status/v1", false, [this](ipc::Call& c) { c.reply(svc_.status()); }});
+  m.push_back({"gears", "The gear table in force, with \"current\" naming the current gear.", {},
+               "ftp.gear-table/v1 plus current", false, [this](ipc::Call& c) { c.reply(svc_.gears_json()); }});
+  m.push_back({"records", "The closing record of every shift so far.", {}, "array of ftp.shift-event/v1 (phase done)",
+               false, [this](ipc::Call& c) { c.reply(svc_.records()); }});
+  m.push_back(
+      {"shift",
+       "Shift to a gear: reserve, warm a shadow domain, ramp traffic with checks, drain and retire the old domains; "
+       "roll back on a failed check. Streams one ftp.shift-event/v1 per phase step.",
+       {{"to", "string", true, "target gear"},
+        {"ramp", "array", false, "traffic shares of the ramp, ending at 1.0 (default [0.1, 0.5, 1.0])"},
+        {"step_interval_ms", "integer", false, "wait at each ramp step before its check"},
+        {"trigger", "string", false, "what asked for the shift (default \"manual\")"},
+        {"inject_fault", "string", false, "fault injection for tests: \"check\" fails the first ramp check"}},
+       "the closing ftp.shift-event/v1 (phase done, outcome committed|rolled-back|failed)",
+       true,
+       [this](ipc::Call& c) {
+         Service::ShiftOptions o;
+         const Json& p = c.params();
+         o.to = p.at("to").get<std::string>();
+         try {
+           if (p.contains("ramp")) o.ramp = p["ramp"].get<std::vector<double>>();
+           if (p.contains("step_interval_ms")) o.step_interval_ms = p["step_interval_ms"].get<int>();
+         } catch (const std::exception& e) {
+           c.error(ipc::Errc::invalid_params, std::string("ramp/step_interval_ms: ") + e.what());
+           return;
+         }
+         o.trigger = p.value("trigger", std::string("manual"));
+         o.inject_fault = p.value("inject_fault", std::string());
+         for (double r : o.ramp)
+           if (!(r > 0 && r <= 1)) {
+             c.error(ipc::Errc::invalid_params, "ramp: every step must be in (0, 1]");
+             return;
+           }
+         auto call = c.share();
+         spawn([this, call, o] {
+           try {
+             auto done = svc_.shift(o, [&](const doc::ShiftEvent& e) { call->notify(doc::to_json(e)); });
+             call->end(doc::to_json(done));
+           } catch (const std::exception& e) {
+             answer_error(*call, e);
+           }
+         });
+       }});
+  m.push_back({"drain",
+               "Stop new work on a domain (or the domains on some devices), wait for its in-flight requests, retire "
+               "it and release its devices. The last serving domain needs force.",
+               {{"domain", "string", false, "domain id"},
+                {"devices", "array", false, "device ids: drain every domain holding any of them"},
+                {"force", "boolean", false, "allow draining the last serving domain"},
+                {"timeout_ms", "integer", false, "give up after this long (default 600000)"}},
+               "{\"drained\": [domain ids], \"waited\": requests}",
+               true,
+               [this](ipc::Call& c) {
+                 const Json& p = c.params();
+                 std::vector<std::string> ids;
+                 if (p.contains("domain")) ids.push_back(p["domain"].get<std::string>());
+                 if (p.contains("devices")) {
+                   auto more = svc_.domains_on_devices(p["devices"].get<std::vector<std::string>>());
+                   ids.insert(ids.end(), more.begin(), more.end());
+                 }
+                 if (ids.empty()) {
+                   c.error(control_error_code("ftp.NoSuchDomain"), "ftp.NoSuchDomain",
+                           "no domain given or none on those devices");
+                   return;
+                 }
+                 bool force = p.value("force", false);
+                 int timeout = p.value("timeout_ms", 600000);
+                 auto call = c.share();
+                 spawn([this, call, ids, force, timeout] {
+                   try {
+                     int waited = 0;
+                     for (const auto& id : ids)
+                       waited += svc_.drain_domain(id, force, timeout, [&](const Json& j) { call->notify(j); });
+                     call->end(Json{{"drained", ids}, {"waited", waited}});
+                   } catch (const std::exception& e) {
+                     answer_error(*call, e);
+                   }
+                 });
+               }});
+  m.push_back({"watch", "Stream ftp.observation/v1 documents at an interval until the client goes.",
+               {{"interval_ms", "integer", false, "between observations (default 1000, at least 50)"},
+                {"count", "integer", false, "stop after this many (default: never)"}},
+               "{\"end\": true} after count observations",
+               true,
+               [this](ipc::Call& c) {
+                 int interval = std::max(50, c.params().value("interval_ms", 1000));
+                 int count = c.params().value("count", 0);
+                 auto call = c.share();
+                 spawn([this, call, interval, count] {
+                   for (int i = 0; count <= 0 || i < count; ++i) {
+                     if (!call->notify(doc::to_json(svc_.observe()))) return;
+                     if (count > 0 && i + 1 == count) break;
+                     for (int w = 0; w < interval && !call->cancelled(); w += 10)
+                       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                   }
+                   call->end();
+                 });
+               }});
+  m.push_back({"reload", "Reload the gear table (from path, or the file the daemon started with).",
+               {{"path", "string", false, "a ftp.gear-table/v1 file"}},
+               "{\"gears\": [names], \"current\": gear}",
+               false,
+               [this](ipc::Call& c) {
+                 std::string path = c.params().value("path", gears_path_);
+                 if (path.empty()) {
+                   c.error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable",
+                           "the daemon runs a --gear layout, not a gear table file: give path");
+                   return;
+                 }
+                 try {
+                   auto table = json::parse_file(path, [](const Json& j) { return doc::gear_table_from_json(j); });
+                   svc_.reload(table);
+                   Json names = Json::array();
+                   for (const auto& g : table.gears) names.push_back(g.name);
+                   c.reply(Json{{"gears", names}, {"current", svc_.current_gear()}});
+                 } catch (const ControlError& e) {
+                   answer_error(c, e);
+                 } catch (const std::exception& e) {
+                   c.error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable", e.what());
+                 }
+               }});
+  return m;
+}
+
+}  // namespace ftp::serve

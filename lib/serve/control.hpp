@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/server.hpp"
+#include "serve/service.hpp"
+
+namespace ftp::serve {
+
+/// JSON-RPC error codes of the control methods (man ftp-protocol(7)).
+struct ControlErrorCode {
+  const char* name;
+  int code;
+};
+inline constexpr ControlErrorCode kControlErrors[] = {
+    {"ftp.NoSuchGear", -32010},   {"ftp.ShiftInProgress", -32011}, {"ftp.SameGear", -32012},
+    {"ftp.NotServing", -32013},   {"ftp.LastDomain", -32014},      {"ftp.NoSuchDomain", -32015},
+    {"ftp.WarmupFailed", -32016}, {"ftp.DrainTimeout", -32017},    {"ftp.InvalidGearTable", -32018},
+};
+int control_error_code(const std::string& name);
+
+/// The control socket of a running Service: status, gears, shift, drain,
+/// records, watch, reload (plus introspect), on an ipc::Server. Long calls
+/// (shift, drain, watch) run on worker threads joined by stop().
+class ControlPlane {
+ public:
+  /// `gear_table_path`: what reload reads when called without a path.
+  ControlPlane(Service& service, ipc::ServerOptions options, std::string gear_table_path);
+  ~ControlPlane();
+  void start();
+  void stop();
+  const std::string& socket_path() const noexcept { return path_; }
+
+ private:
+  std::vector<ipc::Method> methods();
+  void spawn(std::function<void()> fn);
+  Service& svc_;
+  std::string path_, gears_path_;
+  std::unique_ptr<ipc::Server> server_;
+  std::mutex mu_;
+  std::vector<std::thread> workers_;
+  bool stopping_ = false;
+};
+
+}  // namespace ftp::serve

@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/domain.hpp"
+#include "serve/latency.hpp"
+
+namespace ftp::serve {
+
+/// One running domain of the daemon: an engine::Domain stepped by its own
+/// thread whenever it has work, with the state, devices and router weight
+/// the control plane reads. States: warming -> serving -> draining -> retired.
+class DomainRunner {
+ public:
+  DomainRunner(std::string id, std::string gear, std::vector<std::string> devices, const engine::WeightStore& weights,
+               engine::DomainConfig config);
+  ~DomainRunner();
+  DomainRunner(const DomainRunner&) = delete;
+  DomainRunner& operator=(const DomainRunner&) = delete;
+
+  const std::string& id() const noexcept { return id_; }
+  const std::string& gear() const noexcept { return gear_; }
+  const std::vector<std::string>& devices() const noexcept { return devices_; }
+
+  std::string state() const;
+  void set_state(std::string s);
+  /// Router weight (share of new requests), 0..1.
+  double weight() const noexcept { return weight_.load(); }
+  void set_weight(double w) noexcept { weight_.store(w); }
+
+  /// Queues a request on the domain (engine::Domain::submit) and wakes its thread.
+  void submit(engine::GenerationRequest r);
+  /// Requests running or waiting, including ones submitted but not yet stepped.
+  int inflight() const;
+  engine::Domain& domain() noexcept { return *domain_; }
+  const engine::Domain& domain() const noexcept { return *domain_; }
+
+  /// Batch cap for the first steps of a new domain (slow start): the running
+  /// batch is limited to `cap` sequences for `steps` steps.
+  void slow_start(int cap, int steps);
+  /// Counts failed requests (finish_reason "error") seen on this domain.
+  std::atomic<std::uint64_t> errors{0};
+  std::atomic<std::uint64_t> served{0};
+  /// E2E latency of requests finished on this domain (ramp checks).
+  LatencyWindow e2e;
+
+  /// Stops the thread after the work in hand; the domain keeps its requests.
+  void stop();
+
+ private:
+  void loop();
+  std::string id_, gear_;
+  std::vector<std::string> devices_;
+  std::unique_ptr<engine::Domain> domain_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string state_ = "warming";
+  std::atomic<double> weight_{0.0};
+  std::atomic<int> submitted_{0};
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ftp::serve

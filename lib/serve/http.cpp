@@ -1,0 +1,638 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/http.hpp"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/json.hpp"
+#include "serve/chat.hpp"
+#include "serve/service.hpp"
+
+namespace ftp::serve {
+
+using json::Json;
+
+namespace {
+
+/// An answer in OpenAI's error format.
+struct ApiError {
+  int status;
+  std::string type, param, code, message;
+};
+
+[[noreturn]] void bad(std::string param, std::string message, std::string code = "") {
+  throw ApiError{400, "invalid_request_error", std::move(param), std::move(code), std::move(message)};
+}
+
+/// Invalid UTF-8 from a model must not break an answer: replace it.
+std::string dumps(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+Json error_json(const ApiError& e) {
+  return Json{{"error",
+               {{"message", e.message},
+                {"type", e.type},
+                {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
+                {"code", e.code.empty() ? Json(nullptr) : Json(e.code)}}}};
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(dumps(error_json(e)), "application/json");
+}
+
+/// A value for the log: bare when it is a plain word, quoted otherwise.
+std::string logval(std::string_view v) {
+  bool plain = !v.empty();
+  for (char c : v)
+    if (c <= ' ' || c == '"' || c == '=' || c == '\\' || static_cast<unsigned char>(c) >= 0x7f) plain = false;
+  if (plain) return std::string(v);
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+/// The log callback, shared with the requests still running in domains, so
+/// that an event after the server is gone never touches a dead object.
+struct Logger {
+  std::mutex mu;
+  std::function<void(std::string_view)> fn;
+  void operator()(const std::string& line) {
+    if (!fn) return;
+    std::lock_guard lk(mu);
+    try {
+      fn(line);
+    } catch (...) {
+      // A failing log sink must not fail a request, nor a domain's thread.
+    }
+  }
+};
+
+// --- request fields ------------------------------------------------------
+
+const Json* field(const Json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::int64_t get_int(const Json& body, const char* key, std::int64_t dflt, std::int64_t lo, std::int64_t hi) {
+  const Json* f = field(body, key);
+  if (!f) return dflt;
+  if (!f->is_number_integer()) bad(key, std::string(key) + ": expected an integer, got " + f->type_name());
+  if (f->is_number_unsigned() && f->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+    bad(key, std::string(key) + ": must be at most " + std::to_string(hi));
+  std::int64_t v = f->get<std::int64_t>();
+  if (v < lo || v > hi)
+    bad(key, std::string(key) + ": must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " +
+                 std::to_string(v));
+  return v;
+}
+
+double get_num(const Json& body, const char* key, double dflt, double lo, double hi) {
+  const Json* f = field(body, key);
+  if (!f) return dflt;
+  if (!f->is_number()) bad(key, std::string(key) + ": expected a number, got " + f->type_name());
+  double v = f->get<double>();
+  if (!(v >= lo && v <= hi))
+    bad(key, std::string(key) + ": must be between " + json::dump(Json(lo), json::Style::short_) + " and " +
+                 json::dump(Json(hi), json::Style::short_) + ", got " + f->dump());
+  return v;
+}
+
+bool get_bool(const Json& body, const char* key, bool dflt) {
+  const Json* f = field(body, key);
+  if (!f) return dflt;
+  if (!f->is_boolean()) bad(key, std::string(key) + ": expected a boolean, got " + f->type_name());
+  return f->get<bool>();
+}
+
+std::vector<int> token_ids(const Json& arr, const std::string& param) {
+  std::vector<int> ids;
+  for (std::size_t i = 0; i < arr.size(); ++i) {
+    if (!arr[i].is_number_integer() || arr[i].get<std::int64_t>() < 0 || arr[i].get<std::int64_t>() > INT_MAX)
+      bad(param, param + "[" + std::to_string(i) + "]: expected a token id, got " + arr[i].dump());
+    ids.push_back(arr[i].get<int>());
+  }
+  return ids;
+}
+
+/// What both endpoints share; the prompt is set by each.
+struct Parsed {
+  CompletionRequest req;
+  bool stream = false;
+  bool include_usage = false;
+  bool max_tokens_given = false;
+};
+
+Parsed parse_common(const Json& body, const Service& service, int default_max_tokens) {
+  Parsed p;
+  if (const Json* m = field(body, "model")) {
+    if (!m->is_string()) bad("model", std::string("model: expected a string, got ") + m->type_name());
+    if (m->get<std::string>() != service.config().model_name)
+      throw ApiError{404, "invalid_request_error", "model", "model_not_found",
+                     "The model '" + m->get<std::string>() + "' does not exist; this server serves '" +
+                         service.config().model_name + "'"};
+  }
+  if (get_int(body, "n", 1, INT_MIN, INT_MAX) != 1) bad("n", "n: only 1 is supported, got " + field(body, "n")->dump());
+  if (get_int(body, "best_of", 1, INT_MIN, INT_MAX) != 1)
+    bad("best_of", "best_of: only 1 is supported, got " + field(body, "best_of")->dump());
+  if (get_bool(body, "echo", false)) bad("echo", "echo: not supported");
+  if (const Json* l = field(body, "logprobs"); l && !(l->is_boolean() && !l->get<bool>()))
+    bad("logprobs", "logprobs: not supported");
+
+  const int limit = service.config().max_tokens_limit;
+  const char* mt_key = field(body, "max_completion_tokens") && !field(body, "max_tokens") ? "max_completion_tokens" : "max_tokens";
+  p.max_tokens_given = field(body, mt_key) != nullptr;
+  std::int64_t mt = get_int(body, mt_key, default_max_tokens, 1, INT_MAX);
+  if (limit > 0 && mt > limit)
+    bad(mt_key, std::string(mt_key) + ": " + std::to_string(mt) + " is over this server's limit of " + std::to_string(limit));
+  p.req.max_tokens = static_cast<int>(mt);
+
+  p.req.sampling.temperature = static_cast<float>(get_num(body, "temperature", 1.0, 0.0, 2.0));
+  p.req.sampling.top_p = static_cast<float>(get_num(body, "top_p", 1.0, 0.0, 1.0));
+  if (p.req.sampling.top_p <= 0.0f) bad("top_p", "top_p: must be greater than 0, got " + field(body, "top_p")->dump());
+  p.req.sampling.top_k = static_cast<int>(get_int(body, "top_k", 0, -1, INT_MAX));
+  if (p.req.sampling.top_k < 0) p.req.sampling.top_k = 0;  // -1: off, as vLLM
+  if (const Json* s = field(body, "seed")) {
+    if (!s->is_number_integer()) bad("seed", std::string("seed: expected an integer, got ") + s->type_name());
+    p.req.sampling.seed = s->is_number_unsigned() ? s->get<std::uint64_t>()
+                                                  : static_cast<std::uint64_t>(s->get<std::int64_t>());
+  } else {
+    p.req.sampling.seed = std::random_device{}();
+  }
+  if (const Json* s = field(body, "stop")) {
+    if (s->is_string()) {
+      if (!s->get<std::string>().empty()) p.req.stop.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      for (std::size_t i = 0; i < s->size(); ++i) {
+        if (!(*s)[i].is_string())
+          bad("stop", "stop[" + std::to_string(i) + "]: expected a string, got " + (*s)[i].type_name());
+        if (!(*s)[i].get<std::string>().empty()) p.req.stop.push_back((*s)[i].get<std::string>());
+      }
+    } else {
+      bad("stop", std::string("stop: expected a string or an array of strings, got ") + s->type_name());
+    }
+  }
+  p.stream = get_bool(body, "stream", false);
+  if (const Json* so = field(body, "stream_options")) {
+    if (!so->is_object()) bad("stream_options", std::string("stream_options: expected an object, got ") + so->type_name());
+    p.include_usage = get_bool(*so, "include_usage", false);
+  }
+  p.req.priority = static_cast<int>(get_int(body, "priority", 0, INT_MIN, INT_MAX));
+  return p;
+}
+
+void parse_prompt(const Json& body, Parsed& p) {
+  const Json* f = field(body, "prompt");
+  if (!f) bad("prompt", "prompt: missing required field");
+  if (f->is_string()) {
+    p.req.prompt = f->get<std::string>();
+  } else if (f->is_array() && f->size() == 1 && (*f)[0].is_string()) {
+    p.req.prompt = (*f)[0].get<std::string>();
+  } else if (f->is_array() && !f->empty() && (*f)[0].is_number()) {
+    p.req.prompt_tokens = token_ids(*f, "prompt");
+  } else if (f->is_array() && f->size() == 1 && (*f)[0].is_array()) {
+    p.req.prompt_tokens = token_ids((*f)[0], "prompt[0]");
+  } else if (f->is_array() && f->size() > 1) {
+    bad("prompt", "prompt: only one prompt per request is supported, got " + std::to_string(f->size()));
+  } else {
+    bad("prompt", std::string("prompt: expected a string, an array of one string or an array of token ids, got ") +
+                      (f->is_array() ? "an empty array" : f->type_name()));
+  }
+  if (p.req.prompt.empty() && p.req.prompt_tokens.empty() && f->is_array())
+    bad("prompt", "prompt: empty array of token ids");
+}
+
+std::vector<ChatMessage> parse_messages(const Json& body) {
+  const Json* f = field(body, "messages");
+  if (!f) bad("messages", "messages: missing required field");
+  if (!f->is_array() || f->empty()) bad("messages", "messages: expected a non-empty array");
+  std::vector<ChatMessage> out;
+  for (std::size_t i = 0; i < f->size(); ++i) {
+    const Json& m = (*f)[i];
+    std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad(at, at + ": expected an object, got " + m.type_name());
+    const Json* role = field(m, "role");
+    if (!role || !role->is_string()) bad(at + ".role", at + ".role: expected a string");
+    ChatMessage cm;
+    cm.role = role->get<std::string>();
+    if (cm.role == "developer") cm.role = "system";
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
+      bad(at + ".role", at + ".role: expected system, developer, user or assistant, got '" + cm.role + "'");
+    const Json* c = field(m, "content");
+    if (!c) {
+      if (cm.role != "assistant") bad(at + ".content", at + ".content: missing required field");
+    } else if (c->is_string()) {
+      cm.content = c->get<std::string>();
+    } else if (c->is_array()) {
+      // Content parts: only text is served; parts are joined.
+      for (std::size_t k = 0; k < c->size(); ++k) {
+        const Json& part = (*c)[k];
+        std::string pat = at + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          bad(pat, pat + ": only {\"type\": \"text\", \"text\": ...} parts are supported");
+        cm.content += part["text"].get<std::string>();
+      }
+    } else {
+      bad(at + ".content", at + ".content: expected a string or an array of text parts, got " + c->type_name());
+    }
+    out.push_back(std::move(cm));
+  }
+  return out;
+}
+
+// --- requests in flight --------------------------------------------------
+
+/// The events of one request, between its domain's thread and the HTTP
+/// thread that answers it.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<CompletionEvent> events;
+  bool finished = false;   // the finish event is queued (or was consumed)
+  bool gone = false;       // the client went away: events are dropped
+  std::string domain_id = "-";
+};
+
+std::string id_suffix() {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  static const char* hex = "0123456789abcdef";
+  std::lock_guard lk(mu);
+  std::string s;
+  for (int i = 0; i < 24; ++i) s += hex[rng() & 15];
+  return s;
+}
+
+Json usage_json(const CompletionEvent& e) {
+  return Json{{"prompt_tokens", e.prompt_tokens},
+              {"completion_tokens", e.completion_tokens},
+              {"total_tokens", e.prompt_tokens + e.completion_tokens}};
+}
+
+std::string sse(const Json& j) { return "data: " + dumps(j) + "\n\n"; }
+
+bool const_time_equal(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Service& service;
+  HttpOptions opts;
+  std::shared_ptr<Logger> log = std::make_shared<Logger>();
+  ChatTemplate chat_template;
+  httplib::Server svr;
+  std::thread thread;
+  std::atomic<bool> stopping{false};
+  int port = 0;
+  std::int64_t created = 0;
+
+  Impl(Service& s, HttpOptions o) : service(s), opts(std::move(o)) {
+    log->fn = opts.log;
+    chat_template = detect_chat_template(opts.chat_template);
+    created = static_cast<std::int64_t>(std::time(nullptr));
+    routes();
+  }
+
+  void refused(const std::string& id, const ApiError& e) {
+    (*log)("request_id=" + id + " domain_id=- event=refused status=" + std::to_string(e.status) + " type=" + e.type +
+           (e.param.empty() ? "" : " param=" + logval(e.param)) + " message=" + logval(e.message));
+  }
+
+  void routes();
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void answer_whole(httplib::Response& res, const std::shared_ptr<Pending>& st, const std::string& id, bool chat,
+                    std::int64_t created_s);
+  void answer_stream(httplib::Response& res, const std::shared_ptr<Pending>& st, const std::string& id, bool chat,
+                     bool include_usage, std::int64_t created_s);
+};
+
+void HttpServer::Impl::routes() {
+  if (opts.threads > 0) {
+    int n = opts.threads;
+    svr.new_task_queue = [n] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
+  }
+  svr.set_payload_max_length(static_cast<std::size_t>(opts.max_body_bytes));
+  // cpp-httplib's default also sets SO_REUSEPORT, which lets a second daemon
+  // bind the same port and silently share its traffic: keep SO_REUSEADDR only.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (opts.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string want = "Bearer " + opts.api_key;
+    if (const_time_equal(auth, want)) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("WWW-Authenticate", "Bearer");
+    send_error(res, {401, "invalid_request_error", "", "invalid_api_key",
+                     auth.empty() ? "Missing API key: send the header 'Authorization: Bearer <key>'"
+                                  : "Incorrect API key provided"});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  // Answers of httplib itself (unknown path, body too large) in OpenAI's
+  // format; answers of the handlers already carry their body.
+  svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    ApiError e{res.status, "invalid_request_error", "", "", "HTTP " + std::to_string(res.status)};
+    if (res.status == 404) {
+      e.code = "not_found";
+      e.message = "Unknown path: " + req.method + " " + req.path;
+    } else if (res.status == 413) {
+      e.code = "request_too_large";
+      e.message = "The request body is over the limit of " + std::to_string(opts.max_body_bytes) + " bytes";
+    } else if (res.status >= 500) {
+      e.type = "server_error";
+    }
+    send_error(res, e);
+  });
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+    }
+    send_error(res, {500, "server_error", "", "", what});
+  });
+
+  svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
+  svr.Post("/v1/chat/completions",
+           [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
+
+  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    Json m{{"id", service.config().model_name}, {"object", "model"}, {"created", created}, {"owned_by", "flextp"}};
+    res.set_content(dumps(Json{{"object", "list"}, {"data", Json::array({m})}}), "application/json");
+  });
+  svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (id != service.config().model_name)
+      return send_error(res, {404, "invalid_request_error", "model", "model_not_found",
+                              "The model '" + id + "' does not exist"});
+    res.set_content(dumps(Json{{"id", id}, {"object", "model"}, {"created", created}, {"owned_by", "flextp"}}),
+                    "application/json");
+  });
+  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  svr.Get("/ready", [this](const httplib::Request&, httplib::Response& res) {
+    bool ok = service.ready() && service.accepting();
+    res.status = ok ? 200 : 503;
+    res.set_content(dumps(Json{{"status", ok ? "ready" : "unavailable"}}), "application/json");
+  });
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(service.prometheus(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+}
+
+void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + id_suffix();
+  const auto created_s = static_cast<std::int64_t>(std::time(nullptr));
+  try {
+    Json body;
+    try {
+      body = json::parse(req.body, "request body");
+    } catch (const std::exception& e) {
+      throw ApiError{400, "invalid_request_error", "", "invalid_json", e.what()};
+    }
+    if (!body.is_object()) throw ApiError{400, "invalid_request_error", "", "invalid_json",
+                                          std::string("request body: expected a JSON object, got ") + body.type_name()};
+
+    Parsed p;
+    if (chat) {
+      p = parse_common(body, service, opts.chat_max_tokens);
+      std::vector<ChatMessage> msgs = parse_messages(body);
+      std::string text = render_chat(chat_template, msgs);
+      // Markers such as <|im_start|> are control tokens: parse them.
+      p.req.prompt_tokens = service.tokenizer().encode(text, true, true);
+      for (auto& s : chat_stop_strings(chat_template)) p.req.stop.push_back(std::move(s));
+      if (!p.max_tokens_given) {
+        // A chat that names no max_tokens may use what the context has left.
+        int left = service.context_length() - static_cast<int>(p.req.prompt_tokens.size());
+        p.req.max_tokens = std::max(1, std::min(p.req.max_tokens, left));
+      }
+    } else {
+      p = parse_common(body, service, opts.completion_max_tokens);
+      parse_prompt(body, p);
+    }
+
+    auto st = std::make_shared<Pending>();
+    p.req.id = id;
+    p.req.on_event = [st, log = log, id](const CompletionEvent& e) {
+      bool gone;
+      {
+        std::lock_guard lk(st->mu);
+        st->domain_id = e.domain_id.empty() ? "-" : e.domain_id;
+        gone = st->gone;
+        if (!gone) st->events.push_back(e);
+        if (e.finished) st->finished = true;
+      }
+      st->cv.notify_all();
+      if (e.finished)
+        (*log)("request_id=" + id + " domain_id=" + logval(e.domain_id.empty() ? "-" : e.domain_id) +
+               " event=finished finish_reason=" + logval(e.finish_reason) +
+               " prompt_tokens=" + std::to_string(e.prompt_tokens) +
+               " completion_tokens=" + std::to_string(e.completion_tokens) + (gone ? " client=gone" : "") +
+               (e.error.empty() ? "" : " error=" + logval(e.error)));
+    };
+    try {
+      service.submit(std::move(p.req));
+    } catch (const RequestError& e) {
+      throw ApiError{e.status(), e.type(), e.param(), "", e.what()};
+    } catch (const InputError& e) {
+      throw ApiError{400, "invalid_request_error", "", "", e.what()};
+    }
+    if (p.stream)
+      answer_stream(res, st, id, chat, p.include_usage, created_s);
+    else
+      answer_whole(res, st, id, chat, created_s);
+  } catch (const ApiError& e) {
+    refused(id, e);
+    send_error(res, e);
+  } catch (const InputError& e) {  // e.g. a bad role from render_chat
+    ApiError ae{400, "invalid_request_error", "", "", e.what()};
+    refused(id, ae);
+    send_error(res, ae);
+  } catch (const std::exception& e) {
+    ApiError ae{500, "server_error", "", "", e.what()};
+    refused(id, ae);
+    send_error(res, ae);
+  }
+}
+
+void HttpServer::Impl::answer_whole(httplib::Response& res, const std::shared_ptr<Pending>& st, const std::string& id,
+                                    bool chat, std::int64_t created_s) {
+  // The service promises a finish event for every submitted request.
+  std::string text;
+  CompletionEvent last;
+  {
+    std::unique_lock lk(st->mu);
+    st->cv.wait(lk, [&] { return st->finished; });
+    for (auto& e : st->events) {
+      text += e.text;
+      if (e.finished) last = e;
+    }
+    st->events.clear();
+  }
+  if (last.finish_reason == "error")
+    return send_error(res, {500, "server_error", "", "",
+                            last.error.empty() ? "the request failed in domain " + last.domain_id : last.error});
+  Json choice = chat ? Json{{"index", 0},
+                            {"message", {{"role", "assistant"}, {"content", text}}},
+                            {"logprobs", nullptr},
+                            {"finish_reason", last.finish_reason}}
+                     : Json{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", last.finish_reason}};
+  Json out{{"id", id},
+           {"object", chat ? "chat.completion" : "text_completion"},
+           {"created", created_s},
+           {"model", service.config().model_name},
+           {"choices", Json::array({choice})},
+           {"usage", usage_json(last)}};
+  res.set_content(dumps(out), "application/json");
+}
+
+void HttpServer::Impl::answer_stream(httplib::Response& res, const std::shared_ptr<Pending>& st, const std::string& id,
+                                     bool chat, bool include_usage, std::int64_t created_s) {
+  const std::string model = service.config().model_name;
+  const char* object = chat ? "chat.completion.chunk" : "text_completion";
+  auto chunk = [=](const std::string* text, const std::string* finish) {
+    Json choice{{"index", 0}};
+    if (chat) {
+      choice["delta"] = text ? Json{{"content", *text}} : Json::object();
+    } else {
+      choice["text"] = text ? *text : "";
+    }
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = finish ? Json(*finish) : Json(nullptr);
+    return Json{{"id", id}, {"object", object}, {"created", created_s}, {"model", model}, {"choices", Json::array({choice})}};
+  };
+  auto started = std::make_shared<bool>(false);
+  auto log = this->log;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [=, this](std::size_t, httplib::DataSink& sink) {
+        std::deque<CompletionEvent> batch;
+        {
+          std::unique_lock lk(st->mu);
+          // Wake now and then to notice a server stop.
+          st->cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return !st->events.empty(); });
+          batch.swap(st->events);
+        }
+        if (batch.empty()) return !stopping.load();
+        std::string out;
+        bool done = false;
+        if (chat && !*started) {
+          // OpenAI opens a chat stream with the role.
+          Json first = chunk(nullptr, nullptr);
+          first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
+          out += sse(first);
+        }
+        *started = true;
+        for (const auto& e : batch) {
+          if (!e.text.empty()) out += sse(chunk(&e.text, nullptr));
+          if (!e.finished) continue;
+          if (e.finish_reason == "error") {
+            out += sse(error_json({500, "server_error", "", "",
+                                   e.error.empty() ? "the request failed in domain " + e.domain_id : e.error}));
+          } else {
+            out += sse(chunk(nullptr, &e.finish_reason));
+            if (include_usage) {
+              Json u = chunk(nullptr, nullptr);
+              u["choices"] = Json::array();
+              u["usage"] = usage_json(e);
+              out += sse(u);
+            }
+          }
+          out += "data: [DONE]\n\n";
+          done = true;
+        }
+        if (!sink.write(out.data(), out.size())) {
+          std::string dom;
+          {
+            std::lock_guard lk(st->mu);
+            st->gone = true;
+            st->events.clear();
+            dom = st->domain_id;
+          }
+          (*log)("request_id=" + id + " domain_id=" + logval(dom) +
+                 " event=client_gone detail=\"write failed; the request runs to its end, its events are dropped\"");
+          return false;
+        }
+        if (done) sink.done();
+        return true;
+      },
+      [st](bool success) {
+        if (success) return;
+        std::lock_guard lk(st->mu);
+        st->gone = true;
+        st->events.clear();
+      });
+}
+
+HttpServer::HttpServer(Service& service, HttpOptions options)
+    : impl_(std::make_unique<Impl>(service, std::move(options))) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::start() {
+  Impl& m = *impl_;
+  if (m.thread.joinable()) throw Error("http: already started on port " + std::to_string(m.port));
+  const std::string where =
+      (m.opts.host.find(':') != std::string::npos ? "[" + m.opts.host + "]" : m.opts.host) + ":" + std::to_string(m.opts.port);
+  if (m.opts.port < 0 || m.opts.port > 65535) throw InputError("http: " + where + ": port must be 0..65535");
+  // Writing to a socket whose client went away must fail with EPIPE, not
+  // end the process (cpp-httplib does this too; it is the daemon's rule).
+  std::signal(SIGPIPE, SIG_IGN);
+  errno = 0;
+  int port = m.opts.port == 0 ? m.svr.bind_to_any_port(m.opts.host)
+                              : (m.svr.bind_to_port(m.opts.host, m.opts.port) ? m.opts.port : -1);
+  if (port < 0) {
+    int err = errno;
+    throw Error("http: cannot listen on " + where + ": " +
+                (err ? std::string(std::strerror(err)) : std::string("cannot resolve or bind the address")));
+  }
+  m.port = port;
+  m.stopping = false;
+  m.thread = std::thread([&m] { m.svr.listen_after_bind(); });
+}
+
+int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::stop() {
+  Impl& m = *impl_;
+  if (!m.thread.joinable()) return;
+  m.stopping = true;
+  m.svr.stop();
+  m.thread.join();
+}
+
+}  // namespace ftp::serve

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/remote.hpp"
+
+#include <chrono>
+
+#include "core/error.hpp"
+#include "doc/control.hpp"
+#include "ipc/protocol.hpp"
+
+namespace ftp::serve {
+
+using json::Json;
+
+namespace {
+
+/// Turns an RPC error into the exit code a tool reports.
+[[noreturn]] void rethrow_rpc(const ipc::RpcError& e) {
+  const std::string& n = e.name();
+  Exit exit = Exit::failure;
+  if (n == "ftp.NoSuchGear" || n == "ftp.SameGear" || n == "ftp.InvalidParams" || n == "ftp.NoSuchDomain")
+    exit = Exit::usage;
+  else if (n == "ftp.DrainTimeout" || n == "ftp.Timeout")
+    exit = Exit::timeout;
+  else if (n == "ftp.ShuttingDown" || n == "ftp.Disconnected")
+    exit = Exit::unreachable;
+  throw Error(n + ": " + e.message(), exit);
+}
+
+}  // namespace
+
+std::vector<double> parse_ramp(const std::string& text) {
+  std::vector<double> out;
+  if (text.empty()) return out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t end = std::min(text.find(',', pos), text.size());
+    std::string part = text.substr(pos, end - pos);
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(part, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != part.size() || part.empty() || !(v > 0 && v <= 1))
+      throw InputError("--ramp: \"" + part + "\" is not a share in (0, 1]");
+    if (!out.empty() && v <= out.back()) throw InputError("--ramp: shares must increase, got " + text);
+    out.push_back(v);
+    pos = end + 1;
+  }
+  if (out.back() != 1.0) throw InputError("--ramp: the last share must be 1.0 (100 %), got " + text);
+  return out;
+}
+
+std::vector<std::string> parse_device_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (!text.empty() && pos <= text.size()) {
+    std::size_t end = std::min(text.find(',', pos), text.size());
+    std::string part = text.substr(pos, end - pos);
+    auto dash = part.find('-');
+    if (dash != std::string::npos) {
+      std::size_t digits = dash;
+      while (digits > 0 && std::isdigit(static_cast<unsigned char>(part[digits - 1]))) --digits;
+      std::string prefix = part.substr(0, digits);
+      try {
+        int a = std::stoi(part.substr(digits, dash - digits)), b = std::stoi(part.substr(dash + 1));
+        if (a > b) throw std::out_of_range("");
+        for (int i = a; i <= b; ++i) out.push_back(prefix + std::to_string(i));
+      } catch (...) {
+        throw InputError("--devices: \"" + part + "\" is not a range like vd4-7");
+      }
+    } else if (!part.empty()) {
+      out.push_back(part);
+    }
+    pos = end + 1;
+  }
+  return out;
+}
+
+Json remote_shift(ipc::Client& client, const ShiftRequest& req, const std::function<void(const Json&)>& on_event) {
+  Json p{{"to", req.to}, {"trigger", req.trigger}};
+  if (!req.ramp.empty()) p["ramp"] = req.ramp;
+  if (req.step_interval_ms >= 0) p["step_interval_ms"] = req.step_interval_ms;
+  if (!req.inject_fault.empty()) p["inject_fault"] = req.inject_fault;
+  try {
+    auto done = client.stream("shift", p, [&](const Json& e) {
+      on_event(e);
+      return true;
+    });
+    if (!done) throw Error("shift: the daemon closed the stream before the shift ended", Exit::unreachable);
+    return *done;
+  } catch (const ipc::RpcError& e) {
+    rethrow_rpc(e);
+  }
+}
+
+int shift_exit_code(const Json& done) {
+  std::string outcome = done.value("outcome", "");
+  if (outcome == "committed") return 0;
+  if (outcome == "rolled-back") return static_cast<int>(Exit::check_failed);
+  return static_cast<int>(Exit::failure);
+}
+
+int execute_decisions(ipc::Client& client, std::istream& in, const ShiftRequest& defaults,
+                      const std::function<void(const Json&)>& on_event,
+                      const std::function<void(std::string_view)>& warn, const std::function<void(const Json&)>& on_done) {
+  int worst = 0;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    doc::Decision d;
+    try {
+      d = doc::decision_from_json(json::parse(line, "stdin"));
+    } catch (const std::exception& e) {
+      warn("stdin:" + std::to_string(n) + ": " + e.what() + "; line skipped");
+      worst = std::max(worst, static_cast<int>(Exit::usage));
+      continue;
+    }
+    if (d.action != "shift") continue;
+    ShiftRequest r = defaults;
+    r.to = d.to;
+    r.trigger = "policy:" + d.policy;
+    try {
+      Json done = remote_shift(client, r, on_event);
+      on_done(done);
+      worst = std::max(worst, shift_exit_code(done));
+    } catch (const Error& e) {
+      // A refused decision (a shift in progress, the same gear) does not stop the stream.
+      if (e.exit() == Exit::unreachable) throw;
+      warn("stdin:" + std::to_string(n) + ": shift to " + d.to + " refused: " + e.what());
+      worst = std::max(worst, static_cast<int>(Exit::failure));
+    }
+  }
+  return worst;
+}
+
+Json remote_drain(ipc::Client& client, const std::string& domain, const std::vector<std::string>& devices, bool force,
+                  int timeout_ms, const std::function<void(const Json&)>& on_event) {
+  Json p{{"force", force}, {"timeout_ms", timeout_ms}};
+  if (!domain.empty()) p["domain"] = domain;
+  if (!devices.empty()) p["devices"] = devices;
+  try {
+    auto done = client.stream("drain", p, [&](const Json& e) {
+      on_event(e);
+      return true;
+    });
+    if (!done) throw Error("drain: the daemon closed the stream before the drain ended", Exit::unreachable);
+    return *done;
+  } catch (const ipc::RpcError& e) {
+    rethrow_rpc(e);
+  }
+}
+
+}  // namespace ftp::serve

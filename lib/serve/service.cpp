@@ -1,0 +1,625 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/service.hpp"
+
+#include <algorithm>
+#include <future>
+#include <sstream>
+#include <thread>
+
+#include "serve/domain_runner.hpp"
+#include "serve/generate.hpp"
+
+namespace ftp::serve {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json::Json;
+
+/// Histogram bucket bounds, ms (Prometheus "le").
+const std::vector<double> kBoundsMs = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000};
+
+std::string fmt(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+}  // namespace
+
+Service::Service(const model::Model& model, ServiceConfig config)
+    : model_(model), cfg_(std::move(config)), tok_(model::Tokenizer::from(model.tokenizer)), t0_(Clock::now()) {
+  const auto& hp = model.hparams;
+  const auto& m = cfg_.gears.model;
+  if (m.n_layers != hp.n_layer || m.n_heads != hp.n_head || m.n_kv_heads != hp.n_head_kv)
+    throw InputError("gear table: model.n_layers/n_heads/n_kv_heads (" + std::to_string(m.n_layers) + "/" +
+                     std::to_string(m.n_heads) + "/" + std::to_string(m.n_kv_heads) + ") do not match the model (" +
+                     std::to_string(hp.n_layer) + "/" + std::to_string(hp.n_head) + "/" + std::to_string(hp.n_head_kv) +
+                     ")");
+  doc::validate(cfg_.gears);
+  if (cfg_.start_gear.empty()) cfg_.start_gear = cfg_.gears.gears.at(0).name;
+  if (!cfg_.gears.find(cfg_.start_gear))
+    throw ControlError("ftp.NoSuchGear", "--start-gear: no gear \"" + cfg_.start_gear + "\" in the gear table",
+                       Exit::usage);
+  if (cfg_.ramp.empty() || cfg_.ramp.back() != 1.0) throw InputError("ramp: the last step must be 1.0 (100 %)");
+  for (auto& h : hist_) h.counts.assign(kBoundsMs.size() + 1, 0);
+  store_ = std::make_unique<engine::WeightStore>(model);
+}
+
+Service::~Service() { drain_and_stop(); }
+
+int Service::context_length() const noexcept { return model_.hparams.n_ctx_train; }
+
+std::int64_t Service::now_ms() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0_).count();
+}
+
+std::string Service::current_gear() const {
+  std::lock_guard lk(mu_);
+  return gear_;
+}
+
+std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gear& gear, bool slow_start) {
+  std::vector<std::shared_ptr<DomainRunner>> out;
+  for (const auto& rep : gear.replicas) {
+    engine::DomainConfig dc;
+    std::vector<std::string> devices;
+    dc.stages.clear();
+    for (const auto& st : rep.stages) {
+      dc.stages.push_back(engine::StageLayout{st.first_layer, st.n_layers, static_cast<int>(st.devices.size())});
+      devices.insert(devices.end(), st.devices.begin(), st.devices.end());
+    }
+    dc.kv_blocks = cfg_.kv_blocks;
+    dc.block_tokens = cfg_.block_tokens;
+    dc.max_batched_tokens = std::min(cfg_.max_batched_tokens, gear.max_batched_tokens);
+    dc.max_running = cfg_.max_running;
+    dc.micro_batches = gear.micro_batches;
+    std::string id;
+    {
+      std::lock_guard lk(mu_);
+      id = "d" + std::to_string(next_domain_++);
+    }
+    auto d = std::make_shared<DomainRunner>(id, gear.name, devices, *store_, dc);
+    if (slow_start) d->slow_start(std::max(1, cfg_.max_running * 7 / 10), cfg_.slow_start_steps);
+    out.push_back(std::move(d));
+  }
+  // Warm-up: one dummy request through every stage and rank of each domain.
+  for (auto& d : out) {
+    auto done = std::make_shared<std::promise<std::string>>();
+    engine::GenerationRequest r;
+    r.id = "warmup-" + d->id();
+    r.prompt = {tok_.bos() >= 0 ? tok_.bos() : 0};
+    r.max_tokens = 1;
+    r.on_event = [done](const engine::GenerationEvent& e) {
+      if (e.finished) done->set_value(e.finish_reason == "error" ? e.error : "");
+    };
+    d->submit(std::move(r));
+    std::string err = done->get_future().get();
+    if (!err.empty()) throw ControlError("ftp.WarmupFailed", "domain " + d->id() + " failed its warm-up: " + err);
+  }
+  return out;
+}
+
+void Service::start() {
+  const doc::Gear* g = cfg_.gears.find(cfg_.start_gear);
+  auto doms = build_domains(*g, false);
+  {
+    std::lock_guard lk(mu_);
+    gear_ = g->name;
+    for (auto& d : doms) {
+      d->set_state("serving");
+      d->set_weight(1.0 / static_cast<double>(doms.size()));
+      domains_.push_back(d);
+    }
+  }
+  accepting_ = true;
+  ready_ = true;
+}
+
+void Service::drain_and_stop() {
+  if (stopped_.exchange(true)) return;
+  accepting_ = false;
+  ready_ = false;
+  // Wait for a shift in progress to end, then let every domain finish its work.
+  std::lock_guard sl(shift_mu_);
+  std::vector<std::shared_ptr<DomainRunner>> doms;
+  {
+    std::lock_guard lk(mu_);
+    doms = domains_;
+  }
+  for (auto& d : doms) d->set_state("draining");
+  wait_drained(doms, cfg_.drain_timeout_ms);
+  for (auto& d : doms) {
+    d->stop();
+    d->set_state("retired");
+  }
+  std::lock_guard lk(mu_);
+  domains_.clear();
+}
+
+std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int /*prompt_len*/) {
+  std::lock_guard lk(mu_);
+  std::vector<std::shared_ptr<DomainRunner>> cand;
+  for (auto& d : domains_) {
+    std::string st = d->state();
+    if ((st == "serving" || st == "warming") && d->weight() > 0) cand.push_back(d);
+  }
+  if (cand.empty()) return nullptr;
+  if (r.priority > 0) {
+    // High priority goes to the domain of the largest tensor-parallel degree.
+    auto tp = [&](const DomainRunner& d) { return d.domain().config().stages.front().tp; };
+    auto best = std::max_element(cand.begin(), cand.end(), [&](const auto& a, const auto& b) { return tp(*a) < tp(*b); });
+    return *best;
+  }
+  // Smooth weighted round robin: deterministic, proportional to weights.
+  double total = 0;
+  std::shared_ptr<DomainRunner> pick;
+  for (auto& d : cand) {
+    credit_[d->id()] += d->weight();
+    total += d->weight();
+    if (!pick || credit_[d->id()] > credit_[pick->id()]) pick = d;
+  }
+  credit_[pick->id()] -= total;
+  return pick;
+}
+
+void Service::submit(CompletionRequest r) {
+  if (!accepting_) throw RequestError(503, "unavailable_error", "", "the service is draining and accepts no new requests");
+  std::vector<int> prompt = r.prompt_tokens.empty() ? tok_.encode(r.prompt, true) : r.prompt_tokens;
+  if (prompt.empty()) prompt.push_back(tok_.bos());
+  const int ctx = context_length();
+  const int max_prompt = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, ctx - 1) : ctx - 1;
+  const int n = static_cast<int>(prompt.size());
+  if (n > max_prompt)
+    throw RequestError(400, "invalid_request_error", "prompt",
+                       "prompt of " + std::to_string(n) + " tokens exceeds the limit of " + std::to_string(max_prompt));
+  if (r.max_tokens < 1)
+    throw RequestError(400, "invalid_request_error", "max_tokens", "max_tokens must be at least 1, got " + std::to_string(r.max_tokens));
+  if (r.max_tokens > cfg_.max_tokens_limit)
+    throw RequestError(400, "invalid_request_error", "max_tokens",
+                       "max_tokens " + std::to_string(r.max_tokens) + " exceeds the limit of " +
+                           std::to_string(cfg_.max_tokens_limit));
+  if (n + r.max_tokens > ctx)
+    throw RequestError(400, "invalid_request_error", "max_tokens",
+                       "this model's context is " + std::to_string(ctx) + " tokens; the prompt (" + std::to_string(n) +
+                           ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it");
+  auto dom = route(r, n);
+  if (!dom) throw RequestError(503, "unavailable_error", "", "no serving domain");
+
+  struct Track {
+    std::int64_t arrival_ms, first_ms = -1;
+    int tokens = 0;
+    std::unique_ptr<TextStream> text;
+  };
+  auto tr = std::make_shared<Track>();
+  tr->arrival_ms = now_ms();
+  tr->text = std::make_unique<TextStream>(tok_, prompt, r.stop);
+  {
+    std::lock_guard lk(metrics_mu_);
+    arrivals_.push_back(tr->arrival_ms);
+    while (!arrivals_.empty() && arrivals_.front() < tr->arrival_ms - 60000) arrivals_.pop_front();
+  }
+  ++requests_total_;
+  tokens_in_ += static_cast<std::uint64_t>(n);
+
+  engine::GenerationRequest g;
+  g.id = r.id;
+  g.prompt = prompt;
+  g.sampling = r.sampling;
+  g.max_tokens = r.max_tokens;
+  g.eos = model_.format == "llama2c" ? tok_.bos() : tok_.eos();
+  for (int id = 0; id < tok_.n_vocab(); ++id)
+    if (tok_.is_eog(id) && id != g.eos) g.stop_tokens.push_back(id);
+  TextStream* ts = tr->text.get();
+  g.stop_check = [ts](const std::vector<int>&) { return ts->stopped(); };
+  auto on_event = r.on_event;
+  DomainRunner* dp = dom.get();
+  const int eos = g.eos;
+  const std::vector<int> stops = g.stop_tokens;
+  g.on_event = [this, tr, on_event, dp, n, eos, stops](const engine::GenerationEvent& e) {
+    CompletionEvent ce;
+    ce.request_id = e.request_id;
+    ce.domain_id = e.domain_id;
+    ce.prompt_tokens = n;
+    std::int64_t t = now_ms();
+    if (e.token >= 0) {
+      ++tr->tokens;
+      ++tokens_out_;
+      if (tr->first_ms < 0) {
+        tr->first_ms = t;
+        double ttft = static_cast<double>(t - tr->arrival_ms);
+        ttft_.add(ttft, t);
+        std::lock_guard lk(metrics_mu_);
+        auto& h = hist_[0];
+        h.counts[static_cast<std::size_t>(std::lower_bound(kBoundsMs.begin(), kBoundsMs.end(), ttft) - kBoundsMs.begin())]++;
+        h.sum += ttft;
+        ++h.count;
+      }
+      bool eog = e.token == eos || std::find(stops.begin(), stops.end(), e.token) != stops.end();
+      if (!eog) ce.text = tr->text->push(e.token);
+    }
+    ce.completion_tokens = tr->tokens;
+    if (e.finished) {
+      ce.text += tr->text->finish();
+      ce.finished = true;
+      ce.finish_reason = e.finish_reason;
+      ce.error = e.error;
+      double e2e = static_cast<double>(t - tr->arrival_ms);
+      e2e_.add(e2e, t);
+      dp->e2e.add(e2e, t);
+      ++dp->served;
+      if (e.finish_reason == "error") {
+        ++dp->errors;
+        ++requests_failed_;
+      }
+      std::lock_guard lk(metrics_mu_);
+      auto add = [&](Histogram& h, double v) {
+        h.counts[static_cast<std::size_t>(std::lower_bound(kBoundsMs.begin(), kBoundsMs.end(), v) - kBoundsMs.begin())]++;
+        h.sum += v;
+        ++h.count;
+      };
+      add(hist_[2], e2e);
+      if (tr->tokens > 1 && tr->first_ms >= 0) {
+        double tpot = static_cast<double>(t - tr->first_ms) / (tr->tokens - 1);
+        tpot_.add(tpot, t);
+        add(hist_[1], tpot);
+      }
+    }
+    if (on_event && (ce.finished || !ce.text.empty())) on_event(ce);
+  };
+  try {
+    dom->submit(std::move(g));
+  } catch (const InputError& e) {
+    throw RequestError(400, "invalid_request_error", "prompt", e.what());
+  }
+}
+
+void Service::set_weights(const std::vector<std::shared_ptr<DomainRunner>>& doms, double share) {
+  for (auto& d : doms) d->set_weight(doms.empty() ? 0 : share / static_cast<double>(doms.size()));
+}
+
+bool Service::wait_drained(const std::vector<std::shared_ptr<DomainRunner>>& doms, int timeout_ms) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int left = 0;
+    for (auto& d : doms) left += d->inflight();
+    if (left == 0) return true;
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progress) {
+  std::unique_lock sl(shift_mu_, std::try_to_lock);
+  if (!sl.owns_lock())
+    throw ControlError("ftp.ShiftInProgress", "a shift is in progress; one shift at a time");
+  const doc::Gear* target = cfg_.gears.find(o.to);
+  if (!target) throw ControlError("ftp.NoSuchGear", "no gear \"" + o.to + "\" in the gear table", Exit::usage);
+  if (!accepting_) throw ControlError("ftp.NotServing", "the service is draining");
+  std::string from = current_gear();
+  if (from == o.to) throw ControlError("ftp.SameGear", "already in gear \"" + o.to + "\"", Exit::usage);
+  std::vector<double> ramp = o.ramp.empty() ? cfg_.ramp : o.ramp;
+  if (ramp.back() != 1.0) throw ControlError("ftp.InvalidParams", "ramp: the last step must be 1.0", Exit::usage);
+  int step_ms = o.step_interval_ms >= 0 ? o.step_interval_ms : cfg_.step_interval_ms;
+
+  shifting_ = true;
+  struct Reset {
+    std::atomic<bool>& f;
+    ~Reset() { f = false; }
+  } reset{shifting_};
+
+  doc::ShiftEvent ev;
+  {
+    std::lock_guard lk(mu_);
+    ev.shift_id = "shift-" + std::to_string(++next_shift_);
+  }
+  ev.from = from;
+  ev.to = o.to;
+  ev.trigger = o.trigger;
+  const std::int64_t t_start = now_ms();
+  doc::Percentiles before{e2e_.percentile(50, t_start - 60000), e2e_.percentile(99, t_start - 60000)};
+  auto phase_t = Clock::now();
+  auto emit = [&](const std::string& phase, double share, const std::string& msg) {
+    ev.t_ms = now_ms();
+    ev.phase = phase;
+    ev.traffic_share = share;
+    ev.phase_ms = std::chrono::duration<double, std::milli>(Clock::now() - phase_t).count();
+    ev.message = msg;
+    phase_t = Clock::now();
+    if (progress) progress(ev);
+  };
+
+  std::vector<std::shared_ptr<DomainRunner>> old;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& d : domains_)
+      if (d->state() == "serving") old.push_back(d);
+  }
+  std::vector<std::string> devs = target->devices();
+  std::string devlist;
+  for (const auto& d : devs) devlist += (devlist.empty() ? "" : ",") + d;
+  emit("reserve", 0, "devices " + devlist);
+
+  std::vector<std::shared_ptr<DomainRunner>> fresh;
+  auto finish = [&](const std::string& outcome, const std::string& msg) {
+    ev.outcome = outcome;
+    ev.before = before;
+    ev.after = doc::Percentiles{e2e_.percentile(50, t_start), e2e_.percentile(99, t_start)};
+    emit("done", outcome == "committed" ? 1.0 : 0.0, msg);
+    {
+      std::lock_guard lk(mu_);
+      records_.push_back(ev);
+    }
+    std::lock_guard lk(metrics_mu_);
+    ++shifts_by_outcome_[outcome];
+    return ev;
+  };
+  auto rollback = [&](const std::string& why, const std::string& outcome) {
+    // Traffic returns to the old domains; the shadow drains and retires.
+    set_weights(old, 1.0);
+    set_weights(fresh, 0.0);
+    for (auto& d : fresh) d->set_state("draining");
+    emit("rollback", 0, why);
+    wait_drained(fresh, cfg_.drain_timeout_ms);
+    for (auto& d : fresh) {
+      d->stop();
+      d->set_state("retired");
+    }
+    {
+      std::lock_guard lk(mu_);
+      domains_.erase(std::remove_if(domains_.begin(), domains_.end(),
+                                    [&](const auto& d) { return std::find(fresh.begin(), fresh.end(), d) != fresh.end(); }),
+                     domains_.end());
+    }
+    return finish(outcome, why);
+  };
+
+  try {
+    fresh = build_domains(*target, true);
+  } catch (const std::exception& e) {
+    for (auto& d : fresh) d->stop();
+    fresh.clear();
+    return finish("failed", std::string("warm-up: ") + e.what());
+  }
+  {
+    std::lock_guard lk(mu_);
+    for (auto& d : fresh) domains_.push_back(d);
+  }
+  emit("warm", 0, std::to_string(fresh.size()) + " domain(s) built and warmed");
+
+  bool fault = o.inject_fault == "check";
+  for (double share : ramp) {
+    std::int64_t step_start = now_ms();
+    set_weights(fresh, share);
+    set_weights(old, 1.0 - share);
+    if (share >= 1.0) {
+      emit("ramp", share, "100 % of new requests on the new domains");
+      break;
+    }
+    if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+    // The check: no failed request on the new domains, and their P99 E2E
+    // within rollback_p99_factor of the pre-shift baseline.
+    std::uint64_t errs = 0;
+    double p99 = 0;
+    std::size_t samples = 0;
+    for (auto& d : fresh) {
+      errs += d->errors.load();
+      p99 = std::max(p99, d->e2e.percentile(99, step_start));
+      samples += d->e2e.count(step_start);
+    }
+    std::string why;
+    if (fault) why = "fault injected: check failed";
+    else if (errs > 0) why = std::to_string(errs) + " request(s) failed on the new domains";
+    else if (samples >= 20 && before.p99 > 0 && p99 > cfg_.rollback_p99_factor * before.p99)
+      why = "P99 E2E " + fmt(p99) + " ms > " + fmt(cfg_.rollback_p99_factor) + " x baseline " + fmt(before.p99) + " ms";
+    if (!why.empty()) return rollback(why, "rolled-back");
+    emit("ramp", share, "check passed (" + std::to_string(samples) + " samples, P99 " + fmt(p99) + " ms)");
+  }
+
+  for (auto& d : old) {
+    d->set_state("draining");
+    d->set_weight(0);
+  }
+  for (auto& d : fresh) d->set_state("serving");
+  {
+    std::lock_guard lk(mu_);
+    gear_ = target->name;
+  }
+  bool drained = wait_drained(old, cfg_.drain_timeout_ms);
+  emit("drain", 1.0, drained ? "old domains drained" : "drain timed out; old domains finish in the background");
+  for (auto& d : old) {
+    d->stop();  // returns once its requests are done
+    d->set_state("retired");
+  }
+  {
+    std::lock_guard lk(mu_);
+    domains_.erase(std::remove_if(domains_.begin(), domains_.end(),
+                                  [&](const auto& d) { return std::find(old.begin(), old.end(), d) != old.end(); }),
+                   domains_.end());
+  }
+  emit("retire", 1.0, std::to_string(old.size()) + " old domain(s) retired, devices released");
+  return finish("committed", "shifted " + from + " -> " + target->name);
+}
+
+int Service::drain_domain(const std::string& id, bool force, int timeout_ms,
+                          const std::function<void(const Json&)>& progress) {
+  std::lock_guard sl(shift_mu_);  // not during a shift
+  std::shared_ptr<DomainRunner> dom;
+  std::vector<std::shared_ptr<DomainRunner>> others;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& d : domains_) {
+      if (d->id() == id)
+        dom = d;
+      else if (d->state() == "serving")
+        others.push_back(d);
+    }
+  }
+  if (!dom) throw ControlError("ftp.NoSuchDomain", "no domain \"" + id + "\"", Exit::usage);
+  if (others.empty() && !force)
+    throw ControlError("ftp.LastDomain", "domain " + id + " is the last serving domain; use force to drain it anyway");
+  dom->set_state("draining");
+  dom->set_weight(0);
+  set_weights(others, 1.0);
+  int waited = dom->inflight();
+  if (progress) progress(Json{{"domain", id}, {"state", "draining"}, {"inflight", waited}});
+  bool ok = wait_drained({dom}, timeout_ms);
+  if (!ok) throw ControlError("ftp.Timeout", "domain " + id + " still has " + std::to_string(dom->inflight()) +
+                                                " request(s) after " + std::to_string(timeout_ms) + " ms",
+                              Exit::timeout);
+  dom->stop();
+  dom->set_state("retired");
+  {
+    std::lock_guard lk(mu_);
+    domains_.erase(std::remove(domains_.begin(), domains_.end(), dom), domains_.end());
+  }
+  if (progress) progress(Json{{"domain", id}, {"state", "retired"}, {"devices", dom->devices()}});
+  return waited;
+}
+
+std::vector<std::string> Service::domains_on_devices(const std::vector<std::string>& devices) const {
+  std::vector<std::string> out;
+  std::lock_guard lk(mu_);
+  for (auto& d : domains_)
+    for (const auto& dev : d->devices())
+      if (std::find(devices.begin(), devices.end(), dev) != devices.end()) {
+        out.push_back(d->id());
+        break;
+      }
+  return out;
+}
+
+void Service::reload(doc::GearTable table) {
+  doc::validate(table);
+  std::lock_guard sl(shift_mu_);
+  std::string cur = current_gear();
+  if (!table.find(cur))
+    throw ControlError("ftp.NoSuchGear", "the new gear table lacks the current gear \"" + cur + "\"", Exit::usage);
+  std::lock_guard lk(mu_);
+  cfg_.gears = std::move(table);
+}
+
+Json Service::status() const {
+  Json doms = Json::array();
+  std::lock_guard lk(mu_);
+  for (auto& d : domains_)
+    doms.push_back(Json{{"id", d->id()},
+                        {"gear", d->gear()},
+                        {"state", d->state()},
+                        {"devices", d->devices()},
+                        {"traffic_share", d->weight()},
+                        {"running", d->domain().running()},
+                        {"waiting", d->domain().waiting()},
+                        {"kv_usage", d->domain().kv_usage()}});
+  return Json{{"kind", "ftp.status/v1"},
+              {"model", cfg_.model_name},
+              {"gear", gear_},
+              {"shifting", shifting_.load()},
+              {"ready", ready_.load()},
+              {"accepting", accepting_.load()},
+              {"requests_total", requests_total_.load()},
+              {"requests_failed", requests_failed_.load()},
+              {"domains", doms}};
+}
+
+Json Service::gears_json() const {
+  std::lock_guard lk(mu_);
+  Json j = doc::to_json(cfg_.gears);
+  j["current"] = gear_;
+  return j;
+}
+
+Json Service::records() const {
+  Json out = Json::array();
+  std::lock_guard lk(mu_);
+  for (const auto& r : records_) out.push_back(doc::to_json(r));
+  return out;
+}
+
+doc::Observation Service::observe() const {
+  doc::Observation o;
+  o.t_ms = now_ms();
+  o.shifting = shifting_.load();
+  {
+    std::lock_guard lk(metrics_mu_);
+    std::size_t recent = std::count_if(arrivals_.begin(), arrivals_.end(), [&](auto t) { return t >= o.t_ms - 10000; });
+    o.request_rate = static_cast<double>(recent) / 10.0;
+  }
+  o.ttft_ms = {ttft_.percentile(50, o.t_ms - 30000), ttft_.percentile(99, o.t_ms - 30000)};
+  o.tpot_ms = {tpot_.percentile(50, o.t_ms - 30000), tpot_.percentile(99, o.t_ms - 30000)};
+  o.e2e_ms = {e2e_.percentile(50, o.t_ms - 30000), e2e_.percentile(99, o.t_ms - 30000)};
+  std::lock_guard lk(mu_);
+  o.gear = gear_;
+  double mean_e2e = o.e2e_ms.p50;
+  for (auto& d : domains_) {
+    doc::DomainView v;
+    v.id = d->id();
+    v.gear = d->gear();
+    v.state = d->state();
+    v.devices = d->devices();
+    v.traffic_share = d->weight();
+    v.running = d->domain().running();
+    v.waiting = d->domain().waiting();
+    o.queue_depth += v.waiting;
+    o.kv_watermark = std::max(o.kv_watermark, d->domain().kv_usage());
+    o.domains.push_back(std::move(v));
+  }
+  o.queue_depth_mean = o.queue_depth;
+  o.est_queue_time_ms = mean_e2e * o.queue_depth;
+  return o;
+}
+
+std::string Service::prometheus() const {
+  std::ostringstream m;
+  auto st = status();
+  int running = 0, waiting = 0;
+  double kv = 0;
+  std::map<std::string, int> by_state = {{"warming", 0}, {"serving", 0}, {"draining", 0}, {"retired", 0}};
+  for (const auto& d : st["domains"]) {
+    running += d["running"].get<int>();
+    waiting += d["waiting"].get<int>();
+    kv = std::max(kv, d["kv_usage"].get<double>());
+    ++by_state[d["state"].get<std::string>()];
+  }
+  m << "# HELP ftp_requests_running Requests in a running batch.\n# TYPE ftp_requests_running gauge\n"
+    << "ftp_requests_running " << running << "\n";
+  m << "# HELP ftp_requests_waiting Requests queued in a domain.\n# TYPE ftp_requests_waiting gauge\n"
+    << "ftp_requests_waiting " << waiting << "\n";
+  m << "# HELP ftp_requests_total Requests accepted.\n# TYPE ftp_requests_total counter\n"
+    << "ftp_requests_total " << requests_total_.load() << "\n";
+  m << "# HELP ftp_requests_failed_total Requests that finished with an error.\n# TYPE ftp_requests_failed_total counter\n"
+    << "ftp_requests_failed_total " << requests_failed_.load() << "\n";
+  m << "# HELP ftp_tokens_in_total Prompt tokens.\n# TYPE ftp_tokens_in_total counter\n"
+    << "ftp_tokens_in_total " << tokens_in_.load() << "\n";
+  m << "# HELP ftp_tokens_out_total Generated tokens.\n# TYPE ftp_tokens_out_total counter\n"
+    << "ftp_tokens_out_total " << tokens_out_.load() << "\n";
+  m << "# HELP ftp_kv_usage_ratio KV pages in use over the cap (largest domain).\n# TYPE ftp_kv_usage_ratio gauge\n"
+    << "ftp_kv_usage_ratio " << kv << "\n";
+  m << "# HELP ftp_gear_info The current gear.\n# TYPE ftp_gear_info gauge\n"
+    << "ftp_gear_info{gear=\"" << st["gear"].get<std::string>() << "\"} 1\n";
+  m << "# HELP ftp_domains Domains by state.\n# TYPE ftp_domains gauge\n";
+  for (const auto& [s, n] : by_state) m << "ftp_domains{state=\"" << s << "\"} " << n << "\n";
+  std::lock_guard lk(metrics_mu_);
+  m << "# HELP ftp_shifts_total Shifts by outcome.\n# TYPE ftp_shifts_total counter\n";
+  for (const char* o : {"committed", "rolled-back", "failed"}) {
+    auto it = shifts_by_outcome_.find(o);
+    m << "ftp_shifts_total{outcome=\"" << o << "\"} " << (it == shifts_by_outcome_.end() ? 0 : it->second) << "\n";
+  }
+  const char* names[3] = {"ftp_ttft_seconds", "ftp_tpot_seconds", "ftp_e2e_seconds"};
+  const char* helps[3] = {"Time to first token.", "Time per output token after the first.", "End-to-end request latency."};
+  for (int i = 0; i < 3; ++i) {
+    const Histogram& h = hist_[i];
+    m << "# HELP " << names[i] << " " << helps[i] << "\n# TYPE " << names[i] << " histogram\n";
+    std::uint64_t acc = 0;
+    for (std::size_t b = 0; b < kBoundsMs.size(); ++b) {
+      acc += h.counts[b];
+      m << names[i] << "_bucket{le=\"" << fmt(kBoundsMs[b] / 1000.0) << "\"} " << acc << "\n";
+    }
+    acc += h.counts.back();
+    m << names[i] << "_bucket{le=\"+Inf\"} " << acc << "\n";
+    m << names[i] << "_sum " << fmt(h.sum / 1000.0) << "\n" << names[i] << "_count " << h.count << "\n";
+  }
+  return m.str();
+}
+
+}  // namespace ftp::serve

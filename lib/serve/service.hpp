@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/json.hpp"
+#include "doc/control.hpp"
+#include "doc/gear_table.hpp"
+#include "engine/domain.hpp"
+#include "model/model.hpp"
+#include "model/tokenizer.hpp"
+#include "serve/latency.hpp"
+
+namespace ftp::serve {
+
+/// A request the service refuses, with what an HTTP or RPC answer needs:
+/// status 400 "invalid_request_error" for bad input, 503 when not serving.
+class RequestError : public InputError {
+ public:
+  RequestError(int status, std::string type, std::string param, std::string message)
+      : InputError(std::move(message)), status_(status), type_(std::move(type)), param_(std::move(param)) {}
+  int status() const noexcept { return status_; }
+  const std::string& type() const noexcept { return type_; }
+  const std::string& param() const noexcept { return param_; }
+
+ private:
+  int status_;
+  std::string type_, param_;
+};
+
+/// A refused control operation, with its ftp.* error name (ftp.NoSuchGear,
+/// ftp.ShiftInProgress, ftp.LastDomain, ftp.NoSuchDomain, ...).
+class ControlError : public Error {
+ public:
+  ControlError(std::string name, std::string message, Exit exit = Exit::failure)
+      : Error(std::move(message), exit), name_(std::move(name)) {}
+  const std::string& name() const noexcept { return name_; }
+
+ private:
+  std::string name_;
+};
+
+/// What the daemon serves and how.
+struct ServiceConfig {
+  std::string model_name;              ///< id in /v1/models
+  doc::GearTable gears;                ///< the gear table (a one-gear table for --gear)
+  std::string start_gear;              ///< default: gears[0]
+  int kv_blocks = 512;                 ///< KV pages per domain
+  int block_tokens = 16;
+  int max_batched_tokens = 256;
+  int max_running = 64;
+  int max_prompt_tokens = 0;           ///< 0: the model's context - 1
+  int max_tokens_limit = 2048;         ///< largest max_tokens a request may ask
+  std::vector<double> ramp = {0.1, 0.5, 1.0};
+  int step_interval_ms = 1000;         ///< wait at each ramp step before its check
+  double rollback_p99_factor = 1.5;    ///< a ramp check fails when P99 E2E > factor x baseline
+  int drain_timeout_ms = 600000;
+  int slow_start_steps = 20;           ///< a new domain's batch cap is 70 % for this many steps
+};
+
+/// A completion to serve (already validated for shape by the API layer).
+struct CompletionRequest {
+  std::string id;                      ///< request_id, on every log line and event
+  std::string prompt;                  ///< text; tokenised with BOS per the tokenizer
+  std::vector<int> prompt_tokens;      ///< used instead of `prompt` when not empty
+  int max_tokens = 16;
+  engine::SamplingParams sampling;
+  std::vector<std::string> stop;
+  int priority = 0;                    ///< higher may go to the larger-TP domain
+  /// Text deltas, then one finished event. Called on a domain's thread.
+  std::function<void(const struct CompletionEvent&)> on_event;
+};
+
+struct CompletionEvent {
+  std::string request_id;
+  std::string domain_id;
+  std::string text;                    ///< new text (may be empty)
+  bool finished = false;
+  std::string finish_reason;           ///< "stop" | "length" | "error"
+  std::string error;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+class DomainRunner;
+
+/// The daemon's core: the resident weights, the domains of the current
+/// gear, the router, the shifter and the live numbers. Thread-safe.
+class Service {
+ public:
+  /// `model` must outlive the service.
+  Service(const model::Model& model, ServiceConfig config);
+  ~Service();
+
+  /// Builds and starts the domains of the start gear.
+  void start();
+  /// Stops routing new requests (submit answers 503), lets every in-flight
+  /// request finish, stops the domains. Idempotent.
+  void drain_and_stop();
+  bool ready() const noexcept { return ready_.load(); }
+  bool accepting() const noexcept { return accepting_.load(); }
+
+  const model::Tokenizer& tokenizer() const noexcept { return tok_; }
+  const ServiceConfig& config() const noexcept { return cfg_; }
+  int context_length() const noexcept;
+
+  /// Tokenises, validates and routes a request to one serving domain, where
+  /// it stays until it finishes. Throws RequestError on bad input or when
+  /// the service is not accepting.
+  void submit(CompletionRequest request);
+
+  /// Progress of a shift, one event per phase step.
+  using ShiftProgress = std::function<void(const doc::ShiftEvent&)>;
+  struct ShiftOptions {
+    std::string to;
+    std::string trigger = "manual";
+    std::vector<double> ramp;          ///< empty: the config's
+    int step_interval_ms = -1;         ///< < 0: the config's
+    /// Fault injection for tests: "check" fails the first ramp check.
+    std::string inject_fault;
+  };
+  /// Runs a whole shift on the calling thread (reserve, warm, ramp with
+  /// checks, drain, retire; rollback on a failed check or error) and
+  /// returns its closing record. Throws ControlError when refused before it
+  /// starts: ftp.NoSuchGear, ftp.SameGear, ftp.ShiftInProgress, ftp.NotServing.
+  doc::ShiftEvent shift(const ShiftOptions& options, const ShiftProgress& progress);
+
+  /// Drains one domain (no new requests; in-flight ones finish) and retires
+  /// it. Refuses the last serving domain unless `force`. Returns the number
+  /// of requests it waited for.
+  int drain_domain(const std::string& domain_id, bool force, int timeout_ms,
+                   const std::function<void(const json::Json&)>& progress);
+  /// Domain ids that hold any of the given devices.
+  std::vector<std::string> domains_on_devices(const std::vector<std::string>& devices) const;
+
+  /// Reloads the gear table; the current gear must still be in it.
+  void reload(doc::GearTable table);
+
+  json::Json status() const;
+  json::Json gears_json() const;
+  json::Json records() const;
+  doc::Observation observe() const;
+  /// Prometheus text exposition of the live numbers.
+  std::string prometheus() const;
+
+  std::string current_gear() const;
+
+ private:
+  struct Shared;
+  std::shared_ptr<DomainRunner> route(const CompletionRequest& r, int prompt_len);
+  std::vector<std::shared_ptr<DomainRunner>> build_domains(const doc::Gear& gear, bool slow_start);
+  void set_weights(const std::vector<std::shared_ptr<DomainRunner>>& doms, double share);
+  bool wait_drained(const std::vector<std::shared_ptr<DomainRunner>>& doms, int timeout_ms);
+  std::int64_t now_ms() const;
+
+  const model::Model& model_;
+  ServiceConfig cfg_;
+  model::Tokenizer tok_;
+  std::unique_ptr<engine::WeightStore> store_;
+  std::atomic<bool> ready_{false}, accepting_{false}, stopped_{false};
+  std::chrono::steady_clock::time_point t0_;
+
+  mutable std::mutex mu_;                                  // domains_, gear_, counters below
+  std::vector<std::shared_ptr<DomainRunner>> domains_;     // warming, serving, draining
+  std::string gear_;
+  std::mutex shift_mu_;                                    // one shift at a time
+  std::atomic<bool> shifting_{false};
+  std::vector<doc::ShiftEvent> records_;
+  std::uint64_t next_domain_ = 0, next_shift_ = 0;
+  std::uint64_t rr_ = 0;
+
+  // Live numbers.
+  LatencyWindow ttft_, tpot_, e2e_;
+  std::atomic<std::uint64_t> requests_total_{0}, requests_failed_{0}, tokens_in_{0}, tokens_out_{0};
+  std::map<std::string, std::uint64_t> shifts_by_outcome_;
+  std::deque<std::int64_t> arrivals_;                      // arrival times (ms), last 60 s
+  struct Histogram {
+    std::vector<std::uint64_t> counts;  // one per bound, then +Inf
+    double sum = 0;
+    std::uint64_t count = 0;
+  };
+  mutable std::mutex metrics_mu_;                          // hist_, arrivals_, shifts_by_outcome_
+  Histogram hist_[3];                                      // ttft, tpot, e2e (ms)
+  std::map<std::string, double> credit_;                   // smooth weighted round robin, under mu_
+};
+
+}  // namespace ftp::serve

@@ -1,0 +1,330 @@
+// SPDX-License-Identifier: Apache-2.0
+// engine-bench: the CPU engine on a synthetic Llama model (tests/support),
+// by default TinyLlama's ~1.1 B-parameter shape, in F16 and Q8_0. For each
+// dtype it writes the model to a temp dir, loads it (weights mapped, not
+// copied) and measures, on one domain of TP 1 (one rank thread):
+//   prefill tokens/s (one prompt in one step),
+//   decode tokens/s at batch 1 and batch 16 (aggregate),
+//   weight bytes/s = bytes of the matrices read per decode step x steps/s,
+//   that as a fraction of the STREAM triad bandwidth measured in the same
+//   run with the same number of threads (ftp-probe's measure_cpu_triad_gbs),
+//   peak RSS against weights + KV cap + 10 %.
+// Each dtype runs in a child process so that its peak RSS is its own.
+// --tp 2 adds a TP-2 domain (two rank threads), compared with a 2-thread
+// triad. --kernels reference times ops::matmul_reference (the portable
+// tile + sgemm path) instead of the fused kernels.
+//
+// Output: one JSON document (kind ftp.engine-bench/v1) on stdout, a table on
+// stderr. Goals: batch-1 bandwidth fraction >= 0.8; batch-16 tokens/s >= 8 x
+// batch 1. --min-bw-fraction turns the first into a gate (exit 6).
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <thread>
+#include <random>
+#include <sstream>
+
+#include "backend/cpu/measure.hpp"
+#include "cli/tool.hpp"
+#include "core/error.hpp"
+#include "engine/domain.hpp"
+#include "engine/ops.hpp"
+#include "model/model.hpp"
+#include "synthetic_gguf.hpp"
+
+using namespace ftp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  std::string shape = "1b";
+  std::vector<std::string> dtypes = {"f16", "q8_0"};
+  std::vector<int> tps = {1};
+  int steps = 8;          // timed decode steps per batch size
+  int warmup = 2;         // untimed decode steps first
+  int prompt = 128;       // prefill tokens
+  int context = 16;       // prompt tokens of each decoding sequence
+  int batch = 16;
+  std::string kernels = "fast";
+  std::string dir;
+  bool keep = false;
+};
+
+testing::SyntheticShape shape_of(const std::string& name, model::DType dt) {
+  testing::SyntheticShape s;
+  if (name == "1b") {  // TinyLlama 1.1B
+    s.n_layer = 22, s.n_embd = 2048, s.n_ff = 5632, s.n_head = 32, s.n_head_kv = 4, s.n_vocab = 32000;
+    s.n_ctx = 2048;
+  } else if (name == "tiny") {
+    s.n_layer = 2, s.n_embd = 128, s.n_ff = 352, s.n_head = 4, s.n_head_kv = 2, s.n_vocab = 512, s.n_ctx = 512;
+  } else {
+    throw InputError("--shape: expected 1b or tiny, got '" + name + "'");
+  }
+  s.dtype = dt;
+  s.seed = 42;
+  return s;
+}
+
+model::DType dtype_of(const std::string& s) {
+  if (s == "f32") return model::DType::f32;
+  if (s == "f16") return model::DType::f16;
+  if (s == "bf16") return model::DType::bf16;
+  if (s == "q8_0") return model::DType::q8_0;
+  throw InputError("--dtype: expected f32, f16, bf16 or q8_0, got '" + s + "'");
+}
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// Bytes of weight matrices one decode step reads: every layer's matrices
+/// and the classifier (the embedding rows of the step's tokens are noise).
+std::uint64_t step_bytes(const model::Model& m) {
+  std::uint64_t b = m.weights.output.bytes;
+  for (const auto& L : m.weights.layers)
+    b += L.wq.bytes + L.wk.bytes + L.wv.bytes + L.wo.bytes + L.w_gate.bytes + L.w_up.bytes + L.w_down.bytes;
+  return b;
+}
+
+std::vector<int> random_prompt(int n, int vocab, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> id(3, vocab - 1);
+  std::vector<int> p = {1};
+  while (static_cast<int>(p.size()) < n) p.push_back(id(rng));
+  return p;
+}
+
+engine::GenerationRequest request(std::string id, std::vector<int> prompt, int max_tokens) {
+  engine::GenerationRequest r;
+  r.id = std::move(id);
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.on_event = [](const engine::GenerationEvent& e) {
+    if (e.finish_reason == "error") throw Error("request " + e.request_id + ": " + e.error);
+  };
+  return r;
+}
+
+/// One dtype at one TP degree, in this (child) process.
+json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
+  const testing::SyntheticShape shape = shape_of(o.shape, dtype_of(dt_name));
+  const std::string path = o.dir + "/synthetic-" + o.shape + "-" + dt_name + ".gguf";
+  auto t0 = Clock::now();
+  if (!std::filesystem::exists(path)) testing::write_synthetic_gguf(path, shape);
+  const double write_s = since(t0);
+  model::Model m = model::load_model(path);
+  engine::WeightStore store(m);
+  const auto& hp = m.hparams;
+
+  engine::DomainConfig cfg;
+  cfg.stages = {engine::StageLayout{0, hp.n_layer, tp}};
+  cfg.block_tokens = 16;
+  const int per_seq = std::max(o.prompt, o.context) + o.warmup + o.steps + 2;
+  cfg.kv_blocks = o.batch * ((per_seq + cfg.block_tokens - 1) / cfg.block_tokens);
+  cfg.max_batched_tokens = std::max(o.prompt, o.batch * o.context);
+  cfg.max_running = std::max(o.batch, 1);
+  engine::Domain d(store, cfg);
+  const int kv_per_rank_heads = tp <= hp.n_head_kv ? hp.n_head_kv / tp : 1;
+  const std::uint64_t kv_bytes = 2ull * hp.n_layer * tp * kv_per_rank_heads * cfg.block_tokens * hp.head_dim *
+                                 sizeof(float) * static_cast<std::uint64_t>(cfg.kv_blocks);
+  const std::uint64_t per_step = step_bytes(m);
+
+  // Prefill: one prompt in one step (max_tokens 1: the step that computes it ends it).
+  d.submit(request("prefill", random_prompt(o.prompt, hp.n_vocab, 1), 1));
+  t0 = Clock::now();
+  int computed = d.step();
+  const double prefill_s = since(t0);
+  if (computed != o.prompt) throw Error("prefill step computed " + std::to_string(computed) + " tokens");
+  while (!d.idle()) d.step();
+
+  json::Json decode = json::Json::array();
+  double tps1 = 0;
+  for (int batch : {1, o.batch}) {
+    for (int i = 0; i < batch; ++i)
+      d.submit(request("b" + std::to_string(batch) + "-" + std::to_string(i),
+                       random_prompt(o.context, hp.n_vocab, 100 + static_cast<std::uint32_t>(i)), o.warmup + o.steps + 1));
+    d.step();  // all prompts in one step (within max_batched_tokens)
+    for (int i = 0; i < o.warmup; ++i) d.step();
+    t0 = Clock::now();
+    for (int i = 0; i < o.steps; ++i) {
+      int n = d.step();
+      if (n != batch) throw Error("decode step at batch " + std::to_string(batch) + " computed " + std::to_string(n) + " tokens");
+    }
+    const double s = since(t0);
+    while (!d.idle()) d.step();
+    const double steps_per_s = o.steps / s;
+    const double tok_s = steps_per_s * batch;
+    if (batch == 1) tps1 = tok_s;
+    json::Json r = json::Json::object();
+    r["batch"] = batch;
+    r["steps"] = o.steps;
+    r["seconds"] = s;
+    r["tokens_per_s"] = tok_s;
+    r["weight_bytes_per_s"] = steps_per_s * static_cast<double>(per_step);
+    r["speedup_over_batch_1"] = tok_s / tps1;
+    decode.push_back(r);
+  }
+
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const std::uint64_t rss = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+  const std::uint64_t weights = store.weight_bytes();
+  const std::uint64_t budget = static_cast<std::uint64_t>(static_cast<double>(weights + kv_bytes) * 1.1);
+
+  json::Json j = json::Json::object();
+  j["dtype"] = model::dtype_name(shape.dtype);
+  j["tp"] = tp;
+  j["rank_threads"] = tp;
+  j["file_bytes"] = std::filesystem::file_size(path);
+  j["weight_bytes"] = weights;
+  j["weight_bytes_per_decode_step"] = per_step;
+  j["write_seconds"] = write_s;
+  j["prefill"] = {{"tokens", o.prompt}, {"seconds", prefill_s}, {"tokens_per_s", o.prompt / prefill_s}};
+  j["decode"] = decode;
+  j["rss"] = {{"peak_bytes", rss},
+              {"weights_bytes", weights},
+              {"kv_cap_bytes", kv_bytes},
+              {"budget_bytes", budget},
+              {"within_budget", rss <= budget}};
+  return j;
+}
+
+/// Runs run_one in a child process; its JSON comes back through a pipe.
+json::Json run_child(const Options& o, const std::string& dt, int tp) {
+  int fds[2];
+  if (pipe(fds) != 0) throw Error("pipe failed");
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) throw Error("fork failed");
+  if (pid == 0) {
+    close(fds[0]);
+    std::string out;
+    int rc = 0;
+    try {
+      out = run_one(o, dt, tp).dump();
+    } catch (const std::exception& e) {
+      out = json::Json{{"error", e.what()}}.dump();
+      rc = 1;
+    }
+    for (std::size_t off = 0; off < out.size();) {
+      ssize_t n = write(fds[1], out.data() + off, out.size() - off);
+      if (n <= 0) break;
+      off += static_cast<std::size_t>(n);
+    }
+    _exit(rc);
+  }
+  close(fds[1]);
+  std::string buf;
+  char tmp[4096];
+  for (ssize_t n; (n = read(fds[0], tmp, sizeof tmp)) > 0;) buf.append(tmp, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (buf.empty()) throw Error(dt + " tp " + std::to_string(tp) + ": the child process died (status " + std::to_string(status) + ")");
+  json::Json j = json::Json::parse(buf);
+  if (j.contains("error")) throw Error(dt + " tp " + std::to_string(tp) + ": " + j["error"].get<std::string>());
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cli::Tool tool("engine-bench", "CPU engine throughput on a synthetic Llama model (F16 and Q8_0)");
+  Options o;
+  double min_bw_fraction = 0;
+  auto& app = tool.app();
+  app.add_option("--shape", o.shape, "1b (TinyLlama 1.1B shape) or tiny")->capture_default_str();
+  app.add_option("--dtype", o.dtypes, "Weight dtypes: f32, f16, bf16, q8_0")->delimiter(',')->capture_default_str();
+  app.add_option("--tp", o.tps, "Tensor-parallel degrees (each rank one thread)")->delimiter(',')->capture_default_str();
+  app.add_option("--steps", o.steps, "Timed decode steps per batch size")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed decode steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--prompt", o.prompt, "Prefill tokens")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch", o.batch, "The large decode batch")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--kernels", o.kernels, "fast or reference (ops::matmul_reference)")->check(CLI::IsMember({"fast", "reference"}))->capture_default_str();
+  app.add_option("--dir", o.dir, "Where to write the models (default: a new dir under $TMPDIR)");
+  app.add_flag("--keep", o.keep, "Keep the model files (reused by the next run with the same --dir)");
+  app.add_option("--min-bw-fraction", min_bw_fraction, "Exit 6 when a batch-1 bandwidth fraction is below this (0: no gate)");
+
+  return tool.run(argc, argv, [&]() -> int {
+    for (const auto& d : o.dtypes) dtype_of(d);
+    shape_of(o.shape, model::DType::f32);
+    if (o.kernels == "reference") setenv("FTP_MATMUL", "reference", 1);
+    bool own_dir = o.dir.empty();
+    if (own_dir) {
+      std::string tmpl = (std::filesystem::temp_directory_path() / "ftp-engine-bench-XXXXXX").string();
+      if (!mkdtemp(tmpl.data())) throw Error("cannot create a temp dir under " + std::filesystem::temp_directory_path().string());
+      o.dir = tmpl;
+    }
+    json::Json runs = json::Json::array();
+    try {
+      for (const auto& dt : o.dtypes)
+        for (int tp : o.tps) {
+          tool.progress("engine-bench: " + dt + " tp " + std::to_string(tp) + " ...");
+          runs.push_back(run_child(o, dt, tp));
+        }
+    } catch (...) {
+      if (own_dir && !o.keep) std::filesystem::remove_all(o.dir);
+      throw;
+    }
+    if (own_dir && !o.keep) std::filesystem::remove_all(o.dir);
+
+    // The bandwidth, measured after the children so nothing else runs.
+    const bool quick = o.shape != "1b";
+    std::map<int, backend::Measurement> triad;
+    for (int tp : o.tps) triad.emplace(tp, backend::measure_cpu_triad_gbs(tp, quick));
+    bool gate_ok = true;
+    for (auto& r : runs) {
+      const auto& m = triad.at(r["tp"].get<int>());
+      r["triad_gbs"] = m.value;
+      for (auto& d : r["decode"]) {
+        d["bandwidth_fraction"] = d["weight_bytes_per_s"].get<double>() / (m.value * 1e9);
+        if (d["batch"] == 1 && min_bw_fraction > 0 && d["bandwidth_fraction"].get<double>() < min_bw_fraction) gate_ok = false;
+      }
+    }
+    json::Json doc = json::Json::object();
+    doc["kind"] = "ftp.engine-bench/v1";
+    const auto sh = shape_of(o.shape, model::DType::f32);
+    doc["shape"] = {{"name", o.shape}, {"n_layer", sh.n_layer}, {"n_embd", sh.n_embd}, {"n_ff", sh.n_ff},
+                    {"n_head", sh.n_head}, {"n_head_kv", sh.n_head_kv}, {"n_vocab", sh.n_vocab}};
+    doc["kernels"] = o.kernels;
+    doc["hardware_threads"] = std::thread::hardware_concurrency();
+    json::Json tri = json::Json::object();
+    for (const auto& [tp, m] : triad) tri[std::to_string(tp)] = {{"threads", tp}, {"gbs", m.value}, {"method", m.method}};
+    doc["triad"] = tri;
+    doc["decode_context_tokens"] = o.context;
+    doc["runs"] = runs;
+    doc["goals"] = {{"batch_1_bandwidth_fraction", 0.8}, {"batch_16_speedup", 8.0}, {"rss_over_weights_plus_kv", 1.1}};
+    doc["gate"] = {{"min_bw_fraction", min_bw_fraction}, {"passed", gate_ok}};
+    tool.emit(doc);
+
+    std::ostringstream t;
+    char line[320];
+    std::snprintf(line, sizeof line, "%-5s %-3s %10s %10s %10s %8s %8s %7s %10s %9s %9s\n", "dtype", "tp", "prefill/s",
+                  "b1 tok/s", "bN tok/s", "bN/b1", "b1 GB/s", "b1 frac", "triad GB/s", "RSS MiB", "budget");
+    t << "engine-bench: shape " << o.shape << ", kernels " << o.kernels << ", batch N = " << o.batch
+      << ", each TP rank one thread\n" << line;
+    for (const auto& r : runs) {
+      const auto& d1 = r["decode"][0];
+      const auto& dn = r["decode"][1];
+      std::snprintf(line, sizeof line, "%-5s %-3d %10.1f %10.2f %10.2f %8.2f %8.2f %7.3f %10.2f %9.0f %9.0f\n",
+                    r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(), r["prefill"]["tokens_per_s"].get<double>(),
+                    d1["tokens_per_s"].get<double>(), dn["tokens_per_s"].get<double>(),
+                    dn["speedup_over_batch_1"].get<double>(), d1["weight_bytes_per_s"].get<double>() / 1e9,
+                    d1["bandwidth_fraction"].get<double>(), r["triad_gbs"].get<double>(),
+                    r["rss"]["peak_bytes"].get<double>() / 1048576.0, r["rss"]["budget_bytes"].get<double>() / 1048576.0);
+      t << line;
+    }
+    std::cerr << t.str();
+    if (!gate_ok) {
+      std::cerr << "engine-bench: error: a batch-1 bandwidth fraction is below --min-bw-fraction " << min_bw_fraction << "\n";
+      return static_cast<int>(Exit::check_failed);
+    }
+    return 0;
+  });
+}

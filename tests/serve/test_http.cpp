@@ -1,0 +1,532 @@
+// SPDX-License-Identifier: Apache-2.0
+// The OpenAI-compatible HTTP API on a real Service over stories260K, driven
+// by cpp-httplib's client: completions (whole and streamed, greedy text
+// against the golden), chat, models, health, readiness, metrics, API key,
+// errors in OpenAI's format, and a client that leaves mid-stream.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/json.hpp"
+#include "model/model.hpp"
+#include "serve/http.hpp"
+#include "serve/service.hpp"
+
+using namespace ftp::serve;
+using ftp::json::Json;
+
+namespace {
+
+std::string data_dir() {
+  const char* d = std::getenv("FTP_TEST_DATA");
+  return d ? d : "../shared/data";
+}
+std::string model_file(const char* f) { return data_dir() + "/models/stories260K/" + f; }
+
+std::string golden_zoo() {
+  std::ifstream f(model_file("golden_greedy_t0_prompt_Zoo_steps60.txt"), std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string g = ss.str();
+  return g.rfind("Zoo", 0) == 0 ? g.substr(3) : g;
+}
+
+/// A one-gear table: tp=1, one replica, one stage on vd0.
+ftp::doc::GearTable one_gear(const ftp::model::HParams& hp) {
+  ftp::doc::GearTable t;
+  t.model = {"stories260K", hp.n_layer, hp.n_head, hp.n_head_kv, hp.n_embd, 0};
+  t.topology = "test";
+  ftp::doc::Gear g;
+  g.name = "standard";
+  g.replicas = {ftp::doc::Replica{{ftp::doc::Stage{0, hp.n_layer, {"vd0"}}}}};
+  t.gears.push_back(g);
+  return t;
+}
+
+ServiceConfig config(const ftp::model::Model& m) {
+  ServiceConfig c;
+  c.model_name = "stories260K";
+  c.gears = one_gear(m.hparams);
+  return c;
+}
+
+std::mutex log_mu;
+std::vector<std::string> log_lines;
+
+void collect(std::string_view line) {
+  std::lock_guard lk(log_mu);
+  log_lines.emplace_back(line);
+}
+
+std::vector<std::string> logs() {
+  std::lock_guard lk(log_mu);
+  return log_lines;
+}
+
+struct Sse {
+  int status = 0;
+  std::string raw;
+  std::vector<Json> events;
+  bool done = false;
+  bool canceled = false;
+};
+
+/// POSTs and reads an SSE answer; with stop_after >= 0 the client hangs up
+/// after that many events.
+Sse post_stream(int port, const std::string& path, const Json& body, int stop_after = -1) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(std::chrono::seconds(120));
+  Sse out;
+  std::size_t parsed = 0;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* d, std::size_t n, std::uint64_t, std::uint64_t) {
+    out.raw.append(d, n);
+    for (std::size_t end; (end = out.raw.find("\n\n", parsed)) != std::string::npos; parsed = end + 2) {
+      std::string frame = out.raw.substr(parsed, end - parsed);
+      EXPECT_EQ(frame.rfind("data: ", 0), 0u) << frame;
+      std::string data = frame.substr(6);
+      if (data == "[DONE]")
+        out.done = true;
+      else
+        out.events.push_back(Json::parse(data));
+    }
+    if (stop_after >= 0 && static_cast<int>(out.events.size()) >= stop_after) {
+      out.canceled = true;
+      return false;
+    }
+    return true;
+  };
+  auto res = cli.send(req);
+  if (res) out.status = res->status;
+  return out;
+}
+
+struct HttpTest : ::testing::Test {
+  static inline std::unique_ptr<ftp::model::Model> model;
+  static inline std::unique_ptr<Service> service;
+  static inline std::unique_ptr<HttpServer> server;
+  static inline int port = 0;
+
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(model_file("stories260K.gguf"))) return;
+    model = std::make_unique<ftp::model::Model>(ftp::model::load_model(model_file("stories260K.gguf")));
+    service = std::make_unique<Service>(*model, config(*model));
+    service->start();
+    HttpOptions o;
+    o.port = 0;
+    o.log = collect;
+    o.chat_template = model->tokenizer.chat_template;
+    server = std::make_unique<HttpServer>(*service, o);
+    server->start();
+    port = server->port();
+  }
+  static void TearDownTestSuite() {
+    server.reset();
+    if (service) service->drain_and_stop();
+    service.reset();
+    model.reset();
+  }
+  void SetUp() override {
+    if (!server)
+      GTEST_SKIP() << "stories260K.gguf not found under " << data_dir() << "/models/stories260K (set FTP_TEST_DATA)";
+  }
+
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(std::chrono::seconds(120));
+    return c;
+  }
+  std::pair<int, Json> post_raw(const std::string& path, const std::string& body) {
+    auto c = client();
+    auto r = c.Post(path.c_str(), body, "application/json");
+    if (!r) return {0, Json()};
+    Json j = Json::parse(r->body, nullptr, false);
+    return {r->status, j};
+  }
+  std::pair<int, Json> post(const std::string& path, const Json& body) { return post_raw(path, body.dump()); }
+};
+
+void expect_openai_error(const Json& j, const std::string& type, const char* param, const char* code) {
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << j.dump();
+  const Json& e = j["error"];
+  EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << j.dump();
+  EXPECT_EQ(e["type"], type) << j.dump();
+  ASSERT_TRUE(e.contains("param") && e.contains("code")) << j.dump();
+  if (param) {
+    EXPECT_EQ(e["param"], param) << j.dump();
+  } else {
+    EXPECT_TRUE(e["param"].is_null()) << j.dump();
+  }
+  if (code) {
+    EXPECT_EQ(e["code"], code) << j.dump();
+  }
+}
+
+}  // namespace
+
+TEST_F(HttpTest, CompletionGreedyMatchesGolden) {
+  auto [status, j] = post("/v1/completions",
+                          Json{{"model", "stories260K"}, {"prompt", "Zoo"}, {"max_tokens", 57}, {"temperature", 0}});
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(j["model"], "stories260K");
+  EXPECT_TRUE(j["created"].is_number_integer());
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["text"], golden_zoo());
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 57);
+  EXPECT_EQ(j["usage"]["total_tokens"], 61);
+}
+
+TEST_F(HttpTest, PromptAsArrayOfOneStringOrTokenIds) {
+  auto [s1, j1] = post("/v1/completions", Json{{"prompt", Json::array({"Zoo"})}, {"max_tokens", 57}, {"temperature", 0}});
+  ASSERT_EQ(s1, 200) << j1.dump();
+  EXPECT_EQ(j1["choices"][0]["text"], golden_zoo());
+  auto [s2, j2] = post_raw("/v1/completions", R"({"prompt":[1,410,469,347],"max_tokens":57,"temperature":0})");
+  ASSERT_EQ(s2, 200) << j2.dump();
+  EXPECT_EQ(j2["choices"][0]["text"], golden_zoo());
+}
+
+TEST_F(HttpTest, CompletionStreamMatchesGolden) {
+  Sse s = post_stream(port, "/v1/completions",
+                      Json{{"prompt", "Zoo"}, {"max_tokens", 57}, {"temperature", 0}, {"stream", true},
+                           {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(s.status, 200) << s.raw;
+  EXPECT_TRUE(s.done) << s.raw;
+  ASSERT_GE(s.events.size(), 3u);
+  std::string text;
+  std::string id = s.events[0]["id"];
+  EXPECT_EQ(id.rfind("cmpl-", 0), 0u);
+  Json finish, usage;
+  for (const auto& e : s.events) {
+    EXPECT_EQ(e["id"], id);
+    EXPECT_EQ(e["object"], "text_completion");
+    if (e.contains("usage")) {
+      usage = e["usage"];
+      continue;
+    }
+    text += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, golden_zoo());
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(usage["completion_tokens"], 57);
+  EXPECT_EQ(usage["prompt_tokens"], 4);
+}
+
+TEST_F(HttpTest, ChatCompletionWholeAndStreamed) {
+  Json body{{"model", "stories260K"},
+            {"messages", Json::array({Json{{"role", "system"}, {"content", "Tell a story."}},
+                                      Json{{"role", "user"}, {"content", "Once upon a time"}}})},
+            {"max_tokens", 24},
+            {"temperature", 0}};
+  auto [status, j] = post("/v1/chat/completions", body);
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  std::string content = j["choices"][0]["message"]["content"];
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 5);
+  EXPECT_GE(j["usage"]["completion_tokens"].get<int>(), 1);
+  EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), 24);
+
+  body["stream"] = true;
+  Sse s = post_stream(port, "/v1/chat/completions", body);
+  ASSERT_EQ(s.status, 200) << s.raw;
+  EXPECT_TRUE(s.done);
+  ASSERT_GE(s.events.size(), 2u);
+  EXPECT_EQ(s.events[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string streamed;
+  for (const auto& e : s.events) {
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    const Json& d = e["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, content);
+  EXPECT_FALSE(s.events.back()["choices"][0]["finish_reason"].is_null());
+}
+
+TEST_F(HttpTest, ChatDefaultMaxTokensFitsTheContext) {
+  // No max_tokens: 256, capped to what the context leaves after the prompt.
+  const int ctx = service->context_length();
+  std::string words;
+  for (int i = 0; i < (ctx - 100) / 4; ++i) words += "Once upon a time ";
+  auto [status, j] = post("/v1/chat/completions",
+                          Json{{"messages", Json::array({Json{{"role", "user"}, {"content", Json::array({Json{{"type", "text"}, {"text", words}}})}}})},
+                               {"temperature", 0}});
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_LE(j["usage"]["total_tokens"].get<int>(), ctx);
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), ctx - 256) << "the prompt should leave less than 256 tokens";
+}
+
+TEST_F(HttpTest, ModelsHealthReadyMetrics) {
+  auto c = client();
+  auto r = c.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  Json j = Json::parse(r->body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "stories260K");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+
+  r = c.Get("/v1/models/stories260K");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  r = c.Get("/v1/models/gpt-4");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  expect_openai_error(Json::parse(r->body), "invalid_request_error", "model", "model_not_found");
+
+  r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(Json::parse(r->body)["status"], "ok");
+  r = c.Get("/ready");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+
+  // One request first, so the histograms have a sample.
+  ASSERT_EQ(post_raw("/v1/completions", R"({"prompt":"Hi","max_tokens":4})").first, 200);
+  r = c.Get("/metrics");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/plain", 0), 0u);
+  for (const char* name : {"ftp_requests_running", "ftp_requests_waiting", "ftp_ttft_seconds_bucket",
+                           "ftp_tpot_seconds_bucket", "ftp_e2e_seconds_bucket", "ftp_tokens_in_total",
+                           "ftp_tokens_out_total", "ftp_kv_usage_ratio", "ftp_gear_info{gear=\"standard\"}",
+                           "ftp_domains{state=\"serving\"}", "ftp_shifts_total{outcome="})
+    EXPECT_NE(r->body.find(name), std::string::npos) << name << "\n" << r->body;
+
+  r = c.Get("/no/such/path");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  expect_openai_error(Json::parse(r->body), "invalid_request_error", nullptr, "not_found");
+}
+
+TEST_F(HttpTest, BadRequestsGetOpenAIErrors) {
+  auto [s1, j1] = post_raw("/v1/completions", std::string("{\"prompt\": \"Hi\", "));
+  EXPECT_EQ(s1, 400);
+  expect_openai_error(j1, "invalid_request_error", nullptr, "invalid_json");
+  EXPECT_NE(j1["error"]["message"].get<std::string>().find("request body"), std::string::npos) << j1.dump();
+
+  auto [s1b, j1b] = post_raw("/v1/chat/completions", std::string("[1, 2]"));
+  EXPECT_EQ(s1b, 400);
+  expect_openai_error(j1b, "invalid_request_error", nullptr, "invalid_json");
+
+  auto [s2, j2] = post("/v1/completions", Json{{"model", "gpt-4"}, {"prompt", "Hi"}});
+  EXPECT_EQ(s2, 404);
+  expect_openai_error(j2, "invalid_request_error", "model", "model_not_found");
+
+  auto [s3, j3] = post("/v1/completions", Json{{"prompt", "Hi"}, {"max_tokens", 100000}});
+  EXPECT_EQ(s3, 400);
+  expect_openai_error(j3, "invalid_request_error", "max_tokens", nullptr);
+
+  const int ctx = service->context_length();
+  std::string long_prompt;
+  for (int i = 0; i < ctx / 2; ++i) long_prompt += "Once upon a time ";
+  auto [s4, j4] = post("/v1/completions", Json{{"prompt", long_prompt}, {"max_tokens", 1}});
+  EXPECT_EQ(s4, 400);
+  expect_openai_error(j4, "invalid_request_error", "prompt", nullptr);
+
+  // Prompt within the context, but prompt + max_tokens beyond it.
+  auto [s4b, j4b] = post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", ctx - 3}});
+  EXPECT_EQ(s4b, 400);
+  expect_openai_error(j4b, "invalid_request_error", "max_tokens", nullptr);
+
+  auto [s5, j5] = post("/v1/completions", Json{{"prompt", "Hi"}, {"n", 2}});
+  EXPECT_EQ(s5, 400);
+  expect_openai_error(j5, "invalid_request_error", "n", nullptr);
+
+  auto [s6, j6] = post("/v1/completions", Json{{"max_tokens", 3}});
+  EXPECT_EQ(s6, 400);
+  expect_openai_error(j6, "invalid_request_error", "prompt", nullptr);
+
+  auto [s7, j7] = post("/v1/completions", Json{{"prompt", "Hi"}, {"temperature", "hot"}});
+  EXPECT_EQ(s7, 400);
+  expect_openai_error(j7, "invalid_request_error", "temperature", nullptr);
+
+  auto [s8, j8] = post("/v1/chat/completions", Json{{"messages", Json::array({Json{{"role", "robot"}, {"content", "x"}}})}});
+  EXPECT_EQ(s8, 400);
+  expect_openai_error(j8, "invalid_request_error", "messages[0].role", nullptr);
+
+  auto [s9, j9] = post("/v1/chat/completions", Json{{"messages", Json::array()}});
+  EXPECT_EQ(s9, 400);
+  expect_openai_error(j9, "invalid_request_error", "messages", nullptr);
+
+  // A stream refused before it starts is a plain JSON error, not SSE.
+  Sse s = post_stream(port, "/v1/completions", Json{{"prompt", "Hi"}, {"n", 3}, {"stream", true}});
+  EXPECT_EQ(s.status, 400);
+  expect_openai_error(Json::parse(s.raw), "invalid_request_error", "n", nullptr);
+
+  // The daemon keeps serving.
+  EXPECT_EQ(post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 57}, {"temperature", 0}}).second["choices"][0]["text"],
+            golden_zoo());
+}
+
+TEST_F(HttpTest, ApiKey) {
+  HttpOptions o;
+  o.port = 0;
+  o.api_key = "sekret";
+  HttpServer guarded(*service, o);
+  guarded.start();
+  httplib::Client c("127.0.0.1", guarded.port());
+
+  auto r = c.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  expect_openai_error(Json::parse(r->body), "invalid_request_error", nullptr, "invalid_api_key");
+
+  r = c.Get("/v1/models", {{"Authorization", "Bearer wrong"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+
+  r = c.Post("/v1/completions", {{"Authorization", "Bearer sekre"}}, R"({"prompt":"Hi","max_tokens":2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+
+  r = c.Get("/v1/models", {{"Authorization", "Bearer sekret"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  r = c.Post("/v1/completions", {{"Authorization", "Bearer sekret"}}, R"({"prompt":"Hi","max_tokens":2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+
+  // Probes and scrapers need no key.
+  r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  r = c.Get("/metrics");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  guarded.stop();
+}
+
+TEST_F(HttpTest, BindFailureNamesTheAddress) {
+  HttpOptions o;
+  o.port = port;  // taken by the suite's server
+  HttpServer second(*service, o);
+  try {
+    second.start();
+    FAIL() << "bound a port in use";
+  } catch (const ftp::Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << m;
+    EXPECT_NE(m.find("in use"), std::string::npos) << m;
+  }
+}
+
+TEST_F(HttpTest, ClientLeavingMidStreamHurtsNoOtherRequest) {
+  // Several streams whose clients hang up after their first event, while a
+  // whole request runs beside them.
+  std::vector<std::thread> leavers;
+  std::vector<Sse> left(4);
+  for (int i = 0; i < 4; ++i)
+    leavers.emplace_back([&, i] {
+      left[i] = post_stream(port, "/v1/completions",
+                            Json{{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"temperature", 0}, {"stream", true}},
+                            1);
+    });
+  auto [status, j] = post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 57}, {"temperature", 0}});
+  for (auto& t : leavers) t.join();
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["text"], golden_zoo());
+
+  // Each abandoned request still runs to its end in its domain.
+  for (const auto& s : left) {
+    ASSERT_TRUE(s.canceled) << s.raw;
+    ASSERT_FALSE(s.events.empty());
+    std::string id = s.events[0]["id"];
+    bool finished = false;
+    for (int wait = 0; wait < 600 && !finished; ++wait) {
+      for (const auto& l : logs())
+        if (l.find("request_id=" + id + " ") != std::string::npos && l.find("event=finished") != std::string::npos) {
+          finished = true;
+          EXPECT_NE(l.find("finish_reason=length"), std::string::npos) << l;
+          EXPECT_NE(l.find("completion_tokens=400"), std::string::npos) << l;
+        }
+      if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_TRUE(finished) << "no finish logged for " << id;
+  }
+  int gone = 0;
+  for (const auto& l : logs()) gone += l.find("event=client_gone") != std::string::npos;
+  std::cout << "http: " << gone << " of 4 abandoned streams noticed by a failed write\n";
+  // And the server still answers.
+  auto c = client();
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  Sse again = post_stream(port, "/v1/completions",
+                          Json{{"prompt", "Zoo"}, {"max_tokens", 57}, {"temperature", 0}, {"stream", true}});
+  EXPECT_TRUE(again.done);
+}
+
+TEST_F(HttpTest, EveryRequestLogLineNamesRequestAndDomain) {
+  post("/v1/completions", Json{{"prompt", "Hi"}, {"max_tokens", 3}});
+  post("/v1/completions", Json{{"prompt", "Hi"}, {"n", 5}});
+  auto lines = logs();
+  ASSERT_FALSE(lines.empty());
+  bool refused = false, finished = false;
+  for (const auto& l : lines) {
+    EXPECT_NE(l.find("request_id="), std::string::npos) << l;
+    EXPECT_NE(l.find("domain_id="), std::string::npos) << l;
+    refused |= l.find("event=refused") != std::string::npos;
+    if (l.find("event=finished") != std::string::npos) {
+      finished = true;
+      EXPECT_EQ(l.find("domain_id=-"), std::string::npos) << l;
+    }
+  }
+  EXPECT_TRUE(refused);
+  EXPECT_TRUE(finished);
+}
+
+TEST_F(HttpTest, NotReadyBeforeStart) {
+  Service idle(*model, config(*model));
+  HttpOptions o;
+  o.port = 0;
+  HttpServer h(idle, o);
+  h.start();
+  httplib::Client c("127.0.0.1", h.port());
+  auto r = c.Get("/ready");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  r = c.Post("/v1/completions", R"({"prompt":"Hi"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  expect_openai_error(Json::parse(r->body), "unavailable_error", nullptr, nullptr);
+  h.stop();
+}
+
+TEST_F(HttpTest, BodyOverTheLimitIs413) {
+  HttpOptions o;
+  o.port = 0;
+  o.max_body_bytes = 1024;
+  HttpServer small(*service, o);
+  small.start();
+  httplib::Client c("127.0.0.1", small.port());
+  auto r = c.Post("/v1/completions", Json{{"prompt", std::string(4000, 'a')}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  expect_openai_error(Json::parse(r->body), "invalid_request_error", nullptr, "request_too_large");
+  small.stop();
+}

@@ -1,0 +1,103 @@
+#!/bin/bash
+# ftp-serve as a daemon with ftp-shift and ftp-drain: HTTP completions,
+# shifts with --follow, named refusals, rollback (exit 6), decisions from
+# stdin, a client killed mid-stream, SIGTERM in the middle of a shift.
+set -u
+serve=$1; shift_tool=$2; drain=$3; src=$4
+data=${FTP_TEST_DATA:-}
+m=$data/models/stories260K/stories260K.gguf
+if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
+pass=0; failn=0
+check() {
+  local name=$1; shift
+  if "$@" >/dev/null 2>&1; then pass=$((pass+1)); else failn=$((failn+1)); echo "FAIL: $name"; fi
+}
+tmp=$(mktemp -d)
+export FTP_SOCKET=$tmp/control.sock
+daemon=
+cleanup() { [ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+start_daemon() {
+  "$serve" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --port 0 --step-interval-ms "$1" 2>"$tmp/serve.log" &
+  daemon=$!
+  for _ in $(seq 1 200); do
+    port=$(sed -n 's/.*http: listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/serve.log")
+    [ -n "$port" ] && [ -S "$FTP_SOCKET" ] && return 0
+    sleep 0.05
+  done
+  echo "daemon did not start:"; cat "$tmp/serve.log"; exit 1
+}
+complete() {  # PROMPT MAX_TOKENS
+  curl -s "http://127.0.0.1:$port/v1/completions" -d "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0}"
+}
+
+start_daemon 100
+golden=$(tail -c +4 "$data/models/stories260K/golden_greedy_t0_prompt_Zoo_steps60.txt")
+check "completion: golden text" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+"$shift_tool" --to standard --follow >"$tmp/shift.jsonl"; rc=$?
+check "shift: exit 0" test $rc -eq 0
+check "shift: phases in order" test "$(jq -r .phase "$tmp/shift.jsonl" | tr '\n' ' ')" = "reserve warm ramp ramp ramp drain retire done "
+check "shift: ramp 10 50 100" test "$(jq -r 'select(.phase=="ramp").traffic_share' "$tmp/shift.jsonl" | tr '\n' ' ')" = "0.1 0.5 1 "
+check "shift: committed record" jq -se '.[-1].outcome=="committed" and .[-1].from=="economy" and .[-1].to=="standard"' "$tmp/shift.jsonl"
+check "after shift: same golden text" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+"$shift_tool" --to standard 2>"$tmp/err"; rc=$?
+check "same gear: exit 2" test $rc -eq 2
+check "same gear: named" grep -q "ftp.SameGear" "$tmp/err"
+"$shift_tool" --to turbo 2>"$tmp/err"; rc=$?
+check "unknown gear: exit 2" test $rc -eq 2
+check "unknown gear: named" grep -q "ftp.NoSuchGear" "$tmp/err"
+"$shift_tool" --to performance --inject-fault check >"$tmp/rb.json"; rc=$?
+check "rollback: exit 6" test $rc -eq 6
+check "rollback: record" jq -e '.outcome=="rolled-back"' "$tmp/rb.json"
+check "rollback: still standard" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+dom=$(sed -n 's/.*domain_id=\(d[0-9]*\).*/\1/p' "$tmp/serve.log" | tail -1)
+"$drain" --domain "$dom" 2>"$tmp/err"; rc=$?
+check "drain last domain: refused, exit 1" test $rc -eq 1
+check "drain last domain: named" grep -q "ftp.LastDomain" "$tmp/err"
+"$drain" --domain d999 2>"$tmp/err"; rc=$?
+check "drain unknown domain: exit 2" test $rc -eq 2
+
+printf '%s\n' '{"kind":"ftp.decision/v1","t_ms":1,"action":"hold","from":"standard","policy":"test"}' \
+  'not json' \
+  '{"kind":"ftp.decision/v1","t_ms":2,"action":"shift","from":"standard","to":"pipelined","policy":"test","reason":"burst"}' \
+  | "$shift_tool" --from-stdin --json=short >"$tmp/dec.jsonl" 2>"$tmp/err"; rc=$?
+check "from-stdin: bad line warned" grep -q "stdin:2:" "$tmp/err"
+check "from-stdin: shift executed" jq -se '.[0].to=="pipelined" and .[0].outcome=="committed" and .[0].trigger=="policy:test"' "$tmp/dec.jsonl"
+check "from-stdin: exit 2 for the skipped line" test $rc -eq 2
+
+status=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" -d '{"prompt": ')
+check "malformed body: 400" test "$status" = 400
+check "metrics: shifts by outcome" bash -c "curl -s http://127.0.0.1:$port/metrics | grep -q 'ftp_shifts_total{outcome=\"rolled-back\"} 1'"
+
+# A client killed mid-stream affects no other request.
+curl -sN "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Once","max_tokens":400,"stream":true}' >/dev/null &
+victim=$!
+sleep 0.2; kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
+check "after a killed client: golden text" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+# SIGTERM in the middle of a shift: every in-flight request completes, exit 0.
+kill -TERM $daemon; wait $daemon; daemon=
+start_daemon 400
+for i in 1 2 3 4; do
+  curl -sN "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Zoo","max_tokens":300,"stream":true,"temperature":0}' >"$tmp/stream$i" &
+done
+"$shift_tool" --to performance --follow >"$tmp/mid.jsonl" 2>/dev/null &
+shifter=$!
+for _ in $(seq 1 100); do grep -q '"phase":"ramp"' "$tmp/mid.jsonl" 2>/dev/null && break; sleep 0.05; done
+kill -TERM $daemon; wait $daemon; rc=$?; daemon=
+wait $shifter
+wait
+check "SIGTERM mid-shift: exit 0" test $rc -eq 0
+for i in 1 2 3 4; do
+  check "SIGTERM mid-shift: stream $i finished" grep -q '\[DONE\]' "$tmp/stream$i"
+  check "SIGTERM mid-shift: stream $i not failed" bash -c "! grep -q '\"error\"' $tmp/stream$i"
+done
+"$shift_tool" --to economy 2>"$tmp/err"; rc=$?
+check "daemon gone: exit 3" test $rc -eq 3
+
+echo "$pass passed, $failn failed"
+[ $failn -eq 0 ]
