@@ -56,7 +56,7 @@ _ftp_serve() {
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "--help --version --json --model --tokenizer --gears --gear --start-gear --host --port --socket --api-key --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --ramp --step-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --model --tokenizer --gears --gear --start-gear --virtual-devices --host --port --socket --api-key --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --ramp --step-interval-ms --auto --policy --policy-name --observe-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop" -- "$cur"))
 }
 shopt -s extglob 2>/dev/null
 complete -F _ftp_serve ftp-serve
@@ -82,7 +82,7 @@ _ftp_shift() {
     --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --step-interval|--trigger) return ;;
   esac
-  COMPREPLY=($(compgen -W "--help --version --json --to --ramp --step-interval --trigger --follow --from-stdin --socket --inject-fault" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --to --ramp --step-interval --trigger --follow --queue --from-stdin --socket --inject-fault" -- "$cur"))
 }
 complete -F _ftp_shift ftp-shift
 

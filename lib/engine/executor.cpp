@@ -222,13 +222,18 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
     for (int s = 0; s < pp; ++s)
       if (tick - s >= 0 && tick - s < m) active.emplace_back(s, tick - s);
     std::vector<std::vector<float>> outs(active.size());
-    auto t0 = std::chrono::steady_clock::now();
+    // Busy time of each rank's task, for the stage time spread (bubble ratio).
+    std::vector<std::vector<double>> rank_s(active.size());
     for (std::size_t a = 0; a < active.size(); ++a) {
       auto [s, b] = active[a];
       Stage& st = st_[static_cast<std::size_t>(s)];
+      rank_s[a].assign(static_cast<std::size_t>(st.layout.tp), 0.0);
       for (int r = 0; r < st.layout.tp; ++r)
-        st.ranks[static_cast<std::size_t>(r)].thread->post([this, &st, r, &mbs, b, &outs, a, s, pp] {
+        st.ranks[static_cast<std::size_t>(r)].thread->post([this, &st, r, &mbs, b, &outs, a, s, pp, &rank_s] {
+          auto t_task = std::chrono::steady_clock::now();
           run_stage_rank(st, r, mbs[static_cast<std::size_t>(b)], outs[a], s == pp - 1);
+          rank_s[a][static_cast<std::size_t>(r)] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_task).count();
         });
     }
     std::exception_ptr err;
@@ -244,7 +249,7 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
         }
       }
       stage_busy_s_[static_cast<std::size_t>(active[a].first)] +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          *std::max_element(rank_s[a].begin(), rank_s[a].end());
     }
     if (err) std::rethrow_exception(err);
     for (std::size_t a = 0; a < active.size(); ++a) mbs[static_cast<std::size_t>(active[a].second)].x = std::move(outs[a]);

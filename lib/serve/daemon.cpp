@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/daemon.hpp"
 
+#include <chrono>
 #include <csignal>
+#include <optional>
+#include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include "ftp_config.h"
+#include "control/policy.hpp"
 #include "serve/control.hpp"
 
 #if FTP_HAVE_SYSTEMD
@@ -50,6 +55,27 @@ doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& 
   return t;
 }
 
+doc::Topology virtual_topology(int n) {
+  doc::Topology t;
+  t.source = "probe";
+  t.name = "cpu-virtual-" + std::to_string(n);
+  t.nodes.push_back(doc::Host{"node0", "localhost", "", 0, 0, 0});
+  doc::Island island{"island0", {}, std::nullopt};
+  for (int i = 0; i < n; ++i) {
+    doc::Device d;
+    d.id = "vd" + std::to_string(i);
+    d.type = "virtual";
+    d.node = "node0";
+    d.parent = "cpu0";
+    d.memory_bytes = 1;  // not accounted here: domains size their KV pools themselves
+    d.perf_source = "estimated";
+    island.devices.push_back(d.id);
+    t.devices.push_back(std::move(d));
+  }
+  t.islands.push_back(std::move(island));
+  return t;
+}
+
 int run_daemon(DaemonOptions o) {
   // Signals go to sigwait below, never to a handler in another thread.
   sigset_t set;
@@ -73,6 +99,13 @@ int run_daemon(DaemonOptions o) {
   } else {
     o.service.gears = gear_table_for_spec(model.hparams, name, parse_gear_spec(o.gear_spec));
   }
+  if (o.virtual_devices > 0) {
+    try {
+      doc::validate_against(o.service.gears, virtual_topology(o.virtual_devices));
+    } catch (const InputError& e) {
+      throw InputError((o.gears_path.empty() ? std::string("--gear") : o.gears_path) + ": " + e.what());
+    }
+  }
   Service svc(model, o.service);
   svc.start();
   log("service started: model=" + name + " gear=" + svc.current_gear());
@@ -89,6 +122,45 @@ int run_daemon(DaemonOptions o) {
   HttpServer http(svc, o.http);
   http.start();
   log("http: listening on " + o.http.host + ":" + std::to_string(http.port()));
+  // The control loop in-process: the same policy code as `ftp-plan decide`,
+  // fed live observations; the shifts it decides run on this thread.
+  std::atomic<bool> stop_loop{false};
+  std::thread loop;
+  if (o.auto_loop) {
+    control::PolicyConfig pc;
+    if (!o.policy_path.empty())
+      pc = json::parse_file(o.policy_path, [](const json::Json& j) { return control::policy_config_from_json(j); });
+    auto policy = std::shared_ptr<control::Policy>(control::make_policy(o.policy_name, o.service.gears, pc));
+    log("auto: policy " + o.policy_name + ", an observation every " + std::to_string(o.observe_interval_ms) + " ms");
+    loop = std::thread([&, policy] {
+      std::optional<doc::Decision> pending;
+      while (!stop_loop) {
+        for (int w = 0; w < o.observe_interval_ms && !stop_loop; w += 10)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (stop_loop) break;
+        try {
+          doc::Observation obs = svc.observe();
+          doc::Decision d = policy->observe(obs);
+          if (d.action == "shift") {
+            log("auto: decision shift " + d.from + " -> " + d.to + ": " + d.reason);
+            pending = d;
+          }
+          if (pending && obs.t_ms >= pending->not_before_ms && !obs.shifting) {
+            Service::ShiftOptions so;
+            so.to = pending->to;
+            so.trigger = "policy:" + pending->policy;
+            pending.reset();
+            auto done = svc.shift(so, [&](const doc::ShiftEvent& e) {
+              log("auto: shift " + e.shift_id + " " + e.phase + " " + e.message);
+            });
+            log("auto: shift " + done.shift_id + " " + done.outcome);
+          }
+        } catch (const std::exception& e) {
+          log(std::string("auto: ") + e.what());
+        }
+      }
+    });
+  }
   notify_systemd("READY=1\nSTATUS=serving gear " + svc.current_gear());
   if (o.on_ready) o.on_ready(http.port(), control.socket_path());
 
@@ -114,6 +186,8 @@ int run_daemon(DaemonOptions o) {
     notify_systemd("STOPPING=1");
     break;
   }
+  stop_loop = true;
+  if (loop.joinable()) loop.join();
   // Stop taking requests and let every in-flight one finish; the HTTP server
   // keeps running until then so streams complete.
   svc.drain_and_stop();

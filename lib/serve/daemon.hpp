@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "doc/gear_table.hpp"
+#include "doc/topology.hpp"
 #include "model/model.hpp"
 #include "serve/generate.hpp"
 #include "serve/http.hpp"
@@ -20,9 +21,17 @@ struct DaemonOptions {
   std::string gears_path;          ///< a ftp.gear-table/v1 file; empty: one gear from gear_spec
   std::string gear_spec = "tp=1,pp=1,dp=1";
   std::string socket_path;         ///< control socket; empty: ipc::default_socket_path()
+  /// CPU virtual devices vd0..vd<N-1> the gears may use; 0: whatever the table names.
+  int virtual_devices = 0;
   HttpOptions http;
   ServiceConfig service;           ///< gears and model_name are filled in by run_daemon
   std::function<void(std::string_view)> log;  ///< one line per event
+  /// The control loop in-process (ftp-serve --auto): every observe_interval_ms
+  /// an observation goes to the policy; its shift decisions are executed.
+  bool auto_loop = false;
+  std::string policy_path;               ///< ftp.policy/v1; empty: the defaults
+  std::string policy_name = "gear-shifter";
+  int observe_interval_ms = 1000;
   /// Called once serving (HTTP port, socket path known), e.g. for tests.
   std::function<void(int http_port, const std::string& socket_path)> on_ready;
 };
@@ -30,6 +39,10 @@ struct DaemonOptions {
 /// A one-gear table for a --gear layout: gear "tp<T>-pp<P>-dp<D>" on CPU
 /// virtual devices vd0, vd1, ... (replica by replica, stage by stage).
 doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g);
+
+/// A topology of `n` CPU virtual devices vd0..vd<n-1> in one island (what
+/// --virtual-devices offers), to check a gear table against.
+doc::Topology virtual_topology(int n);
 
 /// Loads the model and gear table, starts the service, the control socket
 /// and the HTTP API, tells systemd it is ready (Type=notify), then waits

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/domain_runner.hpp"
 
+#include <algorithm>
+#include <chrono>
+
 namespace ftp::serve {
 
 DomainRunner::DomainRunner(std::string id, std::string gear, std::vector<std::string> devices,
@@ -54,8 +57,22 @@ void DomainRunner::loop() {
       cv_.wait(lk, [this] { return stop_ || !domain_->idle(); });
       if (stop_ && domain_->idle()) return;
     }
-    domain_->step();
+    auto t0 = std::chrono::steady_clock::now();
+    int done = domain_->step();
+    busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (done > 0) {
+      auto stages = domain_->stage_busy_s();
+      std::lock_guard lk(mu_);
+      last_stage_busy_ = std::move(stages);
+    }
   }
+}
+
+double DomainRunner::bubble_ratio() const {
+  std::lock_guard lk(mu_);
+  if (last_stage_busy_.size() < 2) return 0;
+  auto [mn, mx] = std::minmax_element(last_stage_busy_.begin(), last_stage_busy_.end());
+  return *mx > 0 ? (*mx - *mn) / *mx : 0;
 }
 
 }  // namespace ftp::serve

@@ -51,6 +51,12 @@ class DomainRunner {
   /// E2E latency of requests finished on this domain (ramp checks).
   LatencyWindow e2e;
 
+  /// Seconds this domain's thread has spent stepping, since it started.
+  double busy_s() const noexcept { return busy_ns_.load() * 1e-9; }
+  /// Spread of the pipeline stages' busy time in the last step against the
+  /// slowest stage, (max - min) / max; 0 for one stage.
+  double bubble_ratio() const;
+
   /// Stops the thread after the work in hand; the domain keeps its requests.
   void stop();
 
@@ -64,6 +70,8 @@ class DomainRunner {
   std::string state_ = "warming";
   std::atomic<double> weight_{0.0};
   std::atomic<int> submitted_{0};
+  std::atomic<std::int64_t> busy_ns_{0};
+  std::vector<double> last_stage_busy_;  // under mu_
   bool stop_ = false;
   std::thread thread_;
 };

@@ -2,6 +2,7 @@
 #include "serve/remote.hpp"
 
 #include <chrono>
+#include <thread>
 
 #include "core/error.hpp"
 #include "doc/control.hpp"
@@ -83,15 +84,18 @@ Json remote_shift(ipc::Client& client, const ShiftRequest& req, const std::funct
   if (!req.ramp.empty()) p["ramp"] = req.ramp;
   if (req.step_interval_ms >= 0) p["step_interval_ms"] = req.step_interval_ms;
   if (!req.inject_fault.empty()) p["inject_fault"] = req.inject_fault;
-  try {
-    auto done = client.stream("shift", p, [&](const Json& e) {
-      on_event(e);
-      return true;
-    });
-    if (!done) throw Error("shift: the daemon closed the stream before the shift ended", Exit::unreachable);
-    return *done;
-  } catch (const ipc::RpcError& e) {
-    rethrow_rpc(e);
+  for (;;) {
+    try {
+      auto done = client.stream("shift", p, [&](const Json& e) {
+        on_event(e);
+        return true;
+      });
+      if (!done) throw Error("shift: the daemon closed the stream before the shift ended", Exit::unreachable);
+      return *done;
+    } catch (const ipc::RpcError& e) {
+      if (!(req.queue && e.name() == "ftp.ShiftInProgress")) rethrow_rpc(e);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 

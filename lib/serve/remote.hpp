@@ -20,6 +20,7 @@ struct ShiftRequest {
   int step_interval_ms = -1;       ///< < 0: the daemon's
   std::string trigger = "manual";
   std::string inject_fault;
+  bool queue = false;              ///< wait while another shift runs instead of failing
 };
 
 /// "0.1,0.5,1.0" -> {0.1, 0.5, 1.0}; "" -> {}. Each in (0, 1], increasing, ending at 1.
@@ -29,7 +30,8 @@ std::vector<double> parse_ramp(const std::string& text);
 std::vector<std::string> parse_device_list(const std::string& text);
 
 /// Calls the shift method, streaming events to on_event; returns the closing
-/// record. RPC errors become ftp::Error with the exit code of STYLE.md:
+/// record. With `queue`, a refusal because another shift runs
+/// (ftp.ShiftInProgress) is retried every 100 ms until this shift starts. RPC errors become ftp::Error with the exit code of STYLE.md:
 /// 2 for a bad request (no such gear, same gear), 3 when unreachable, 1 else.
 json::Json remote_shift(ipc::Client& client, const ShiftRequest& req,
                         const std::function<void(const json::Json&)>& on_event);

@@ -2,6 +2,7 @@
 #include "serve/service.hpp"
 
 #include <algorithm>
+#include <fstream>
 #include <future>
 #include <sstream>
 #include <thread>
@@ -247,6 +248,11 @@ void Service::submit(CompletionRequest r) {
       double e2e = static_cast<double>(t - tr->arrival_ms);
       e2e_.add(e2e, t);
       dp->e2e.add(e2e, t);
+      {
+        std::lock_guard lk(metrics_mu_);
+        finished_.emplace_back(t, n, tr->tokens);
+        while (!finished_.empty() && std::get<0>(finished_.front()) < t - 60000) finished_.pop_front();
+      }
       ++dp->served;
       if (e.finish_reason == "error") {
         ++dp->errors;
@@ -536,36 +542,111 @@ Json Service::records() const {
   return out;
 }
 
+namespace {
+
+/// Jiffies of the whole machine (total, busy) and of this process, from /proc.
+bool read_cpu_ticks(std::uint64_t& total, std::uint64_t& busy, std::uint64_t& self) {
+  std::ifstream st("/proc/stat");
+  std::string cpu;
+  std::uint64_t v[10] = {};
+  if (!(st >> cpu) || cpu != "cpu") return false;
+  for (auto& x : v) st >> x;  // user nice system idle iowait irq softirq steal guest guest_nice
+  total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+  busy = total - v[3] - v[4];
+  std::ifstream ps("/proc/self/stat");
+  std::string line;
+  std::getline(ps, line);
+  auto close = line.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  std::uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  self = utime + stime;
+  return true;
+}
+
+}  // namespace
+
 doc::Observation Service::observe() const {
   doc::Observation o;
   o.t_ms = now_ms();
   o.shifting = shifting_.load();
-  {
-    std::lock_guard lk(metrics_mu_);
-    std::size_t recent = std::count_if(arrivals_.begin(), arrivals_.end(), [&](auto t) { return t >= o.t_ms - 10000; });
-    o.request_rate = static_cast<double>(recent) / 10.0;
-  }
   o.ttft_ms = {ttft_.percentile(50, o.t_ms - 30000), ttft_.percentile(99, o.t_ms - 30000)};
   o.tpot_ms = {tpot_.percentile(50, o.t_ms - 30000), tpot_.percentile(99, o.t_ms - 30000)};
   o.e2e_ms = {e2e_.percentile(50, o.t_ms - 30000), e2e_.percentile(99, o.t_ms - 30000)};
-  std::lock_guard lk(mu_);
-  o.gear = gear_;
-  double mean_e2e = o.e2e_ms.p50;
-  for (auto& d : domains_) {
-    doc::DomainView v;
-    v.id = d->id();
-    v.gear = d->gear();
-    v.state = d->state();
-    v.devices = d->devices();
-    v.traffic_share = d->weight();
-    v.running = d->domain().running();
-    v.waiting = d->domain().waiting();
-    o.queue_depth += v.waiting;
-    o.kv_watermark = std::max(o.kv_watermark, d->domain().kv_usage());
-    o.domains.push_back(std::move(v));
+  std::vector<std::pair<std::string, double>> busy;  // domain id, busy s
+  std::vector<std::vector<std::string>> busy_devices;
+  {
+    std::lock_guard lk(mu_);
+    o.gear = gear_;
+    for (auto& d : domains_) {
+      doc::DomainView v;
+      v.id = d->id();
+      v.gear = d->gear();
+      v.state = d->state();
+      v.devices = d->devices();
+      v.traffic_share = d->weight();
+      v.running = d->domain().running();
+      v.waiting = d->domain().waiting();
+      o.queue_depth += v.waiting;
+      o.kv_watermark = std::max(o.kv_watermark, d->domain().kv_usage());
+      o.bubble_ratio = std::max(o.bubble_ratio, d->bubble_ratio());
+      busy.emplace_back(d->id(), d->busy_s());
+      busy_devices.push_back(d->devices());
+      o.domains.push_back(std::move(v));
+    }
   }
-  o.queue_depth_mean = o.queue_depth;
-  o.est_queue_time_ms = mean_e2e * o.queue_depth;
+  std::lock_guard lk(metrics_mu_);
+  std::size_t recent = std::count_if(arrivals_.begin(), arrivals_.end(), [&](auto t) { return t >= o.t_ms - 10000; });
+  o.request_rate = static_cast<double>(recent) / 10.0;
+  depth_samples_.emplace_back(o.t_ms, o.queue_depth);
+  while (!depth_samples_.empty() && depth_samples_.front().first < o.t_ms - 30000) depth_samples_.pop_front();
+  double sum = 0;
+  for (const auto& [t, dep] : depth_samples_) sum += dep;
+  o.queue_depth_mean = sum / static_cast<double>(depth_samples_.size());
+  double p_sum = 0, out_sum = 0, n = 0;
+  for (const auto& [t, p, out] : finished_)
+    if (t >= o.t_ms - 60000) {
+      p_sum += p;
+      out_sum += out;
+      ++n;
+    }
+  if (n > 0) {
+    o.mean_prompt_tokens = p_sum / n;
+    o.mean_output_tokens = out_sum / n;
+  }
+  double mean_service_ms = e2e_.count(o.t_ms - 30000) ? e2e_.percentile(50, o.t_ms - 30000) : 0;
+  o.est_queue_time_ms = mean_service_ms * o.queue_depth;
+  // Contention: CPU time taken by other processes (and steal) since the last look.
+  std::uint64_t total = 0, cbusy = 0, self = 0;
+  if (read_cpu_ticks(total, cbusy, self)) {
+    if (cpu_total_ && total > cpu_total_) {
+      double others = static_cast<double>(cbusy - cpu_busy_) - static_cast<double>(self - self_ticks_);
+      o.contention_index = std::clamp(others / static_cast<double>(total - cpu_total_), 0.0, 1.0);
+    }
+    cpu_total_ = total;
+    cpu_busy_ = cbusy;
+    self_ticks_ = self;
+  }
+  // Utilization of each device: the share of time its domain was stepping.
+  for (std::size_t i = 0; i < busy.size(); ++i) {
+    auto [it, fresh] = busy_seen_.emplace(busy[i].first, std::make_pair(o.t_ms, busy[i].second));
+    double util = 0;
+    if (!fresh && o.t_ms > it->second.first)
+      util = std::clamp((busy[i].second - it->second.second) * 1000.0 / static_cast<double>(o.t_ms - it->second.first), 0.0, 1.0);
+    it->second = {o.t_ms, busy[i].second};
+    for (const auto& dev : busy_devices[i]) {
+      auto d = std::find_if(o.devices.begin(), o.devices.end(), [&](const auto& x) { return x.id == dev; });
+      if (d == o.devices.end())
+        o.devices.push_back(doc::DeviceLoad{dev, util});
+      else
+        d->utilization = std::min(1.0, d->utilization + util);
+    }
+  }
   return o;
 }
 

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/error.hpp"
@@ -152,6 +153,13 @@ class Service {
   json::Json status() const;
   json::Json gears_json() const;
   json::Json records() const;
+  /// The observation of ARCHITECTURE.md from live data: queue depth (now and
+  /// its 30 s mean), estimated queue time (mean E2E x queue length), request
+  /// rate (last 10 s), mean prompt and output tokens (last 60 s), bubble
+  /// ratio of pipelined domains, contention index (share of CPU time taken by
+  /// other processes and steal since the last observation, from /proc), KV
+  /// watermark, TTFT/TPOT/E2E P50/P99 (last 30 s), per-device utilization
+  /// (share of time its domain was stepping), the gear and domains.
   doc::Observation observe() const;
   /// Prometheus text exposition of the live numbers.
   std::string prometheus() const;
@@ -195,6 +203,11 @@ class Service {
   mutable std::mutex metrics_mu_;                          // hist_, arrivals_, shifts_by_outcome_
   Histogram hist_[3];                                      // ttft, tpot, e2e (ms)
   std::map<std::string, double> credit_;                   // smooth weighted round robin, under mu_
+  // Observer state, under metrics_mu_.
+  mutable std::deque<std::pair<std::int64_t, double>> depth_samples_;     // (t, queue depth)
+  std::deque<std::tuple<std::int64_t, int, int>> finished_;              // (t, prompt, output tokens)
+  mutable std::map<std::string, std::pair<std::int64_t, double>> busy_seen_;  // domain -> (t, busy s)
+  mutable std::uint64_t cpu_total_ = 0, cpu_busy_ = 0, self_ticks_ = 0;   // /proc jiffies at the last observe
 };
 
 }  // namespace ftp::serve

@@ -32,6 +32,10 @@ complete() {  # PROMPT MAX_TOKENS
   curl -s "http://127.0.0.1:$port/v1/completions" -d "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0}"
 }
 
+"$serve" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --virtual-devices 2 --port 0 2>"$tmp/err"; rc=$?
+check "gear outside the virtual devices: exit 2" test $rc -eq 2
+check "gear outside the virtual devices: path" grep -qF 'gears[3].replicas[0].stages[0].devices[2]: unknown device "vd2"' "$tmp/err"
+
 start_daemon 100
 golden=$(tail -c +4 "$data/models/stories260K/golden_greedy_t0_prompt_Zoo_steps60.txt")
 check "completion: golden text" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
@@ -54,7 +58,18 @@ check "rollback: exit 6" test $rc -eq 6
 check "rollback: record" jq -e '.outcome=="rolled-back"' "$tmp/rb.json"
 check "rollback: still standard" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
 
-dom=$(sed -n 's/.*domain_id=\(d[0-9]*\).*/\1/p' "$tmp/serve.log" | tail -1)
+# A second shift while one runs: refused by name, or queued with --queue.
+"$shift_tool" --to performance --step-interval 300 >/dev/null &
+first=$!
+sleep 0.3
+"$shift_tool" --to economy 2>"$tmp/err"; rc=$?
+check "shift during a shift: refused" grep -q "ftp.ShiftInProgress" "$tmp/err"
+"$shift_tool" --to economy --queue >"$tmp/queued.json"; rc=$?
+wait $first
+check "--queue: waits, then shifts" jq -e '.outcome=="committed" and .from=="performance" and .to=="economy"' "$tmp/queued.json"
+"$shift_tool" --to standard >/dev/null
+
+dom=$("$(dirname "$serve")/ftp-probe" --watch --count 1 | jq -r '.domains[] | select(.state=="serving") | .id')
 "$drain" --domain "$dom" 2>"$tmp/err"; rc=$?
 check "drain last domain: refused, exit 1" test $rc -eq 1
 check "drain last domain: named" grep -q "ftp.LastDomain" "$tmp/err"

@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
   app.add_option("--api-key", d.http.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (default: $FTP_API_KEY)")
       ->envname("FTP_API_KEY")
       ->option_text("KEY");
+  app.add_option("--virtual-devices", d.virtual_devices,
+                 "CPU virtual devices vd0..vd<N-1>; the gears must stay on them (default: those the table names)")
+      ->check(CLI::NonNegativeNumber)
+      ->option_text("N");
   app.add_option("--kv-blocks", d.service.kv_blocks, "KV-cache pages of 16 tokens per domain (default 512)")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-running", d.service.max_running, "Sequences in a domain's running batch (default 64)")
@@ -53,6 +57,13 @@ int main(int argc, char** argv) {
   app.add_option("--ramp", ramp, "Traffic shares of a shift's ramp (default 0.1,0.5,1.0)")->option_text("LIST");
   app.add_option("--step-interval-ms", d.service.step_interval_ms, "Wait at each ramp step (default 1000)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--auto", d.auto_loop, "Run the control loop inside: observations -> policy -> shifts");
+  app.add_option("--policy", d.policy_path, "With --auto: policy config (ftp.policy/v1; default the built-in defaults)")
+      ->option_text("FILE");
+  app.add_option("--policy-name", d.policy_name, "With --auto: gear-shifter (default), tp-planner or naive")
+      ->check(CLI::IsMember({"gear-shifter", "tp-planner", "naive"}));
+  app.add_option("--observe-interval-ms", d.observe_interval_ms, "With --auto: ms between observations (default 1000)")
+      ->check(CLI::Range(50, 3600000));
   app.add_option("-p,--prompt", prompt, "One-shot: generate a completion of TEXT and exit ('' means BOS only)")
       ->option_text("TEXT")
       ->each([&](const std::string&) { have_prompt = true; });

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       ->option_text("MS");
   app.add_option("--trigger", req.trigger, "What asked for the shift, for the record (default manual)");
   app.add_flag("-f,--follow", follow, "Print every ftp.shift-event/v1 as it happens (JSON Lines)");
+  app.add_flag("--queue", req.queue, "Wait while another shift runs instead of failing with ftp.ShiftInProgress");
   app.add_flag("--from-stdin", from_stdin, "Execute ftp.decision/v1 JSON Lines from stdin (action shift; hold is skipped)");
   app.add_option("--socket", socket, "Control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
       ->option_text("PATH");

@@ -1,0 +1,79 @@
+#!/bin/bash
+# The control loop against a live ftp-serve on CPU virtual devices: a load
+# burst shifts up, quiet after it shifts back down, and the shift records
+# name the policy as trigger; once with ftp-serve --auto, once with the shell
+# pipeline shell/ftp-loop (ftp-probe --watch | ftp-plan decide | ftp-shift).
+# Fixtures: hand-set capacities and a fast policy (seconds, not minutes).
+set -u
+tools=$1; src=$2
+data=${FTP_TEST_DATA:-}
+m=$data/models/stories260K/stories260K.gguf
+if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
+gears=$src/tests/tools/fixtures/stories260K-auto-gears.json
+policy=$src/tests/tools/fixtures/fast-policy.json
+pass=0; failn=0
+check() {
+  local name=$1; shift
+  if "$@" >/dev/null 2>&1; then pass=$((pass+1)); else failn=$((failn+1)); echo "FAIL: $name"; fi
+}
+tmp=$(mktemp -d)
+export FTP_SOCKET=$tmp/control.sock
+daemon=; loop=; burst=()
+cleanup() {
+  kill "${burst[@]}" $loop 2>/dev/null; [ -n "$daemon" ] && kill -9 $daemon 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+start_daemon() {
+  rm -f "$FTP_SOCKET"
+  "$tools/ftp-serve" -m "$m" --gears "$gears" --port 0 --max-running 2 --step-interval-ms 50 "$@" 2>"$tmp/serve.log" &
+  daemon=$!
+  port=
+  for _ in $(seq 1 200); do
+    port=$(sed -n 's/.*http: listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/serve.log")
+    [ -n "$port" ] && [ -S "$FTP_SOCKET" ] && return 0
+    sleep 0.05
+  done
+  cat "$tmp/serve.log"; exit 1
+}
+gear_now() { "$tools/ftp-probe" --watch --count 1 | jq -r .gear; }
+wait_gear() {  # GEAR SECONDS
+  for _ in $(seq 1 $(($2 * 10))); do [ "$(gear_now)" = "$1" ] && return 0; sleep 0.1; done
+  return 1
+}
+run_burst() {  # SECONDS
+  burst=()
+  for i in $(seq 1 8); do
+    ( end=$((SECONDS + $1)); while [ $SECONDS -lt $end ]; do
+        curl -s "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Zoo","max_tokens":24}' >/dev/null
+      done ) &
+    burst+=($!)
+  done
+}
+
+# 1. ftp-serve --auto
+start_daemon --auto --policy "$policy" --observe-interval-ms 200
+run_burst 8
+check "auto: up-shift during the burst" wait_gear standard 8
+wait "${burst[@]}" 2>/dev/null; burst=()
+check "auto: down-shift after it" wait_gear economy 15
+check "auto: log shows the policy's decisions" grep -q "auto: decision shift economy -> standard" "$tmp/serve.log"
+kill -TERM $daemon; wait $daemon; rc=$?; daemon=
+check "auto: exit 0 after SIGTERM" test $rc -eq 0
+
+# 2. The shell pipeline
+start_daemon
+FTP_BUILD=$tools/.. FTP_WATCH_INTERVAL_MS=200 "$src/shell/ftp-loop" "$gears" "$policy" >"$tmp/loop.jsonl" 2>"$tmp/loop.err" &
+loop=$!
+run_burst 8
+check "pipeline: up-shift during the burst" wait_gear standard 8
+wait "${burst[@]}" 2>/dev/null; burst=()
+check "pipeline: down-shift after it" wait_gear economy 15
+kill $loop 2>/dev/null; pkill -f "ftp-probe --watch --interval 200" 2>/dev/null; loop=
+check "pipeline: records name the trigger" \
+  jq -se '[.[] | select(.phase=="done")] | (.[0].trigger=="policy:gear-shifter" and .[0].to=="standard" and .[1].to=="economy")' "$tmp/loop.jsonl"
+kill -TERM $daemon; wait $daemon; daemon=
+
+echo "$pass passed, $failn failed"
+[ $failn -eq 0 ]
