@@ -3,6 +3,9 @@
 
 #include <string>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "core/error.hpp"
 
 namespace ftp::engine {
@@ -87,6 +90,38 @@ RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
 void WeightStore::embed(int token, float* out) const {
   const auto& t = m_.weights.tok_embd;
   model::to_f32(t, static_cast<std::int64_t>(token) * t.cols, t.cols, out);
+}
+
+std::uint64_t WeightStore::advise(int first, int n, int tp, int rank, int advice) const {
+  // Dropping pages of memory that is not a file mapping would lose them.
+  if (!m_.weights_file_mapped) return 0;
+  const std::uintptr_t page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  std::uint64_t bytes = 0;
+  for (int L = first; L < first + n; ++L) {
+    RankLayerView v = layer(L, tp, rank);
+    for (const MatView* m : {&v.wq, &v.wk, &v.wv, &v.wo, &v.w_gate, &v.w_up, &v.w_down}) {
+      const model::TensorView& t = *m->t;
+      if (m->rows == 0 || m->cols == 0) continue;
+      std::int64_t first_el = m->r0 * t.cols + m->c0;
+      std::int64_t last_el = (m->r0 + m->rows - 1) * t.cols + m->c0 + m->cols;  // one past
+      auto base = reinterpret_cast<std::uintptr_t>(t.data);
+      std::uintptr_t a = base + model::dtype_bytes(t.dtype, first_el - first_el % (t.dtype == model::DType::q8_0 ? 32 : 1));
+      std::uintptr_t b = base + std::min<std::size_t>(t.bytes, model::dtype_bytes(t.dtype, (last_el + 31) / 32 * 32));
+      if (t.dtype != model::DType::q8_0) b = base + std::min<std::size_t>(t.bytes, model::dtype_bytes(t.dtype, last_el));
+      // Whole pages inside the span only: never touch a neighbour's bytes.
+      std::uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
+      if (pb > pa && ::madvise(reinterpret_cast<void*>(pa), pb - pa, advice) == 0) bytes += pb - pa;
+    }
+  }
+  return bytes;
+}
+
+std::uint64_t WeightStore::release_rank(int first, int n, int tp, int rank) const {
+  return advise(first, n, tp, rank, MADV_DONTNEED);
+}
+
+std::uint64_t WeightStore::prefetch_rank(int first, int n, int tp, int rank) const {
+  return advise(first, n, tp, rank, MADV_WILLNEED);
 }
 
 MatView WeightStore::output() const {

@@ -69,12 +69,22 @@ class WeightStore {
   /// The classifier [n_vocab][n_embd] (the token embedding when tied).
   MatView output() const;
 
+  /// Release weight mode: gives the memory of one rank's weight views of
+  /// layers [first, first + n) back to the system (madvise MADV_DONTNEED on
+  /// the whole pages inside each view's byte span). The views stay valid:
+  /// pages come back from the file on the next touch. Returns bytes advised.
+  std::uint64_t release_rank(int first, int n, int tp, int rank) const;
+  /// Prefetch before a domain that needs these views starts (MADV_WILLNEED):
+  /// the reload overlaps the wait instead of the first steps. Returns bytes.
+  std::uint64_t prefetch_rank(int first, int n, int tp, int rank) const;
+
   /// Bytes of the weights in the model file (mapped, not copied).
   std::uint64_t weight_bytes() const noexcept { return weight_bytes_; }
   /// Bytes the store allocated itself (the float32 normalisation vectors).
   std::uint64_t owned_bytes() const noexcept { return owned_bytes_; }
 
  private:
+  std::uint64_t advise(int first, int n, int tp, int rank, int advice) const;
   const model::Model& m_;
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;
   std::vector<float> output_norm_;

@@ -193,6 +193,7 @@ Model load_llama2c(const std::string& path, const std::string& tokenizer_path) {
   auto map = map_file(path, size);
   Model m = parse_llama2c(map.get(), size, path);
   m.mapping = map;
+  m.weights_file_mapped = true;
   std::string tok = tokenizer_path;
   if (tok.empty()) {
     auto dir = std::filesystem::path(path).parent_path();

@@ -320,7 +320,9 @@ Model load_model(const std::string& path, const std::string& tokenizer_path) {
   auto map = map_file(path, size);
   if (has_gguf_magic(map, size)) {
     GgufFile f = GgufFile::open(path);
-    return model_from_gguf(f);
+    Model m = model_from_gguf(f);
+    m.weights_file_mapped = true;
+    return m;
   }
   if (size >= 4) {
     // "GGUX", "GGML", "GGJT", ...: a GGUF-like file with a bad magic, or an

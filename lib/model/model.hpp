@@ -114,6 +114,9 @@ class Model {
 
   /// Keeps the mapping of the file alive (set by the loaders).
   std::shared_ptr<const void> mapping;
+  /// True when the weight views point into a read-only private mapping of
+  /// the file (load_model), so their pages can be dropped and re-read.
+  bool weights_file_mapped = false;
 };
 
 /// Loads a model, telling the format by its magic: GGUF v3 ("GGUF"), or a

@@ -344,7 +344,25 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
   std::vector<std::string> devs = target->devices();
   std::string devlist;
   for (const auto& d : devs) devlist += (devlist.empty() ? "" : ",") + d;
-  emit("reserve", 0, "devices " + devlist);
+  // Release weight mode: fetch the target gear's weights ahead, so the
+  // reload overlaps the reservation instead of the first steps.
+  auto for_each_rank = [&](const doc::Gear& g, const std::function<bool(const std::string&)>& want,
+                           const std::function<std::uint64_t(int, int, int, int)>& fn) {
+    std::uint64_t bytes = 0;
+    for (const auto& rep : g.replicas)
+      for (const auto& st : rep.stages)
+        for (std::size_t r = 0; r < st.devices.size(); ++r)
+          if (want(st.devices[r]))
+            bytes += fn(st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), static_cast<int>(r));
+    return bytes;
+  };
+  std::string reserve_msg = "devices " + devlist;
+  if (target->weight_mode == "release") {
+    auto bytes = for_each_rank(*target, [](const std::string&) { return true; },
+                               [&](int f, int n, int tp, int r) { return store_->prefetch_rank(f, n, tp, r); });
+    reserve_msg += "; weights prefetched: " + std::to_string(bytes) + " bytes";
+  }
+  emit("reserve", 0, reserve_msg);
 
   std::vector<std::shared_ptr<DomainRunner>> fresh;
   auto finish = [&](const std::string& outcome, const std::string& msg) {
@@ -443,7 +461,17 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
                                   [&](const auto& d) { return std::find(old.begin(), old.end(), d) != old.end(); }),
                    domains_.end());
   }
-  emit("retire", 1.0, std::to_string(old.size()) + " old domain(s) retired, devices released");
+  std::string retire_msg = std::to_string(old.size()) + " old domain(s) retired, devices released";
+  // Release weight mode: devices that leave drop their weights.
+  const doc::Gear* from_gear = cfg_.gears.find(from);
+  if (from_gear && from_gear->weight_mode == "release") {
+    std::vector<std::string> keep = target->devices();
+    auto leaving = [&](const std::string& d) { return std::find(keep.begin(), keep.end(), d) == keep.end(); };
+    auto bytes = for_each_rank(*from_gear, leaving,
+                               [&](int f, int n, int tp, int r) { return store_->release_rank(f, n, tp, r); });
+    retire_msg += "; weights released: " + std::to_string(bytes) + " bytes";
+  }
+  emit("retire", 1.0, retire_msg);
   return finish("committed", "shifted " + from + " -> " + target->name);
 }
 

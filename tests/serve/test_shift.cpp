@@ -273,3 +273,33 @@ TEST_F(ShiftFixture, BadRequestsAreRefusedAndServiceKeepsServing) {
   EXPECT_EQ(status_of(r), 400);
   EXPECT_EQ(complete(svc, "ok", "Zoo", 40).text, reference["Zoo"]);
 }
+
+TEST_F(ShiftFixture, ReleaseModeDropsAndPrefetchesWeightsAndOutputsStayTheSame) {
+  auto c = config();
+  for (auto& g : c.gears.gears)
+    if (g.name == "performance") g.weight_mode = "release";
+  Service svc(*model, c);
+  svc.start();
+  std::vector<std::string> messages;
+  auto collect = [&](const ftp::doc::ShiftEvent& e) { messages.push_back(e.phase + ": " + e.message); };
+  Service::ShiftOptions o;
+  o.to = "performance";
+  ASSERT_EQ(svc.shift(o, collect).outcome, "committed");
+  EXPECT_EQ(complete(svc, "a", "Zoo", 40).text, reference["Zoo"]);
+  o.to = "economy";
+  ASSERT_EQ(svc.shift(o, collect).outcome, "committed");
+  // Leaving the release-mode gear, vd1..vd3 drop their weights; vd0 keeps them.
+  auto has = [&](const std::string& prefix) {
+    return std::any_of(messages.begin(), messages.end(), [&](const std::string& m) {
+      auto at = m.find(prefix);
+      return at != std::string::npos && m.compare(at + prefix.size(), 2, "0 ") != 0;
+    });
+  };
+  EXPECT_TRUE(has("weights prefetched: ")) << ::testing::PrintToString(messages);
+  EXPECT_TRUE(has("weights released: ")) << ::testing::PrintToString(messages);
+  // Pages come back from the file: the same text, at every gear.
+  EXPECT_EQ(complete(svc, "b", "Zoo", 40).text, reference["Zoo"]);
+  o.to = "performance";
+  ASSERT_EQ(svc.shift(o, collect).outcome, "committed");
+  EXPECT_EQ(complete(svc, "c", "Zoo", 40).text, reference["Zoo"]);
+}
