@@ -32,9 +32,9 @@ int BlockAllocator::free_blocks() const {
 
 KvStore::KvStore(int n_layers, int n_blocks, int block_tokens, int kv_heads, int head_dim)
     : nb_(n_blocks), bt_(block_tokens), kvh_(kv_heads), hd_(head_dim) {
-  std::size_t n = static_cast<std::size_t>(n_layers) * n_blocks * kv_heads * block_tokens * head_dim;
-  k_.assign(n, 0.0f);
-  v_.assign(n, 0.0f);
+  n_ = static_cast<std::size_t>(n_layers) * n_blocks * kv_heads * block_tokens * head_dim;
+  k_.reset(new float[n_]);
+  v_.reset(new float[n_]);
 }
 
 }  // namespace ftp::engine

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -35,15 +36,18 @@ class KvStore {
   float* k(int layer, int block, int head) noexcept { return at(k_, layer, block, head); }
   float* v(int layer, int block, int head) noexcept { return at(v_, layer, block, head); }
   int block_tokens() const noexcept { return bt_; }
-  std::uint64_t bytes() const noexcept { return (k_.size() + v_.size()) * sizeof(float); }
+  std::uint64_t bytes() const noexcept { return 2 * n_ * sizeof(float); }
 
  private:
-  float* at(std::vector<float>& s, int layer, int block, int head) noexcept {
-    return s.data() + ((static_cast<std::size_t>(layer) * nb_ + static_cast<std::size_t>(block)) * kvh_ +
+  float* at(std::unique_ptr<float[]>& s, int layer, int block, int head) noexcept {
+    return s.get() + ((static_cast<std::size_t>(layer) * nb_ + static_cast<std::size_t>(block)) * kvh_ +
                        static_cast<std::size_t>(head)) * static_cast<std::size_t>(bt_) * hd_;
   }
   int nb_, bt_, kvh_, hd_;
-  std::vector<float> k_, v_;
+  // Not zeroed: a position is always written before it is read, and the
+  // pages are committed as they are first used, not when a domain is built.
+  std::size_t n_ = 0;
+  std::unique_ptr<float[]> k_, v_;
 };
 
 }  // namespace ftp::engine
