@@ -1,6 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plan/model_shape.hpp"
 
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+
+#include "model/model.hpp"
+
 #include <algorithm>
 
 #include "core/error.hpp"
@@ -133,6 +139,45 @@ ModelShape model_shape_from_json(const Json& j) {
 
 ModelShape read_model_shape(const std::string& path) {
   return json::parse_file(path, [](const Json& j) { return model_shape_from_json(j); });
+}
+
+ModelShape model_shape_of_file(const std::string& path) {
+  model::Model m = model::load_model(path);
+  const auto& hp = m.hparams;
+  ModelShape s;
+  s.name = hp.name.empty() ? std::filesystem::path(path).stem().string() : hp.name;
+  s.n_layers = hp.n_layer;
+  s.n_heads = hp.n_head;
+  s.n_kv_heads = hp.n_head_kv;
+  s.hidden_size = hp.n_embd;
+  s.intermediate_size = hp.n_ff;
+  s.vocab_size = hp.n_vocab;
+  s.head_dim = hp.head_dim;
+  s.context_length = hp.n_ctx_train;
+  s.tie_embeddings = hp.tied_output || m.weights.output.data == m.weights.tok_embd.data;
+  s.kv_dtype = "f32";  // the CPU engine keeps its KV cache in float32
+  // The matrices' dtype decides the weight bytes; the exact count of elements the parameters.
+  const model::TensorView& wq = m.weights.layers.at(0).wq;
+  s.dtype = model::dtype_name(wq.dtype);
+  s.bytes_per_param = static_cast<double>(model::dtype_bytes(wq.dtype, 32)) / 32.0;
+  std::uint64_t n = static_cast<std::uint64_t>(m.weights.tok_embd.elements() + m.weights.output_norm.elements());
+  if (!s.tie_embeddings) n += static_cast<std::uint64_t>(m.weights.output.elements());
+  for (const auto& l : m.weights.layers)
+    for (const auto* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_down, &l.w_up})
+      n += static_cast<std::uint64_t>(t->elements());
+  s.n_params = n;
+  return s;
+}
+
+ModelShape read_model_input(const std::string& path) {
+  if (path != "-") {
+    std::ifstream f(path, std::ios::binary);
+    char c = 0;
+    while (f.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+    }
+    if (f && c != '{') return model_shape_of_file(path);
+  }
+  return read_model_shape(path);
 }
 
 }  // namespace ftp::plan

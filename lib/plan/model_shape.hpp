@@ -66,4 +66,12 @@ ModelShape model_shape_from_json(const json::Json& j);
 /// Reads a model-shape file ("-" is stdin); errors start with the file name.
 ModelShape read_model_shape(const std::string& path);
 
+/// The shape of a model file (GGUF or llama2.c): hyper-parameters from its
+/// metadata, the weight dtype of its matrices, the exact parameter count.
+ModelShape model_shape_of_file(const std::string& path);
+
+/// read_model_shape for a JSON document, model_shape_of_file for a model
+/// file (told apart by the first byte: a JSON document starts with '{').
+ModelShape read_model_input(const std::string& path);
+
 }  // namespace ftp::plan

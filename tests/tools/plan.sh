@@ -77,5 +77,19 @@ expect_error "reference request too long" 2 "longer than the context" \
 expect_error "missing --model" 2 "ftp-plan: error:" --topology "$a100"
 expect_error "missing file" 2 "/nonexistent.json: cannot open" --topology "$a100" --model /nonexistent.json
 
+# A model file instead of a shape: hyper-parameters and parameters from the file.
+gguf=${FTP_TEST_DATA:-}/models/stories260K/stories260K.gguf
+if [ -f "$gguf" ]; then
+  "$plan" --topology "$a100" --model "$gguf" --json=short >"$tmp/gguf.json" 2>"$tmp/err"; rc=$?
+  check "GGUF model: exit 0" test $rc -eq 0
+  check "GGUF model: shape from the file" jq -e '.model.n_layers==5 and .model.n_heads==8 and .model.n_kv_heads==4 and .model.n_params==292800' "$tmp/gguf.json"
+  head -c 1000 "$gguf" >"$tmp/trunc.gguf"
+  "$plan" --topology "$a100" --model "$tmp/trunc.gguf" >/dev/null 2>"$tmp/err"; rc=$?
+  check "truncated GGUF model: exit 2" test $rc -eq 2
+  check "truncated GGUF model: names the file" grep -q "trunc.gguf" "$tmp/err"
+else
+  echo "SKIP: stories260K.gguf not found (set FTP_TEST_DATA): GGUF input not checked"
+fi
+
 echo "$pass passed, $failn failed"
 [ $failn -eq 0 ]

@@ -17,8 +17,8 @@ int main(int argc, char** argv) {
                       "Enumerate the gears (TP, PP, DP layouts) of a model on a topology: memory fit per device,\n"
                       "heads divisibility, TP inside an island, pipeline stages split by device speed, DP replicas;\n"
                       "estimate each gear's capacity with the cost model and print the chosen ftp.gear-table/v1\n"
-                      "(economy < standard < performance, plus memory-guard). --model takes a model-shape JSON\n"
-                      "(ftp.model-shape/v1); GGUF arrives with the model loader.\n"
+                      "(economy < standard < performance, plus memory-guard). --model takes a model file (GGUF,\n"
+                      "llama2.c) or a model-shape JSON (ftp.model-shape/v1) for models without weights at hand.\n"
                       "'ftp-plan decide' reads observations (JSON Lines) on stdin and writes decisions.");
   std::string topology_path, model_path;
   ftp::plan::PlanOptions opts;
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   auto& app = tool.app();
   app.add_option("--topology", topology_path, "Topology (ftp.topology/v1 from ftp-probe, '-' for stdin)")
       ->option_text("FILE");
-  app.add_option("--model", model_path, "Model shape (ftp.model-shape/v1, '-' for stdin)")->option_text("FILE");
+  app.add_option("--model", model_path, "Model file (GGUF, llama2.c) or model shape (ftp.model-shape/v1, '-' for stdin)")->option_text("FILE");
   app.add_option("--concurrency", opts.workload.concurrency,
                  "Requests each gear must hold at once, at --context tokens each (default 8)")
       ->check(CLI::PositiveNumber);
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
       throw ftp::InputError("--topology and --model cannot both read stdin");
     ftp::doc::Topology topo =
         ftp::json::parse_file(topology_path, [](const ftp::json::Json& j) { return ftp::doc::topology_from_json(j); });
-    ftp::plan::ModelShape model = ftp::plan::read_model_shape(model_path);
+    ftp::plan::ModelShape model = ftp::plan::read_model_input(model_path);
     if (explain)
       opts.on_candidate = [](const ftp::plan::Candidate& c) {
         std::cerr << ftp::json::dump(to_json(c), ftp::json::Style::short_) << "\n" << std::flush;
