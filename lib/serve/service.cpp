@@ -138,7 +138,7 @@ void Service::drain_and_stop() {
   domains_.clear();
 }
 
-std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int /*prompt_len*/) {
+std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int prompt_len) {
   std::lock_guard lk(mu_);
   std::vector<std::shared_ptr<DomainRunner>> cand;
   for (auto& d : domains_) {
@@ -146,8 +146,8 @@ std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int /*p
     if ((st == "serving" || st == "warming") && d->weight() > 0) cand.push_back(d);
   }
   if (cand.empty()) return nullptr;
-  if (r.priority > 0) {
-    // High priority goes to the domain of the largest tensor-parallel degree.
+  if (r.priority > 0 || (cfg_.route_long_prompt_tokens > 0 && prompt_len >= cfg_.route_long_prompt_tokens)) {
+    // High priority and long prompts go to the domain of the largest tensor-parallel degree.
     auto tp = [&](const DomainRunner& d) { return d.domain().config().stages.front().tp; };
     auto best = std::max_element(cand.begin(), cand.end(), [&](const auto& a, const auto& b) { return tp(*a) < tp(*b); });
     return *best;

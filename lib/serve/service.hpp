@@ -70,6 +70,9 @@ struct ServiceConfig {
   double rollback_p99_factor = 1.5;    ///< a ramp check fails when P99 E2E > factor x baseline
   int drain_timeout_ms = 600000;
   int slow_start_steps = 20;           ///< a new domain's batch cap is 70 % for this many steps
+  /// Router rules: a request with priority > 0, or a prompt of at least this
+  /// many tokens (0: off), goes to the serving domain of the largest TP degree.
+  int route_long_prompt_tokens = 0;
 };
 
 /// A completion to serve (already validated for shape by the API layer).

@@ -303,3 +303,32 @@ TEST_F(ShiftFixture, ReleaseModeDropsAndPrefetchesWeightsAndOutputsStayTheSame) 
   ASSERT_EQ(svc.shift(o, collect).outcome, "committed");
   EXPECT_EQ(complete(svc, "c", "Zoo", 40).text, reference["Zoo"]);
 }
+
+TEST_F(ShiftFixture, RouterSendsLongPromptsToTheLargestTpDomain) {
+  auto c = config();
+  c.route_long_prompt_tokens = 8;
+  Service svc(*model, c);
+  svc.start();
+  std::atomic<bool> stop{false};
+  // Keep a shift half-way (ramp at 50 %) so that two domains serve at once.
+  std::thread t([&] {
+    Service::ShiftOptions o;
+    o.to = "performance";
+    o.ramp = {0.5, 1.0};
+    o.step_interval_ms = 400;
+    svc.shift(o, nullptr);
+  });
+  for (int i = 0; i < 400 && svc.status()["domains"].size() < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::set<std::string> long_domains, short_domains;
+  for (int i = 0; i < 6; ++i) {
+    long_domains.merge(complete(svc, "l" + std::to_string(i), "Once upon a time there was a little dog", 4).domains);
+    short_domains.merge(complete(svc, "s" + std::to_string(i), "Zoo", 4).domains);
+  }
+  t.join();
+  ASSERT_EQ(long_domains.size(), 1u);  // always the TP-4 shadow domain
+  EXPECT_GE(short_domains.size(), 2u);  // spread over both by weight
+  // The TP-4 domain is the one left after the shift.
+  EXPECT_EQ(*long_domains.begin(), svc.status()["domains"][0]["id"].get<std::string>());
+}

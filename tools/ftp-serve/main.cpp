@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--max-prompt-tokens", d.service.max_prompt_tokens, "Longest prompt (default: the context - 1)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--route-long-prompt", d.service.route_long_prompt_tokens,
+                 "Send prompts of at least N tokens to the largest-TP domain (default 0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->option_text("N");
   app.add_option("--ramp", ramp, "Traffic shares of a shift's ramp (default 0.1,0.5,1.0)")->option_text("LIST");
   app.add_option("--step-interval-ms", d.service.step_interval_ms, "Wait at each ramp step (default 1000)")
       ->check(CLI::NonNegativeNumber);
