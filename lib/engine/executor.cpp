@@ -77,6 +77,26 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
       rk.kv = std::make_unique<KvStore>(l.n_layers, n_kv_blocks, block_tokens, rk.layers[0].kv_heads.size(),
                                         hp_.head_dim);
       rk.thread = std::make_unique<RankThread>();
+      if (!l.devices.empty()) {
+        if (static_cast<int>(l.devices.size()) != l.tp)
+          throw InputError("executor: stage " + std::to_string(s) + " has " + std::to_string(l.devices.size()) +
+                           " devices for tp " + std::to_string(l.tp));
+        backend::VirtualDevice* dev = l.devices[static_cast<std::size_t>(r)];
+        try {
+          dev->reserve(rk.kv->bytes(), "KV cache of stage " + std::to_string(s) + " rank " + std::to_string(r));
+        } catch (...) {
+          // Give back what the ranks before this one reserved.
+          for (auto& done_st : st_)
+            for (auto& done_rk : done_st.ranks)
+              if (done_rk.device) done_rk.device->release(done_rk.kv->bytes());
+          for (auto& done_rk : st.ranks)
+            if (done_rk.device) done_rk.device->release(done_rk.kv->bytes());
+          throw;
+        }
+        rk.device = dev;
+        rk.thread->post([dev] { dev->bind_current_thread(); });
+        rk.thread->wait();
+      }
       st.ranks.push_back(std::move(rk));
     }
     st_.push_back(std::move(st));
@@ -87,7 +107,11 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
   stage_busy_s_.assign(stages_.size(), 0.0);
 }
 
-Executor::~Executor() = default;
+Executor::~Executor() {
+  for (auto& st : st_)
+    for (auto& rk : st.ranks)
+      if (rk.device) rk.device->release(rk.kv->bytes());
+}
 
 std::uint64_t Executor::kv_bytes() const noexcept {
   std::uint64_t b = 0;

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cpu/virtual_device.hpp"
 #include "comm/inproc.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/weight_store.hpp"
@@ -21,6 +22,11 @@ struct StageLayout {
   int first_layer = 0;
   int n_layers = 0;
   int tp = 1;
+  /// The virtual device of each rank (tp of them), or empty: then the ranks
+  /// run unpinned and nothing is accounted. With devices, each rank's thread
+  /// is pinned to its device's CPUs and its KV pages are reserved against
+  /// the device's memory budget (an OutOfDeviceMemory error names it).
+  std::vector<backend::VirtualDevice*> devices;
 };
 
 /// One sequence's share of a forward pass: `tokens` at positions
@@ -79,6 +85,7 @@ class Executor {
     std::vector<RankLayerView> layers;   // views of the stage's layers
     std::unique_ptr<KvStore> kv;
     std::unique_ptr<RankThread> thread;
+    backend::VirtualDevice* device = nullptr;  // KV bytes reserved on it, released by ~Executor
   };
   struct Stage {
     StageLayout layout;

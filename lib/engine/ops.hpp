@@ -17,10 +17,20 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
 /// dimension is the tensor's row length). F16, BF16 and Q8_0 go, where the
 /// CPU has AVX2/FMA/F16C, to fused kernels that convert each weight in
 /// registers once and use it for every token (memory reads each weight
-/// once, whatever t); elsewhere (and for Q8_0 views that do not start on a
-/// block of 32) to matmul_reference. FTP_MATMUL=reference in the
-/// environment forces matmul_reference everywhere (for A/B measurements).
+/// once, whatever t) -- AVX-512 ones (F/BW/VL/DQ/VNNI, checked at run time)
+/// where the CPU has them; elsewhere (and for Q8_0 views that do not start
+/// on a block of 32) to matmul_reference. Each output element is summed in
+/// the same order whatever t, so a token's result does not depend on the
+/// batch it is in. FTP_MATMUL=reference in the environment forces
+/// matmul_reference everywhere (for A/B measurements), FTP_MATMUL=avx2 the
+/// AVX2 kernels.
 void matmul(const float* x, const MatView& w, float* out, int t);
+
+/// Which kernels matmul uses: best (what the CPU has), avx2 (no AVX-512),
+/// reference. Starts from FTP_MATMUL; the tests set it.
+enum class MatmulKernels { best, avx2, reference };
+void set_matmul_kernels(MatmulKernels k);
+MatmulKernels matmul_kernels();
 
 /// The portable path and the reference of the tests: float32 to sgemm in
 /// place; other dtypes converted tile by tile (64 rows) by model::to_f32

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/cpu/cpu_info.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
 
@@ -45,6 +46,18 @@ Service::Service(const model::Model& model, ServiceConfig config)
   if (cfg_.ramp.empty() || cfg_.ramp.back() != 1.0) throw InputError("ramp: the last step must be 1.0 (100 %)");
   for (auto& h : hist_) h.counts.assign(kBoundsMs.size() + 1, 0);
   store_ = std::make_unique<engine::WeightStore>(model);
+  // The CPU virtual devices the table names (vd0, vd1, ...): the CPU and its
+  // memory split evenly among as many as the highest index needs.
+  int n_vd = 0;
+  for (const auto& g : cfg_.gears.gears)
+    for (const auto& d : g.devices())
+      if (d.size() > 2 && d.compare(0, 2, "vd") == 0 && d.find_first_not_of("0123456789", 2) == std::string::npos)
+        n_vd = std::max(n_vd, std::stoi(d.substr(2)) + 1);
+  if (n_vd > 0) {
+    auto cpu = backend::discover_cpu();
+    auto devs = backend::split_cpu(n_vd, cpu.memory_bytes);
+    for (auto& d : devs) vdevs_["vd" + std::to_string(d->id())] = std::move(d);
+  }
 }
 
 Service::~Service() { drain_and_stop(); }
@@ -67,7 +80,13 @@ std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gea
     std::vector<std::string> devices;
     dc.stages.clear();
     for (const auto& st : rep.stages) {
-      dc.stages.push_back(engine::StageLayout{st.first_layer, st.n_layers, static_cast<int>(st.devices.size())});
+      engine::StageLayout sl{st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), {}};
+      for (const auto& name : st.devices) {
+        auto it = vdevs_.find(name);
+        if (it != vdevs_.end()) sl.devices.push_back(it->second.get());
+      }
+      if (sl.devices.size() != st.devices.size()) sl.devices.clear();  // not all virtual: unaccounted
+      dc.stages.push_back(std::move(sl));
       devices.insert(devices.end(), st.devices.begin(), st.devices.end());
     }
     dc.kv_blocks = cfg_.kv_blocks;
@@ -545,7 +564,12 @@ Json Service::status() const {
                         {"running", d->domain().running()},
                         {"waiting", d->domain().waiting()},
                         {"kv_usage", d->domain().kv_usage()}});
+  Json devs = Json::array();
+  for (const auto& [name, d] : vdevs_)
+    devs.push_back(Json{{"id", name}, {"threads", d->threads()}, {"cpus", d->cpus()},
+                        {"memory_used", d->memory_used()}, {"memory_budget", d->memory_budget()}});
   return Json{{"kind", "ftp.status/v1"},
+              {"devices", devs},
               {"model", cfg_.model_name},
               {"gear", gear_},
               {"shifting", shifting_.load()},

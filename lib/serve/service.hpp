@@ -20,6 +20,7 @@
 #include "core/json.hpp"
 #include "doc/control.hpp"
 #include "doc/gear_table.hpp"
+#include "backend/cpu/virtual_device.hpp"
 #include "engine/domain.hpp"
 #include "model/model.hpp"
 #include "model/tokenizer.hpp"
@@ -181,6 +182,9 @@ class Service {
   ServiceConfig cfg_;
   model::Tokenizer tok_;
   std::unique_ptr<engine::WeightStore> store_;
+  /// CPU virtual devices named vd0.. in the gear table: rank threads are
+  /// pinned to them and KV pages accounted against their memory budget.
+  std::map<std::string, std::unique_ptr<backend::VirtualDevice>> vdevs_;
   std::atomic<bool> ready_{false}, accepting_{false}, stopped_{false};
   std::chrono::steady_clock::time_point t0_;
 

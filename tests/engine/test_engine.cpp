@@ -311,3 +311,31 @@ TEST_F(Fixture, StopTokensAndStopCheck) {
   r2.stop_check = [](const std::vector<int>& o) { return o.size() == 9; };
   EXPECT_EQ(run(d, {r2})[0].size(), 9u);
 }
+
+TEST_F(Fixture, VirtualDevicesAccountKvAndRefuseWhatDoesNotFit) {
+  auto devs = ftp::backend::split_cpu(2, 2ull << 20);  // 1 MiB each
+  DomainConfig cfg;
+  cfg.stages = {StageLayout{0, 5, 2, {devs[0].get(), devs[1].get()}}};
+  cfg.kv_blocks = 8;
+  {
+    Domain d(*store, cfg);
+    // tp 2: each rank holds 2 KV heads of 5 layers: 2 x 5 x 8 pages x 2 heads x 16 x 8 floats.
+    std::uint64_t per_rank = 2ull * 5 * 8 * 2 * 16 * 8 * sizeof(float);
+    EXPECT_EQ(devs[0]->memory_used(), per_rank);
+    EXPECT_EQ(devs[1]->memory_used(), per_rank);
+    auto out = run(d, {greedy("g", {1}, 20)});
+    auto golden = golden_ids();
+    EXPECT_EQ(out[0], std::vector<int>(golden.begin(), golden.begin() + 20));
+  }
+  EXPECT_EQ(devs[0]->memory_used(), 0u);  // given back with the domain
+  cfg.kv_blocks = 4096;                  // 160 MiB per rank: more than the 1 MiB budget
+  try {
+    Domain d(*store, cfg);
+    ADD_FAILURE() << "a KV pool over the device budget was accepted";
+  } catch (const ftp::backend::OutOfDeviceMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu:0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("KV cache of stage 0 rank 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(devs[0]->memory_used(), 0u);
+  EXPECT_EQ(devs[1]->memory_used(), 0u);
+}

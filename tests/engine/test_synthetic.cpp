@@ -265,14 +265,62 @@ TEST(Matmul, FastKernelsMatchTheFloat32Reference) {
       {DType::q8_0, 37, 224, 2, 35, 48, 80},   // unaligned: the portable path
       {DType::q8_0, 37, 224, 2, 35, 64, 40},   // a partial block at the end
       {DType::f32, 37, 203, 5, 30, 13, 123},
+      {DType::f16, 70, 300, 0, 70, 0, 300},    // several blocks of 8 and 4 rows, every column tail
+      {DType::bf16, 70, 300, 1, 69, 7, 281},
+      {DType::q8_0, 70, 320, 1, 69, 32, 256},
   };
-  std::uint32_t seed = 1;
-  for (const auto& c : cases) {
-    RandomTensor rt = random_tensor(c.dt, c.rows, c.cols, seed++);
-    MatView w{&rt.view, c.r0, c.nr, c.c0, c.nc};
-    const std::string what = std::string(ftp::model::dtype_name(c.dt)) + " [" + std::to_string(c.rows) + "x" +
-                             std::to_string(c.cols) + "] rows " + std::to_string(c.r0) + "+" + std::to_string(c.nr) +
-                             " cols " + std::to_string(c.c0) + "+" + std::to_string(c.nc);
-    for (int t : {1, 2, 3, 4, 5, 7, 16, 33}) expect_matches_reference(w, t, seed++, what);
+  for (auto kernels : {ops::MatmulKernels::best, ops::MatmulKernels::avx2}) {
+    ops::set_matmul_kernels(kernels);
+    std::uint32_t seed = 1;
+    for (const auto& c : cases) {
+      RandomTensor rt = random_tensor(c.dt, c.rows, c.cols, seed++);
+      MatView w{&rt.view, c.r0, c.nr, c.c0, c.nc};
+      const std::string what = std::string(kernels == ops::MatmulKernels::best ? "best " : "avx2 ") +
+                               ftp::model::dtype_name(c.dt) + " [" + std::to_string(c.rows) + "x" +
+                               std::to_string(c.cols) + "] rows " + std::to_string(c.r0) + "+" +
+                               std::to_string(c.nr) + " cols " + std::to_string(c.c0) + "+" + std::to_string(c.nc);
+      for (int t : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 33}) expect_matches_reference(w, t, seed++, what);
+    }
   }
+  ops::set_matmul_kernels(ops::MatmulKernels::best);
+}
+
+// Each token's outputs are bit-identical whatever batch it is in (greedy
+// outputs must not depend on batch composition): t tokens at once against
+// each token alone, for every t from 1 to 33, both kernel families.
+TEST(Matmul, ResultsDoNotDependOnTheBatch) {
+  struct Case {
+    DType dt;
+    std::int64_t rows, cols, r0, nr, c0, nc;
+  };
+  const std::vector<Case> cases = {
+      {DType::f16, 45, 300, 2, 43, 5, 283},
+      {DType::bf16, 45, 300, 0, 45, 0, 300},
+      {DType::q8_0, 45, 320, 3, 41, 64, 224},
+  };
+  for (auto kernels : {ops::MatmulKernels::best, ops::MatmulKernels::avx2}) {
+    ops::set_matmul_kernels(kernels);
+    std::uint32_t seed = 100;
+    for (const auto& c : cases) {
+      RandomTensor rt = random_tensor(c.dt, c.rows, c.cols, seed++);
+      MatView w{&rt.view, c.r0, c.nr, c.c0, c.nc};
+      const int n = static_cast<int>(c.nr), k = static_cast<int>(c.nc);
+      std::mt19937 rng(seed++);
+      std::uniform_real_distribution<float> u(-1, 1);
+      std::vector<float> x(static_cast<std::size_t>(33) * k);
+      for (auto& v : x) v = u(rng);
+      std::vector<float> alone(static_cast<std::size_t>(33) * n);
+      for (int tok = 0; tok < 33; ++tok)
+        ops::matmul(&x[static_cast<std::size_t>(tok) * k], w, &alone[static_cast<std::size_t>(tok) * n], 1);
+      for (int t = 1; t <= 33; ++t) {
+        std::vector<float> out(static_cast<std::size_t>(t) * n, NAN);
+        ops::matmul(x.data(), w, out.data(), t);
+        for (std::size_t o = 0; o < out.size(); ++o)
+          ASSERT_EQ(std::memcmp(&out[o], &alone[o], 4), 0)
+              << ftp::model::dtype_name(c.dt) << (kernels == ops::MatmulKernels::best ? " best" : " avx2")
+              << " t=" << t << " row " << o % n << " token " << o / n << ": " << out[o] << " vs " << alone[o];
+      }
+    }
+  }
+  ops::set_matmul_kernels(ops::MatmulKernels::best);
 }
