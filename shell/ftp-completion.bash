@@ -21,7 +21,16 @@ _ftp_plan() {
   local cur prev i sub=
   cur=${COMP_WORDS[COMP_CWORD]}
   prev=${COMP_WORDS[COMP_CWORD-1]}
-  for ((i = 1; i < COMP_CWORD; i++)); do [[ ${COMP_WORDS[i]} == decide ]] && sub=decide; done
+  for ((i = 1; i < COMP_CWORD; i++)); do [[ ${COMP_WORDS[i]} == decide || ${COMP_WORDS[i]} == simulate ]] && sub=${COMP_WORDS[i]}; done
+  if [[ $sub == simulate ]]; then
+    case $prev in
+      --policy) COMPREPLY=($(compgen -W "gear-shifter dynamic-tp naive static:" -- "$cur")); return ;;
+      --trace) COMPREPLY=($(compgen -f -X '!*.@(csv|jsonl)' -- "$cur") $(compgen -d -- "$cur")); return ;;
+      --summary) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+      --rate-pattern) COMPREPLY=($(compgen -W "const: steps: day:" -- "$cur")); return ;;
+      --start-gear|--burstiness|--seed|--start|--duration|--rate-scale|--interval|--slo-ttft-ms|--slo-tpot-ms|--service-time-s|--prefill-share|--shift-duration-s) return ;;
+    esac
+  fi
   case $prev in
     --json) COMPREPLY=($(compgen -W "pretty short" -- "$cur")); return ;;
     --topology|--model|--gears|--policy) COMPREPLY=($(compgen -f -X '!*.json' -- "$cur") $(compgen -d -- "$cur")); return ;;
@@ -36,7 +45,10 @@ _ftp_plan() {
   if [[ $sub == decide ]]; then
     COMPREPLY=($(compgen -W "--help --gears --policy --policy-name" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "decide --help --version --json --topology --model --concurrency --context --prompt-tokens --output-tokens --max-batched-tokens --max-gears --max-pp --explain" -- "$cur"))
+  if [[ $sub == simulate ]]; then
+    COMPREPLY=($(compgen -W "--help --gears --topology --model --trace --rate-pattern --burstiness --seed --policy --start-gear --start --duration --rate-scale --interval --slo-ttft-ms --slo-tpot-ms --service-time-s --prefill-share --shift-duration-s --summary" -- "$cur")); return
+  fi
+  COMPREPLY=($(compgen -W "decide simulate --help --version --json --topology --model --concurrency --context --prompt-tokens --output-tokens --max-batched-tokens --max-gears --max-pp --explain" -- "$cur"))
 }
 complete -F _ftp_plan ftp-plan
 
@@ -98,3 +110,22 @@ _ftp_drain() {
   COMPREPLY=($(compgen -W "--help --version --json --domain --devices --force --timeout --follow --socket" -- "$cur"))
 }
 complete -F _ftp_drain ftp-drain
+
+_ftp_gear_bench() {
+  local cur prev
+  cur=${COMP_WORDS[COMP_CWORD]}
+  prev=${COMP_WORDS[COMP_CWORD-1]}
+  case $prev in
+    --json) COMPREPLY=($(compgen -W "pretty short" -- "$cur")); return ;;
+    --gear) COMPREPLY=($(compgen -W "$(_ftp_gear_names)" -- "$cur")); return ;;
+    --arrivals) COMPREPLY=($(compgen -W "poisson gamma constant" -- "$cur")); return ;;
+    --gears|--samples|--socket|--trace) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    --url) COMPREPLY=($(compgen -W "http://127.0.0.1:8080" -- "$cur")); return ;;
+    --model|--api-key|--rate|--sweep|--burstiness|--duration|--requests|--prompt-tokens|--output-tokens|--seed|\
+    --slo-ttft-ms|--slo-tpot-ms|--slo-latency-ms|--min-attainment|--min-keep-up|--timeout|--min-throughput) return ;;
+  esac
+  COMPREPLY=($(compgen -W "--help --version --json --url --model --api-key --gear --shift --socket --gears --write-capacity
+    --rate --sweep --trace --arrivals --burstiness --duration --requests --prompt-tokens --output-tokens --seed --slo-ttft-ms
+    --slo-tpot-ms --slo-latency-ms --min-attainment --min-keep-up --timeout --samples --min-throughput" -- "$cur"))
+}
+complete -F _ftp_gear_bench ftp-gear-bench

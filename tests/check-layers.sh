@@ -16,7 +16,8 @@ declare -A allowed=(
   [plan]="core doc model plan"
   [control]="core doc control"
   [model]="core doc model"
-  [cli]="core doc comm backend topology ipc plan model control engine serve cli"
+  [bench]="core doc control bench"
+  [cli]="core doc comm backend topology ipc plan model control engine serve bench cli"
 )
 bad=0
 for dir in "$lib"/*/; do

@@ -64,6 +64,8 @@ class QueueingModelSim {
 
   const std::string& gear() const noexcept { return gear_; }
   bool shifting() const noexcept { return !shift_to_.empty(); }
+  /// The gear a running shift goes to; empty when none runs.
+  const std::string& shift_target() const noexcept { return shift_to_; }
   int shifts() const noexcept { return shifts_; }
   /// Share of arrivals so far that met the SLA, 0..1.
   double sla_attainment() const noexcept { return arrivals_ > 0 ? attained_ / arrivals_ : 1.0; }

@@ -16,4 +16,7 @@ inline constexpr std::string_view shift_event = "ftp.shift-event/v1";
 inline constexpr std::string_view capacity = "ftp.capacity/v1";
 inline constexpr std::string_view model_shape = "ftp.model-shape/v1";
 inline constexpr std::string_view policy = "ftp.policy/v1";
+inline constexpr std::string_view sim_interval = "ftp.sim-interval/v1";
+inline constexpr std::string_view sim_summary = "ftp.sim-summary/v1";
+inline constexpr std::string_view gear_bench = "ftp.gear-bench/v1";
 }  // namespace ftp::doc::kind

@@ -2,10 +2,13 @@
 // ftp-plan: enumerate the gears of a model on a topology, estimate their
 // capacity and print the chosen ftp.gear-table/v1; `decide` turns
 // observations into decisions.
+#include <fstream>
 #include <iostream>
 
 #include "cli/tool.hpp"
 #include "control/decide.hpp"
+#include "control/replay.hpp"
+#include "control/trace.hpp"
 #include "control/policy.hpp"
 #include "core/error.hpp"
 #include "doc/gear_table.hpp"
@@ -19,7 +22,8 @@ int main(int argc, char** argv) {
                       "estimate each gear's capacity with the cost model and print the chosen ftp.gear-table/v1\n"
                       "(economy < standard < performance, plus memory-guard). --model takes a model file (GGUF,\n"
                       "llama2.c) or a model-shape JSON (ftp.model-shape/v1) for models without weights at hand.\n"
-                      "'ftp-plan decide' reads observations (JSON Lines) on stdin and writes decisions.");
+                      "'ftp-plan decide' reads observations (JSON Lines) on stdin and writes decisions;\n"
+                      "'ftp-plan simulate' replays a trace in virtual time through a control policy.");
   std::string topology_path, model_path;
   ftp::plan::PlanOptions opts;
   bool explain = false;
@@ -52,6 +56,46 @@ int main(int argc, char** argv) {
   decide->add_option("--policy-name", policy_name, "Policy: gear-shifter (default), tp-planner or naive")
       ->check(CLI::IsMember(ftp::control::policy_names()))
       ->option_text("NAME");
+
+  std::string trace_path, sim_policy = "gear-shifter", start_gear, summary_path;
+  ftp::control::SyntheticConfig synth;
+  ftp::control::ReplayConfig rc;
+  auto* sim = app.add_subcommand(
+      "simulate",
+      "Replay a trace in virtual time through a control policy and write one ftp.sim-interval/v1 per\n"
+      "interval (JSON Lines), then the ftp.sim-summary/v1. The service is SIMULATED by the queueing\n"
+      "model (QueueingModelSim, \"service\": \"queueing-model\"), not an engine: each gear's capacity\n"
+      "is its measured, else estimated, max_rps of the gear table (given, or planned from topology\n"
+      "and model)");
+  sim->add_option("--gears", gears_path, "Gear table (ftp.gear-table/v1) with capacities")->option_text("FILE");
+  sim->add_option("--topology", topology_path, "Without --gears: plan the table from this topology ...")->option_text("FILE");
+  sim->add_option("--model", model_path, "... and this model (file or ftp.model-shape/v1)")->option_text("FILE");
+  sim->add_option("--trace", trace_path, "Trace: Azure LLM 2023 CSV or Mooncake JSONL (format from the first line)")
+      ->option_text("FILE");
+  sim->add_option("--rate-pattern", synth.pattern,
+                  "Synthetic arrivals instead: const:R, steps:R1,R2,...@S or day:MIN,MAX@PERIOD_S (req/s, s)")
+      ->option_text("SPEC");
+  sim->add_option("--burstiness", synth.burstiness, "Synthetic: CV of the gaps, 1 = Poisson, else gamma (default 1)")
+      ->check(CLI::PositiveNumber);
+  sim->add_option("--seed", synth.seed, "Synthetic: RNG seed (default 1)");
+  sim->add_option("--policy", sim_policy,
+                  "static:GEAR, dynamic-tp, gear-shifter (default) or naive, each optionally :CONFIG.json")
+      ->option_text("SPEC");
+  sim->add_option("--start-gear", start_gear, "Gear at t = 0 (default: the static gear, else the first)")->option_text("GEAR");
+  sim->add_option("--start", rc.start_s, "Replay the trace from this trace time, s (default 0)")->check(CLI::NonNegativeNumber);
+  sim->add_option("--duration", rc.duration_s, "Trace time to replay (synthetic: to generate), s (default: all)")
+      ->check(CLI::NonNegativeNumber);
+  sim->add_option("--rate-scale", rc.rate_scale, "Compress the trace in time by this factor (default 1)")->check(CLI::PositiveNumber);
+  sim->add_option("--interval", rc.interval_s, "Virtual seconds per interval record (default 10)")->check(CLI::PositiveNumber);
+  sim->add_option("--slo-ttft-ms", rc.slo_ttft_ms, "SLO on time to first token, ms (default 2000)")->check(CLI::PositiveNumber);
+  sim->add_option("--slo-tpot-ms", rc.slo_tpot_ms, "SLO on time per output token, ms (default 100)")->check(CLI::PositiveNumber);
+  sim->add_option("--service-time-s", rc.model.service_time_s, "Queueing model: service time per request, s (default 1)")
+      ->check(CLI::PositiveNumber);
+  sim->add_option("--prefill-share", rc.prefill_share, "Share of the service time before the first token (default 0.2)")
+      ->check(CLI::Range(0.0, 0.99));
+  sim->add_option("--shift-duration-s", rc.model.shift_duration_s, "Queueing model: duration of a shift, s (default 45)")
+      ->check(CLI::NonNegativeNumber);
+  sim->add_option("--summary", summary_path, "Write the summary to FILE instead of the last stdout line")->option_text("FILE");
   app.require_subcommand(0, 1);
 
   return tool.run(argc, argv, [&] {
@@ -73,6 +117,36 @@ int main(int argc, char** argv) {
       tool.progress(std::to_string(st.decisions) + " decisions, " + std::to_string(st.shifts) + " shifts, " +
                     std::to_string(st.skipped) + " lines skipped");
       return st.skipped ? 2 : 0;  // the stream went on; the exit says some input was bad
+    }
+    if (sim->parsed()) {
+      if (trace_path.empty() == synth.pattern.empty()) throw ftp::InputError("simulate: give one of --trace and --rate-pattern");
+      if (gears_path.empty() && (topology_path.empty() || model_path.empty()))
+        throw ftp::InputError("simulate: give --gears, or --topology and --model");
+      auto table = !gears_path.empty()
+          ? ftp::json::parse_file(gears_path, [](const ftp::json::Json& j) { return ftp::doc::gear_table_from_json(j); })
+          : ftp::plan::plan(ftp::json::parse_file(topology_path, [](const ftp::json::Json& j) { return ftp::doc::topology_from_json(j); }),
+                            ftp::plan::read_model_input(model_path), opts).table;
+      auto spec = ftp::control::parse_policy_spec(sim_policy);
+      ftp::control::PolicyConfig config;
+      if (!spec.config_path.empty())
+        config = ftp::json::parse_file(spec.config_path, [](const ftp::json::Json& j) { return ftp::control::policy_config_from_json(j); });
+      auto policy = ftp::control::make_replay_policy(spec, table, config);
+      if (start_gear.empty()) start_gear = spec.name == "static" ? spec.gear : table.gears.front().name;
+      if (!table.find(start_gear)) throw ftp::InputError("--start-gear: gear \"" + start_gear + "\" is not in the gear table");
+      ftp::control::Trace trace;
+      if (!trace_path.empty()) {
+        trace = ftp::control::read_trace(trace_path);
+      } else {
+        synth.duration_s = rc.duration_s;
+        trace = ftp::control::synthesize(synth);
+        rc.start_s = 0;
+      }
+      auto summary = ftp::control::replay(trace, *policy, sim_policy, table, start_gear, rc,
+                                          [&](const ftp::json::Json& r) { tool.emit_line(r); });
+      if (summary_path.empty()) tool.emit_line(summary);
+      else if (std::ofstream f(summary_path); !(f << ftp::json::dump(summary, ftp::json::Style::pretty) << "\n"))
+        throw ftp::Error(summary_path + ": cannot write the summary");
+      return 0;
     }
     if (topology_path.empty()) throw ftp::InputError("--topology is required");
     if (model_path.empty()) throw ftp::InputError("--model is required");

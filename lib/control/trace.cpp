@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "control/trace.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <numbers>
+#include <random>
+
+#include "core/error.hpp"
+#include "core/json.hpp"
+
+namespace ftp::control {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  return s;
+}
+
+bool blank(std::string_view s) { return trim(s).empty(); }
+
+std::string quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
+
+template <class T>
+bool parse_num(std::string_view s, T& out) {
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const unsigned yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
+}
+
+// "YYYY-MM-DD HH:MM:SS[.f...]" -> ms since the epoch (time zone ignored: only differences count).
+bool parse_timestamp(std::string_view s, std::int64_t& ms) {
+  if (s.size() < 19 || s[4] != '-' || s[7] != '-' || (s[10] != ' ' && s[10] != 'T') || s[13] != ':' || s[16] != ':')
+    return false;
+  int y, mo, d, h, mi, se;
+  if (!parse_num(s.substr(0, 4), y) || !parse_num(s.substr(5, 2), mo) || !parse_num(s.substr(8, 2), d) ||
+      !parse_num(s.substr(11, 2), h) || !parse_num(s.substr(14, 2), mi) || !parse_num(s.substr(17, 2), se))
+    return false;
+  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || se > 60) return false;
+  double frac = 0;
+  if (s.size() > 19) {
+    if (s[19] != '.' || s.size() == 20) return false;
+    double scale = 0.1;
+    for (char c : s.substr(20)) {
+      if (c < '0' || c > '9') return false;
+      frac += (c - '0') * scale;
+      scale /= 10;
+    }
+  }
+  const std::int64_t secs = days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + se;
+  ms = secs * 1000 + static_cast<std::int64_t>(std::llround(frac * 1000));
+  return true;
+}
+
+void check_order(std::vector<TraceRequest>& reqs, std::int64_t t, std::int64_t prev, const std::string& where,
+                 std::string_view field) {
+  if (!reqs.empty() && t < prev)
+    throw InputError(where + std::string(field) + ": must not go back in time, got " + std::to_string(t) + " after " +
+                     std::to_string(prev));
+}
+
+void rebase(Trace& t) {
+  if (t.requests.empty()) throw InputError(t.source + ": no requests");
+  const std::int64_t t0 = t.requests.front().t_ms;
+  for (auto& r : t.requests) r.t_ms -= t0;
+}
+
+struct Pattern {
+  enum Kind { constant, steps, day } kind = constant;
+  std::vector<double> levels;  // const: {R}; steps: R1..Rn; day: {MIN, MAX}
+  double period_s = 0;
+
+  double rate(double t_s) const {
+    switch (kind) {
+      case constant: return levels[0];
+      case steps: {
+        auto i = static_cast<std::size_t>(std::max(0.0, t_s / period_s));
+        return levels[std::min(i, levels.size() - 1)];
+      }
+      case day:
+        return levels[0] + (levels[1] - levels[0]) * (1 - std::cos(2 * std::numbers::pi * t_s / period_s)) / 2;
+    }
+    return 0;
+  }
+  double length_s() const {
+    return kind == steps ? period_s * static_cast<double>(levels.size()) : kind == day ? period_s : 0;
+  }
+};
+
+Pattern parse_pattern(std::string_view spec) {
+  auto fail = [&](const std::string& why) -> Pattern {
+    throw InputError("--rate-pattern: " + why + " in " + quoted(spec) +
+                     " (expected const:R, steps:R1,R2,...@SECONDS or day:MIN,MAX@PERIOD_S)");
+  };
+  Pattern p;
+  auto colon = spec.find(':');
+  if (colon == std::string_view::npos) return fail("no ':'");
+  std::string_view name = spec.substr(0, colon), rest = spec.substr(colon + 1);
+  if (name == "const") p.kind = Pattern::constant;
+  else if (name == "steps") p.kind = Pattern::steps;
+  else if (name == "day") p.kind = Pattern::day;
+  else return fail("unknown pattern " + quoted(name));
+  if (p.kind != Pattern::constant) {
+    auto at = rest.find('@');
+    if (at == std::string_view::npos) return fail("no '@SECONDS'");
+    if (!parse_num(rest.substr(at + 1), p.period_s) || !(p.period_s > 0)) return fail("period must be a number > 0");
+    rest = rest.substr(0, at);
+  }
+  while (true) {
+    auto comma = rest.find(',');
+    double v;
+    if (!parse_num(rest.substr(0, comma), v) || !(v >= 0) || !std::isfinite(v))
+      return fail("rate " + quoted(rest.substr(0, comma)) + " is not a number >= 0");
+    p.levels.push_back(v);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  if (p.kind == Pattern::constant && p.levels.size() != 1) return fail("const takes one rate");
+  if (p.kind == Pattern::day && (p.levels.size() != 2 || p.levels[1] < p.levels[0])) return fail("day takes MIN,MAX with MIN <= MAX");
+  return p;
+}
+
+}  // namespace
+
+Trace read_azure_csv(std::istream& in, std::string_view source) {
+  Trace t{std::string(source), "azure-csv", {}};
+  std::string line;
+  long n = 0;
+  bool header = false;
+  std::int64_t prev = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (blank(line)) continue;
+    const std::string where = t.source + ":" + std::to_string(n) + ": ";
+    std::string_view l = trim(line);
+    if (!header) {
+      if (l != "TIMESTAMP,ContextTokens,GeneratedTokens")
+        throw InputError(where + "expected the header TIMESTAMP,ContextTokens,GeneratedTokens, got " + quoted(l));
+      header = true;
+      continue;
+    }
+    std::vector<std::string_view> f;
+    for (std::size_t pos = 0;;) {
+      auto c = l.find(',', pos);
+      f.push_back(trim(l.substr(pos, c == std::string_view::npos ? c : c - pos)));
+      if (c == std::string_view::npos) break;
+      pos = c + 1;
+    }
+    if (f.size() != 3)
+      throw InputError(where + "expected 3 fields (TIMESTAMP,ContextTokens,GeneratedTokens), got " +
+                       std::to_string(f.size()));
+    TraceRequest r;
+    if (!parse_timestamp(f[0], r.t_ms))
+      throw InputError(where + "TIMESTAMP: expected YYYY-MM-DD HH:MM:SS[.fffffff], got " + quoted(f[0]));
+    if (!parse_num(f[1], r.prompt_tokens) || r.prompt_tokens < 0)
+      throw InputError(where + "ContextTokens: expected a non-negative integer, got " + quoted(f[1]));
+    if (!parse_num(f[2], r.output_tokens) || r.output_tokens < 0)
+      throw InputError(where + "GeneratedTokens: expected a non-negative integer, got " + quoted(f[2]));
+    check_order(t.requests, r.t_ms, prev, where, "TIMESTAMP");
+    prev = r.t_ms;
+    t.requests.push_back(r);
+  }
+  if (!header) throw InputError(t.source + ": empty, expected the header TIMESTAMP,ContextTokens,GeneratedTokens");
+  rebase(t);
+  return t;
+}
+
+Trace read_mooncake_jsonl(std::istream& in, std::string_view source) {
+  Trace t{std::string(source), "mooncake-jsonl", {}};
+  std::string line;
+  long n = 0;
+  std::int64_t prev = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (blank(line)) continue;
+    const std::string where = t.source + ":" + std::to_string(n) + ": ";
+    json::Json j;
+    try {
+      j = json::Json::parse(line);
+    } catch (const json::Json::parse_error& e) {
+      std::string what = e.what();
+      auto pos = what.find("syntax error");
+      throw InputError(where + "malformed JSON: " + (pos == std::string::npos ? what : what.substr(pos)));
+    }
+    TraceRequest r;
+    try {
+      json::Node node(j, "");
+      node.expect_object();
+      r.t_ms = node.positive_integer("timestamp", true);
+      r.prompt_tokens = static_cast<int>(node.positive_integer("input_length", true));
+      r.output_tokens = static_cast<int>(node.positive_integer("output_length", true));
+    } catch (const InputError& e) {
+      throw InputError(where + e.what());
+    }
+    check_order(t.requests, r.t_ms, prev, where, "timestamp");
+    prev = r.t_ms;
+    t.requests.push_back(r);
+  }
+  rebase(t);
+  return t;
+}
+
+Trace read_trace(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw InputError(path + ": cannot open the trace file");
+  std::string line;
+  while (std::getline(f, line) && blank(line)) {
+  }
+  const bool jsonl = trim(line).starts_with("{");
+  f.clear();
+  f.seekg(0);
+  return jsonl ? read_mooncake_jsonl(f, path) : read_azure_csv(f, path);
+}
+
+double pattern_rate(std::string_view pattern, double t_s) { return parse_pattern(pattern).rate(t_s); }
+double pattern_length_s(std::string_view pattern) { return parse_pattern(pattern).length_s(); }
+
+Trace synthesize(const SyntheticConfig& c) {
+  const Pattern p = parse_pattern(c.pattern);
+  const double duration = c.duration_s > 0 ? c.duration_s : p.length_s();
+  if (!(duration > 0)) throw InputError("--duration: a const rate pattern needs a duration");
+  if (!(c.burstiness > 0)) throw InputError("--burstiness: must be > 0, got " + std::to_string(c.burstiness));
+  const double k = 1 / (c.burstiness * c.burstiness);
+  std::mt19937_64 rng(c.seed);
+  std::gamma_distribution<double> gap(k, 1 / k);  // mean 1, CV = burstiness
+  Trace t{"synthetic " + c.pattern, "synthetic", {}};
+  // Gaps are drawn in "operational time" and stretched by the rate where they
+  // start; a zero rate is skipped over in 1 s steps.
+  double now = 0;
+  while (now < duration) {
+    const double rate = p.rate(now);
+    if (rate <= 0) {
+      now = std::floor(now) + 1;
+      continue;
+    }
+    now += gap(rng) / rate;
+    if (now >= duration) break;
+    t.requests.push_back({static_cast<std::int64_t>(now * 1000), c.prompt_tokens, c.output_tokens});
+  }
+  return t;
+}
+
+}  // namespace ftp::control

@@ -1,0 +1,119 @@
+#!/bin/bash
+# ftp-plan simulate end to end: a slice of the real Azure code trace and a
+# synthetic step pattern, replayed under static:economy and gear-shifter
+# (the queueing model serves them): the gear shifter shifts and attains the
+# SLA more often than the smallest gear alone; interval records and summary
+# are well formed; bad input is a usage error naming file and line; the
+# completion offers simulate's options; shell/plot-timeline draws a PNG.
+set -u
+probe=$1
+plan=$2
+src=$3
+data=${FTP_TEST_DATA:-$src/../shared/data}
+pass=0; failn=0
+check() {  # check NAME COMMAND...
+  local name=$1; shift
+  if "$@" >/dev/null; then pass=$((pass+1)); echo "ok: $name"; else failn=$((failn+1)); echo "FAIL: $name"; fi
+}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+"$probe" --cluster "$src/examples/clusters/a100-8x-nvlink.json" --json=short >"$tmp/topo.json"
+"$plan" --topology "$tmp/topo.json" --model "$src/examples/models/llama-7b.json" >"$tmp/gears.json"
+economy=$(jq -r '.gears[0].name' "$tmp/gears.json")
+
+compare() {  # compare NAME ARGS...: static smallest gear vs gear shifter
+  local name=$1; shift
+  "$plan" simulate --gears "$tmp/gears.json" --policy "static:$economy" "$@" >"$tmp/static.jsonl" 2>"$tmp/err"; local rc1=$?
+  "$plan" simulate --gears "$tmp/gears.json" --policy gear-shifter "$@" >"$tmp/gs.jsonl" 2>>"$tmp/err"; local rc2=$?
+  check "$name: exit 0" test $rc1 -eq 0 -a $rc2 -eq 0
+  check "$name: nothing on stderr" test ! -s "$tmp/err"
+  tail -1 "$tmp/static.jsonl" >"$tmp/static.sum"; tail -1 "$tmp/gs.jsonl" >"$tmp/gs.sum"
+  check "$name: summary last, queueing model named" \
+    jq -e '.kind=="ftp.sim-summary/v1" and .service=="queueing-model" and .requests>0' "$tmp/gs.sum"
+  check "$name: interval records before it" \
+    jq -e -s '.[:-1] | length>10 and all(.[]; .kind=="ftp.sim-interval/v1" and (.t_s|type)=="number" and .load_rps>=0
+      and (.gear|type)=="string" and .ttft_ms.p99>=.ttft_ms.p50 and .tpot_ms.p99>0 and .utilization>=0 and .utilization<=1
+      and .sla_attainment>=0 and .sla_attainment<=1 and (.shifts|type)=="number")' "$tmp/gs.jsonl"
+  check "$name: intervals 10 s apart" jq -e -s '.[:-1] | .[1].t_s - .[0].t_s == 10' "$tmp/gs.jsonl"
+  check "$name: static stays on $economy" \
+    jq -e --arg e "$economy" '.shifts==0 and .final_gear==$e and (.gear_time_s|keys)==[$e]' "$tmp/static.sum"
+  check "$name: gear shifter shifts" jq -e '.shifts>=1 and (.gear_time_s|length)>=2' "$tmp/gs.sum"
+  check "$name: gear shifter attains the SLA more often" \
+    jq -e --slurpfile s "$tmp/static.sum" '.sla_attainment > $s[0].sla_attainment + 0.1 and .goodput_rps > $s[0].goodput_rps' "$tmp/gs.sum"
+  check "$name: and pays in GPU-hours" jq -e --slurpfile s "$tmp/static.sum" '.gpu_hours > $s[0].gpu_hours' "$tmp/gs.sum"
+  jq -c '{policy, sla_attainment, goodput_rps, p99, gpu_hours, mean_utilization, shifts}' "$tmp/static.sum" "$tmp/gs.sum"
+}
+
+azure=$data/traces/azure-llm-2023/AzureLLMInferenceTrace_code.csv
+if [ -r "$azure" ]; then
+  compare "azure code slice" --trace "$azure" --start 600 --duration 2400 --rate-scale 6
+  check "azure: trace named in the summary" \
+    jq -e '.trace.format=="azure-csv" and .trace.rate_scale==6 and .duration_s==400 and .requests>6000' "$tmp/gs.sum"
+  cp "$tmp/gs.jsonl" "$tmp/azure.jsonl"
+else
+  echo "skip: no Azure trace at $azure (set FTP_TEST_DATA)"
+fi
+
+compare "steps 4,30,4 req/s" --rate-pattern steps:4,30,4@600 --seed 2
+check "steps: up in the surge, down after it" \
+  jq -e -s --arg e "$economy" '.[:-1] as $r | ($r[80].gear!=$e) and ($r[-1].gear==$e or $r[-1].shift_to==$e)' "$tmp/gs.jsonl"
+check "steps: seeded, deterministic" cmp -s "$tmp/gs.jsonl" \
+  <("$plan" simulate --gears "$tmp/gears.json" --policy gear-shifter --rate-pattern steps:4,30,4@600 --seed 2)
+
+"$plan" simulate --gears "$tmp/gears.json" --policy dynamic-tp --rate-pattern day:2,30@1200 --burstiness 2 \
+  --summary "$tmp/sum.json" >"$tmp/out"; rc=$?
+check "dynamic-tp, day curve, gamma: exit 0" test $rc -eq 0
+check "--summary: to the file, stdout only intervals" jq -e -s 'all(.[]; .kind=="ftp.sim-interval/v1") and length==120' "$tmp/out"
+check "--summary: policy named" jq -e '.kind=="ftp.sim-summary/v1" and .policy=="dynamic-tp" and .policy_name=="tp-planner"' "$tmp/sum.json"
+"$plan" --topology "$tmp/topo.json" --model "$src/examples/models/llama-7b.json" simulate --policy naive \
+  --rate-pattern const:5 --duration 300 >"$tmp/out"; rc=$?
+check "--topology/--model instead of --gears" test $rc -eq 0 -a "$(tail -1 "$tmp/out" | jq -r .policy_name)" = naive
+
+expect_error() {  # expect_error NAME PATTERN ARGS...
+  local name=$1 pattern=$2; shift 2
+  "$plan" "$@" </dev/null >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  check "$name: exit 2" test $rc -eq 2
+  check "$name: message" grep -qF -- "$pattern" "$tmp/err"
+  check "$name: nothing on stdout" test ! -s "$tmp/out"
+}
+printf 'TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n2023-11-16 18:17:04.0319600,x,8\n' >"$tmp/bad.csv"
+expect_error "bad CSV line" "ftp-plan: error: $tmp/bad.csv:3: ContextTokens: expected a non-negative integer, got \"x\"" \
+  simulate --gears "$tmp/gears.json" --trace "$tmp/bad.csv"
+printf '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 10, "output_length": 1}\n' >"$tmp/bad.jsonl"
+expect_error "bad JSONL line" "ftp-plan: error: $tmp/bad.jsonl:2: input_length: missing required field" \
+  simulate --gears "$tmp/gears.json" --trace "$tmp/bad.jsonl"
+expect_error "unknown static gear" 'gear "turbo" is not in the gear table' \
+  simulate --gears "$tmp/gears.json" --rate-pattern const:1 --duration 60 --policy static:turbo
+expect_error "unknown policy" '--policy: unknown policy "bogus"' simulate --gears "$tmp/gears.json" --rate-pattern const:1 --duration 60 --policy bogus
+expect_error "bad pattern" '--rate-pattern: unknown pattern "ramp"' simulate --gears "$tmp/gears.json" --rate-pattern ramp:1
+expect_error "no arrivals" "give one of --trace and --rate-pattern" simulate --gears "$tmp/gears.json"
+expect_error "no table" "give --gears, or --topology and --model" simulate --rate-pattern const:1 --duration 60
+expect_error "missing trace" "nope.csv: cannot open the trace file" simulate --gears "$tmp/gears.json" --trace "$tmp/nope.csv"
+"$plan" simulate --help >"$tmp/out"; rc=$?
+check "simulate --help: exit 0, names the queueing model" grep -q "queueing" "$tmp/out"
+
+# Bash completion offers simulate and every option of simulate --help.
+source "$src/shell/ftp-completion.bash"
+COMP_WORDS=(ftp-plan ""); COMP_CWORD=1; COMPREPLY=(); _ftp_plan
+check "completion offers simulate" grep -qx simulate <(printf '%s\n' "${COMPREPLY[@]}")
+COMP_WORDS=(ftp-plan simulate --); COMP_CWORD=2; COMPREPLY=(); _ftp_plan
+for opt in $("$plan" simulate --help | grep -oE -- '--[a-z][a-z-]+' | sort -u); do
+  check "completion offers simulate $opt" grep -qx -- "$opt" <(printf '%s\n' "${COMPREPLY[@]}")
+done
+COMP_WORDS=(ftp-plan simulate --policy ""); COMP_CWORD=3; COMPREPLY=(); _ftp_plan
+check "completion offers the policies" grep -qx gear-shifter <(printf '%s\n' "${COMPREPLY[@]}")
+
+# The timeline plot.
+if command -v gnuplot >/dev/null; then
+  in=$tmp/gs.jsonl; [ -r "$tmp/azure.jsonl" ] && in=$tmp/azure.jsonl
+  "$src/shell/plot-timeline" "$in" "$tmp/t.png"; rc=$?
+  check "plot-timeline: exit 0" test $rc -eq 0
+  check "plot-timeline: a non-empty PNG" sh -c "test -s '$tmp/t.png' && head -c 8 '$tmp/t.png' | grep -q PNG"
+  "$src/shell/plot-timeline" "$in" "$tmp/t.svg"
+  check "plot-timeline: an SVG" grep -q "<svg" "$tmp/t.svg"
+else
+  echo "skip: gnuplot not installed (apt-get install gnuplot-nox); plot-timeline not checked"
+fi
+
+echo "$pass passed, $failn failed"
+[ $failn -eq 0 ]
