@@ -8,11 +8,7 @@ set -u
 probe=$1
 plan=$2
 src=$3
-pass=0; failn=0
-check() {  # check NAME COMMAND...
-  local name=$1; shift
-  if "$@" >/dev/null; then pass=$((pass+1)); echo "ok: $name"; else failn=$((failn+1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 "$probe" --cluster "$src/examples/clusters/a100-8x-nvlink.json" --json=short >"$tmp/topo.json"
@@ -116,5 +112,4 @@ for opt in $("$plan" decide --help | grep -oE -- '--[a-z][a-z-]+' | sort -u); do
   check "completion offers decide $opt" grep -qx -- "$opt" <(printf '%s\n' "${COMPREPLY[@]}")
 done
 
-echo "$pass passed, $failn failed"
-[ $failn -eq 0 ]
+finish

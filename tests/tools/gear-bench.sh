@@ -8,25 +8,14 @@ data=${FTP_TEST_DATA:-}
 m=$data/models/stories260K/stories260K.gguf
 if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 bench=$bin/ftp-gear-bench
-pass=0; failn=0
-check() {
-  local name=$1; shift
-  if "$@" >/dev/null 2>&1; then pass=$((pass+1)); else failn=$((failn+1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d)
 export FTP_SOCKET=$tmp/control.sock
 daemon=
 cleanup() { [ -n "$daemon" ] && { kill -TERM "$daemon"; wait "$daemon"; } 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 
-"$bin/ftp-serve" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --port 0 2>"$tmp/serve.log" &
-daemon=$!
-for _ in $(seq 1 200); do
-  port=$(sed -n 's/.*http: listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/serve.log")
-  [ -n "$port" ] && [ -S "$FTP_SOCKET" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { echo "daemon did not start:"; cat "$tmp/serve.log"; exit 1; }
+start_daemon_with "$bin/ftp-serve" "$tmp/serve.log" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json"
 url=http://127.0.0.1:$port
 
 # A fixed rate for 2 s, with raw samples.
@@ -90,5 +79,4 @@ check "unknown gear: named" grep -q 'no gear named "turbo"' "$tmp/err"
 "$bench" --url "$url" --sweep 4,2 >/dev/null 2>&1; rc=$?
 check "decreasing sweep: exit 2" test $rc -eq 2
 
-echo "$pass passed, $failn failed"
-[ $failn -eq 0 ]
+finish

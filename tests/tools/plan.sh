@@ -5,11 +5,7 @@ set -u
 probe=$1
 plan=$2
 src=$3
-pass=0; failn=0
-check() {  # check NAME COMMAND...
-  local name=$1; shift
-  if "$@" >/dev/null; then pass=$((pass+1)); echo "ok: $name"; else failn=$((failn+1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 models=$src/examples/models
 
@@ -91,5 +87,4 @@ else
   echo "SKIP: stories260K.gguf not found (set FTP_TEST_DATA): GGUF input not checked"
 fi
 
-echo "$pass passed, $failn failed"
-[ $failn -eq 0 ]
+finish

@@ -4,11 +4,7 @@
 set -u
 probe=$1
 src=$2
-pass=0; failn=0
-check() {  # check NAME COMMAND...
-  local name=$1; shift
-  if "$@" >/dev/null; then pass=$((pass+1)); echo "ok: $name"; else failn=$((failn+1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 "$probe" --quick --json=short >"$tmp/local.json" 2>"$tmp/err"; rc=$?
@@ -65,5 +61,4 @@ expect_error "wrong kind" 2 'kind: expected "ftp.cluster/v1", got "ftp.topology/
 expect_error "missing file" 2 "/nonexistent.json: cannot open" --cluster /nonexistent.json
 expect_error "negative virtual devices" 2 "ftp-probe: error:" --virtual-devices -1
 
-echo "$pass passed, $failn failed"
-[ $failn -eq 0 ]
+finish

@@ -11,11 +11,7 @@ m=$data/models/stories260K/stories260K.gguf
 if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 gears=$src/tests/tools/fixtures/stories260K-auto-gears.json
 policy=$src/tests/tools/fixtures/fast-policy.json
-pass=0; failn=0
-check() {
-  local name=$1; shift
-  if "$@" >/dev/null 2>&1; then pass=$((pass+1)); else failn=$((failn+1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d)
 export FTP_SOCKET=$tmp/control.sock
 daemon=; loop=; burst=()
@@ -26,16 +22,7 @@ cleanup() {
 trap cleanup EXIT
 
 start_daemon() {
-  rm -f "$FTP_SOCKET"
-  "$tools/ftp-serve" -m "$m" --gears "$gears" --port 0 --max-running 2 --step-interval-ms 50 "$@" 2>"$tmp/serve.log" &
-  daemon=$!
-  port=
-  for _ in $(seq 1 200); do
-    port=$(sed -n 's/.*http: listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/serve.log")
-    [ -n "$port" ] && [ -S "$FTP_SOCKET" ] && return 0
-    sleep 0.05
-  done
-  cat "$tmp/serve.log"; exit 1
+  start_daemon_with "$tools/ftp-serve" "$tmp/serve.log" -m "$m" --gears "$gears" --max-running 2 --step-interval-ms 50 "$@"
 }
 gear_now() { "$tools/ftp-probe" --watch --count 1 | jq -r .gear; }
 wait_gear() {  # GEAR SECONDS
@@ -75,5 +62,4 @@ check "pipeline: records name the trigger" \
   jq -se '[.[] | select(.phase=="done")] | (.[0].trigger=="policy:gear-shifter" and .[0].to=="standard" and .[1].to=="economy")' "$tmp/loop.jsonl"
 kill -TERM $daemon; wait $daemon; daemon=
 
-echo "$pass passed, $failn failed"
-[ $failn -eq 0 ]
+finish

@@ -7,26 +7,15 @@ serve=$1; shift_tool=$2; drain=$3; src=$4
 data=${FTP_TEST_DATA:-}
 m=$data/models/stories260K/stories260K.gguf
 if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
-pass=0; failn=0
-check() {
-  local name=$1; shift
-  if "$@" >/dev/null 2>&1; then pass=$((pass+1)); else failn=$((failn+1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d)
 export FTP_SOCKET=$tmp/control.sock
 daemon=
 cleanup() { [ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 
-start_daemon() {
-  "$serve" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --port 0 --step-interval-ms "$1" 2>"$tmp/serve.log" &
-  daemon=$!
-  for _ in $(seq 1 200); do
-    port=$(sed -n 's/.*http: listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/serve.log")
-    [ -n "$port" ] && [ -S "$FTP_SOCKET" ] && return 0
-    sleep 0.05
-  done
-  echo "daemon did not start:"; cat "$tmp/serve.log"; exit 1
+start_daemon() {  # STEP_INTERVAL_MS
+  start_daemon_with "$serve" "$tmp/serve.log" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --step-interval-ms "$1"
 }
 complete() {  # PROMPT MAX_TOKENS
   curl -s "http://127.0.0.1:$port/v1/completions" -d "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0}"
@@ -144,5 +133,4 @@ done
 "$shift_tool" --to economy 2>"$tmp/err"; rc=$?
 check "daemon gone: exit 3" test $rc -eq 3
 
-echo "$pass passed, $failn failed"
-[ $failn -eq 0 ]
+finish

@@ -10,11 +10,7 @@ if [ ! -f "$m/stories260K.bin" ] || [ ! -f "$m/stories260K.gguf" ]; then
   echo "SKIP: stories260K not found under '$data' (set FTP_TEST_DATA to ../shared/data)"
   exit 77
 fi
-pass=0; failn=0
-check() {
-  local name=$1; shift
-  if "$@" >/dev/null 2>&1; then pass=$((pass+1)); else failn=$((failn+1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 for file in stories260K.bin stories260K.gguf; do
@@ -59,5 +55,4 @@ expect_error "bad gear" "--gear: pp=x" -m "$m/stories260K.gguf" --gear tp=1,pp=x
 expect_error "tp not dividing heads" "tp 3 does not divide n_head 8" -m "$m/stories260K.gguf" --gear tp=3 -p x
 
 
-echo "$pass passed, $failn failed"
-[ $failn -eq 0 ]
+finish

@@ -10,11 +10,7 @@ probe=$1
 plan=$2
 src=$3
 data=${FTP_TEST_DATA:-$src/../shared/data}
-pass=0; failn=0
-check() {  # check NAME COMMAND...
-  local name=$1; shift
-  if "$@" >/dev/null; then pass=$((pass+1)); echo "ok: $name"; else failn=$((failn+1)); echo "FAIL: $name"; fi
-}
+source "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 "$probe" --cluster "$src/examples/clusters/a100-8x-nvlink.json" --json=short >"$tmp/topo.json"
@@ -115,5 +111,4 @@ else
   echo "skip: gnuplot not installed (apt-get install gnuplot-nox); plot-timeline not checked"
 fi
 
-echo "$pass passed, $failn failed"
-[ $failn -eq 0 ]
+finish

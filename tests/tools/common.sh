@@ -1,0 +1,33 @@
+# Sourced by the shell tests of tests/tools: one way to count checks, end a
+# test, and start a private ftp-serve.
+
+pass=0; failn=0
+
+# check NAME COMMAND...: runs COMMAND quietly; counts and reports the result.
+check() {
+  local name=$1; shift
+  if "$@" >/dev/null 2>&1; then pass=$((pass+1)); echo "ok: $name"; else failn=$((failn+1)); echo "FAIL: $name"; fi
+}
+
+# finish: the closing line every runner understands, and the exit status.
+finish() {
+  echo "$pass passed, $failn failed"
+  [ "$failn" -eq 0 ]
+}
+
+# start_daemon_with SERVE LOG ARGS...: starts SERVE ARGS... --port 0 in the
+# background with its log in LOG, waits until it listens on HTTP and on
+# $FTP_SOCKET; sets $daemon (pid) and $port. Exits 1 with the log if it fails.
+start_daemon_with() {
+  local serve=$1 log=$2; shift 2
+  rm -f "$FTP_SOCKET"
+  "$serve" "$@" --port 0 2>"$log" &
+  daemon=$!
+  port=
+  for _ in $(seq 1 200); do
+    port=$(sed -n 's/.*http: listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$log" 2>/dev/null)
+    [ -n "$port" ] && [ -S "$FTP_SOCKET" ] && return 0
+    sleep 0.05
+  done
+  echo "daemon did not start:"; cat "$log"; exit 1
+}
