@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/version.hpp"
+#include "ipc/protocol.hpp"
 
 namespace ftp::cli {
 
@@ -66,6 +67,14 @@ int Tool::run(int argc, char** argv, const std::function<int()>& body) {
     return static_cast<int>(Exit::failure);
   }
 }
+
+CLI::Option* Tool::add_socket_option(const std::string& when) {
+  return app_.add_option("--socket", socket_,
+                         when + "control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
+      ->option_text("PATH");
+}
+
+std::string Tool::socket_path() const { return socket_.empty() ? ipc::default_socket_path() : socket_; }
 
 void Tool::emit(const json::Json& doc) const {
   std::cout << json::dump(doc, json_style()) << "\n" << std::flush;

@@ -30,6 +30,13 @@ class Tool {
   /// its exit code, any other exception to 1. Returns main()'s exit code.
   int run(int argc, char** argv, const std::function<int()>& body);
 
+  /// Adds --socket PATH (the daemon's control socket); `when` prefixes the
+  /// help text ("With --watch: "). See socket_path().
+  CLI::Option* add_socket_option(const std::string& when = "");
+  /// --socket as given, else ipc::default_socket_path() ($FTP_SOCKET,
+  /// $XDG_RUNTIME_DIR/flextp/control.sock, /run/flextp/control.sock).
+  std::string socket_path() const;
+
   /// Writes one JSON document (or one JSON Lines record) to stdout, newline, flush.
   void emit(const json::Json& doc) const;
   /// Like emit, always on one line (for JSON Lines streams).
@@ -44,6 +51,7 @@ class Tool {
   std::string name_;
   CLI::App app_;
   std::string json_opt_;
+  std::string socket_;
 };
 
 /// True when the stream (1 = stdout, 2 = stderr) is a terminal.

@@ -60,7 +60,7 @@ WeightStore::WeightStore(const model::Model& m) : m_(m) {
   count(w.output_norm);
   if (w.output.data != w.tok_embd.data) count(w.output);
   for (const auto& l : w.layers) {
-    for (const auto* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_down, &l.w_up})
+    for (const auto* t : l.tensors())
       count(*t);
     attn_norm_.push_back(vec_f32(l.attn_norm));
     ffn_norm_.push_back(vec_f32(l.ffn_norm));

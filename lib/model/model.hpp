@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -71,6 +72,11 @@ struct LayerWeights {
   TensorView w_gate;        ///< [n_ff][n_embd]  (llama2.c w1)
   TensorView w_down;        ///< [n_embd][n_ff]  (llama2.c w2)
   TensorView w_up;          ///< [n_ff][n_embd]  (llama2.c w3)
+
+  /// Every tensor of the layer, norms included.
+  std::array<const TensorView*, 9> tensors() const {
+    return {&attn_norm, &wq, &wk, &wv, &wo, &ffn_norm, &w_gate, &w_down, &w_up};
+  }
 };
 
 struct Weights {

@@ -163,7 +163,7 @@ ModelShape model_shape_of_file(const std::string& path) {
   std::uint64_t n = static_cast<std::uint64_t>(m.weights.tok_embd.elements() + m.weights.output_norm.elements());
   if (!s.tie_embeddings) n += static_cast<std::uint64_t>(m.weights.output.elements());
   for (const auto& l : m.weights.layers)
-    for (const auto* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_down, &l.w_up})
+    for (const auto* t : l.tensors())
       n += static_cast<std::uint64_t>(t->elements());
   s.n_params = n;
   return s;

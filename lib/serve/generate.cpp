@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/generate.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 #include "core/error.hpp"
@@ -121,6 +122,18 @@ std::string TextStream::finish() {
   return rest;
 }
 
+bool EndOfGeneration::ends(int token) const {
+  return token == eos || std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end();
+}
+
+EndOfGeneration end_of_generation(const model::Model& model, const model::Tokenizer& tok) {
+  EndOfGeneration e;
+  e.eos = model.format == "llama2c" ? tok.bos() : tok.eos();
+  for (int id = 0; id < tok.n_vocab(); ++id)
+    if (tok.is_eog(id) && id != e.eos) e.stop_tokens.push_back(id);
+  return e;
+}
+
 std::string generate_once(const model::Model& model, const GenerateOptions& o,
                           const std::function<void(std::string_view)>& on_text) {
   if (o.gear.dp != 1) throw InputError("--gear: dp=" + std::to_string(o.gear.dp) + ": one-shot generation runs one replica (dp=1)");
@@ -147,14 +160,12 @@ std::string generate_once(const model::Model& model, const GenerateOptions& o,
   if (r.max_tokens < 1)
     throw InputError("--prompt: " + std::to_string(prompt.size()) + " tokens fill the model's context of " +
                      std::to_string(model.hparams.n_ctx_train));
-  // llama2.c models end on BOS; GGUF models on their end-of-generation tokens.
-  r.eos = model.format == "llama2c" ? tok.bos() : tok.eos();
-  for (int id = 0; id < tok.n_vocab(); ++id)
-    if (tok.is_eog(id) && id != r.eos) r.stop_tokens.push_back(id);
+  const EndOfGeneration eog = end_of_generation(model, tok);
+  r.eos = eog.eos;
+  r.stop_tokens = eog.stop_tokens;
   r.stop_check = [&](const std::vector<int>&) { return stream.stopped(); };
   r.on_event = [&](const engine::GenerationEvent& e) {
-    if (e.token >= 0 && e.token != r.eos &&
-        std::find(r.stop_tokens.begin(), r.stop_tokens.end(), e.token) == r.stop_tokens.end()) {
+    if (e.token >= 0 && !eog.ends(e.token)) {
       std::string piece = stream.push(e.token);
       text += piece;
       if (!piece.empty()) on_text(piece);

@@ -26,6 +26,16 @@ GearSpec parse_gear_spec(std::string_view text);
 /// possible (earlier stages one layer larger when pp does not divide).
 std::vector<engine::StageLayout> even_stages(int n_layer, int tp, int pp);
 
+/// How generation ends for a model: `eos` (BOS for llama2.c models, as in
+/// run.c; the tokenizer's EOS otherwise) and the other end-of-generation
+/// tokens of the vocabulary. Scans the vocabulary: compute it once per model.
+struct EndOfGeneration {
+  int eos = -1;
+  std::vector<int> stop_tokens;
+  bool ends(int token) const;
+};
+EndOfGeneration end_of_generation(const model::Model& model, const model::Tokenizer& tok);
+
 /// One completion without a daemon: what `ftp-serve --prompt` does.
 struct GenerateOptions {
   GearSpec gear;

@@ -21,6 +21,16 @@ using json::Json;
 /// Histogram bucket bounds, ms (Prometheus "le").
 const std::vector<double> kBoundsMs = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000};
 
+}  // namespace
+
+void Service::observe_ms(Histogram& h, double ms) {
+  h.counts[static_cast<std::size_t>(std::lower_bound(kBoundsMs.begin(), kBoundsMs.end(), ms) - kBoundsMs.begin())]++;
+  h.sum += ms;
+  ++h.count;
+}
+
+namespace {
+
 std::string fmt(double v) {
   std::ostringstream o;
   o << v;
@@ -30,7 +40,8 @@ std::string fmt(double v) {
 }  // namespace
 
 Service::Service(const model::Model& model, ServiceConfig config)
-    : model_(model), cfg_(std::move(config)), tok_(model::Tokenizer::from(model.tokenizer)), t0_(Clock::now()) {
+    : model_(model), cfg_(std::move(config)), tok_(model::Tokenizer::from(model.tokenizer)),
+      eog_(end_of_generation(model, tok_)), t0_(Clock::now()) {
   const auto& hp = model.hparams;
   const auto& m = cfg_.gears.model;
   if (m.n_layers != hp.n_layer || m.n_heads != hp.n_head || m.n_kv_heads != hp.n_head_kv)
@@ -227,16 +238,13 @@ void Service::submit(CompletionRequest r) {
   g.prompt = prompt;
   g.sampling = r.sampling;
   g.max_tokens = r.max_tokens;
-  g.eos = model_.format == "llama2c" ? tok_.bos() : tok_.eos();
-  for (int id = 0; id < tok_.n_vocab(); ++id)
-    if (tok_.is_eog(id) && id != g.eos) g.stop_tokens.push_back(id);
+  g.eos = eog_.eos;
+  g.stop_tokens = eog_.stop_tokens;
   TextStream* ts = tr->text.get();
   g.stop_check = [ts](const std::vector<int>&) { return ts->stopped(); };
   auto on_event = r.on_event;
   DomainRunner* dp = dom.get();
-  const int eos = g.eos;
-  const std::vector<int> stops = g.stop_tokens;
-  g.on_event = [this, tr, on_event, dp, n, eos, stops](const engine::GenerationEvent& e) {
+  g.on_event = [this, tr, on_event, dp, n](const engine::GenerationEvent& e) {
     CompletionEvent ce;
     ce.request_id = e.request_id;
     ce.domain_id = e.domain_id;
@@ -250,13 +258,9 @@ void Service::submit(CompletionRequest r) {
         double ttft = static_cast<double>(t - tr->arrival_ms);
         ttft_.add(ttft, t);
         std::lock_guard lk(metrics_mu_);
-        auto& h = hist_[0];
-        h.counts[static_cast<std::size_t>(std::lower_bound(kBoundsMs.begin(), kBoundsMs.end(), ttft) - kBoundsMs.begin())]++;
-        h.sum += ttft;
-        ++h.count;
+        observe_ms(hist_[0], ttft);
       }
-      bool eog = e.token == eos || std::find(stops.begin(), stops.end(), e.token) != stops.end();
-      if (!eog) ce.text = tr->text->push(e.token);
+      if (!eog_.ends(e.token)) ce.text = tr->text->push(e.token);
     }
     ce.completion_tokens = tr->tokens;
     if (e.finished) {
@@ -278,16 +282,11 @@ void Service::submit(CompletionRequest r) {
         ++requests_failed_;
       }
       std::lock_guard lk(metrics_mu_);
-      auto add = [&](Histogram& h, double v) {
-        h.counts[static_cast<std::size_t>(std::lower_bound(kBoundsMs.begin(), kBoundsMs.end(), v) - kBoundsMs.begin())]++;
-        h.sum += v;
-        ++h.count;
-      };
-      add(hist_[2], e2e);
+      observe_ms(hist_[2], e2e);
       if (tr->tokens > 1 && tr->first_ms >= 0) {
         double tpot = static_cast<double>(t - tr->first_ms) / (tr->tokens - 1);
         tpot_.add(tpot, t);
-        add(hist_[1], tpot);
+        observe_ms(hist_[1], tpot);
       }
     }
     if (on_event && (ce.finished || !ce.text.empty())) on_event(ce);

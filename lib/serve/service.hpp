@@ -24,6 +24,7 @@
 #include "engine/domain.hpp"
 #include "model/model.hpp"
 #include "model/tokenizer.hpp"
+#include "serve/generate.hpp"
 #include "serve/latency.hpp"
 
 namespace ftp::serve {
@@ -181,6 +182,7 @@ class Service {
   const model::Model& model_;
   ServiceConfig cfg_;
   model::Tokenizer tok_;
+  EndOfGeneration eog_;                                    // computed once: it scans the vocabulary
   std::unique_ptr<engine::WeightStore> store_;
   /// CPU virtual devices named vd0.. in the gear table: rank threads are
   /// pinned to them and KV pages accounted against their memory budget.
@@ -207,6 +209,8 @@ class Service {
     double sum = 0;
     std::uint64_t count = 0;
   };
+  /// Counts one sample (ms) in a histogram; metrics_mu_ held.
+  static void observe_ms(Histogram& h, double ms);
   mutable std::mutex metrics_mu_;                          // hist_, arrivals_, shifts_by_outcome_
   Histogram hist_[3];                                      // ttft, tpot, e2e (ms)
   std::map<std::string, double> credit_;                   // smooth weighted round robin, under mu_

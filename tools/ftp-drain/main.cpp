@@ -9,7 +9,7 @@ int main(int argc, char** argv) {
   ftp::cli::Tool tool("ftp-drain",
                       "Stop new work on a domain (or on every domain holding some devices), wait for its in-flight\n"
                       "requests, retire it and release its devices. Draining the last serving domain needs --force.");
-  std::string domain, devices, socket;
+  std::string domain, devices;
   bool force = false, follow = false;
   int timeout_s = 600;
   auto& app = tool.app();
@@ -20,12 +20,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->option_text("S");
   app.add_flag("-f,--follow", follow, "Print progress as JSON Lines");
-  app.add_option("--socket", socket, "Control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
-      ->option_text("PATH");
+  tool.add_socket_option("");
 
   return tool.run(argc, argv, [&]() -> int {
     if (domain.empty() == devices.empty()) throw ftp::InputError("give exactly one of --domain ID or --devices LIST");
-    ftp::ipc::Client client(socket.empty() ? ftp::ipc::default_socket_path() : socket);
+    ftp::ipc::Client client(tool.socket_path());
     ftp::json::Json done = ftp::serve::remote_drain(
         client, domain, ftp::serve::parse_device_list(devices), force, timeout_s * 1000, [&](const ftp::json::Json& e) {
           if (follow) tool.emit_line(e);

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
                       "that capacity into a gear table; or replay a trace. Only a live daemon can be driven (no simulated engine\n"
                       "yet).");
   ftp::bench::BenchSpec spec;
-  std::string rate, sweep, duration, gears_path, samples_path, socket;
+  std::string rate, sweep, duration, gears_path, samples_path;
   bool write = false, shift = false;
   double min_throughput = -1;
   auto& app = tool.app();
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
       ->option_text("KEY");
   app.add_option("--gear", spec.gear, "The gear this measures (named in the report and the capacity)")->option_text("NAME");
   app.add_flag("--shift", shift, "Shift the daemon to --gear over the control socket before the bench");
-  app.add_option("--socket", socket, "Control socket for --shift (default $FTP_SOCKET)")->option_text("PATH");
+  tool.add_socket_option("With --shift: ");
   app.add_option("--gears", gears_path, "Gear table (ftp.gear-table/v1) for --write-capacity")->option_text("FILE");
   app.add_flag("--write-capacity", write, "Write the measured capacity into --gear of --gears (source \"bench\")");
   auto* o_rate = app.add_option("--rate", rate, "One offered rate, requests/s (default 1)")->option_text("R");
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       if (!samples) throw ftp::Error(samples_path + ": cannot open for writing");
     }
     if (shift) {
-      ftp::ipc::Client client(socket.empty() ? ftp::ipc::default_socket_path() : socket);
+      ftp::ipc::Client client(tool.socket_path());
       ftp::serve::ShiftRequest req;
       req.to = spec.gear;
       req.trigger = "ftp-gear-bench";

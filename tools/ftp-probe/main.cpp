@@ -23,21 +23,19 @@ int main(int argc, char** argv) {
   app.add_flag("--no-gpu", no_gpu, "Do not look for CUDA devices");
   bool watch = false;
   int interval_ms = 1000, count = 0;
-  std::string socket;
   app.add_flag("--watch", watch, "Stream ftp.observation/v1 JSON Lines from a running ftp-serve");
   app.add_option("--interval", interval_ms, "With --watch: ms between observations (default 1000)")
       ->check(CLI::Range(50, 3600000))
       ->option_text("MS");
   app.add_option("--count", count, "With --watch: stop after N observations (default: never)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--socket", socket, "With --watch: control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
-      ->option_text("PATH");
+  tool.add_socket_option("With --watch: ");
   app.get_option("--watch")->excludes(app.get_option("--cluster"));
   app.get_option("--cluster")->excludes(app.get_option("--virtual-devices"));
 
   return tool.run(argc, argv, [&] {
     if (watch) {
-      ftp::ipc::Client client(socket.empty() ? ftp::ipc::default_socket_path() : socket);
+      ftp::ipc::Client client(tool.socket_path());
       ftp::json::Json params{{"interval_ms", interval_ms}};
       if (count > 0) params["count"] = count;
       client.stream("watch", params, [&](const ftp::json::Json& o) {

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
                       "traffic with checks, drain and retire the old domains; it rolls back by itself on a failed\n"
                       "check. Or execute ftp.decision/v1 JSON Lines read on stdin (--from-stdin).");
   ftp::serve::ShiftRequest req;
-  std::string socket, ramp;
+  std::string ramp;
   bool follow = false, from_stdin = false;
   auto& app = tool.app();
   app.add_option("--to", req.to, "Target gear")->option_text("GEAR");
@@ -26,8 +26,7 @@ int main(int argc, char** argv) {
   app.add_flag("-f,--follow", follow, "Print every ftp.shift-event/v1 as it happens (JSON Lines)");
   app.add_flag("--queue", req.queue, "Wait while another shift runs instead of failing with ftp.ShiftInProgress");
   app.add_flag("--from-stdin", from_stdin, "Execute ftp.decision/v1 JSON Lines from stdin (action shift; hold is skipped)");
-  app.add_option("--socket", socket, "Control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
-      ->option_text("PATH");
+  tool.add_socket_option("");
   app.add_option("--inject-fault", req.inject_fault, "Fault injection for tests: 'check' fails the first ramp check")
       ->check(CLI::IsMember({"check"}));
   app.get_option("--to")->excludes(app.get_option("--from-stdin"));
@@ -35,7 +34,7 @@ int main(int argc, char** argv) {
   return tool.run(argc, argv, [&]() -> int {
     if (req.to.empty() && !from_stdin) throw ftp::InputError("give --to GEAR or --from-stdin");
     req.ramp = ftp::serve::parse_ramp(ramp);
-    ftp::ipc::Client client(socket.empty() ? ftp::ipc::default_socket_path() : socket);
+    ftp::ipc::Client client(tool.socket_path());
     auto on_event = [&](const ftp::json::Json& e) {
       if (follow) tool.emit_line(e);
       tool.progress(e.value("phase", "") + " " + e.value("message", ""));

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "core/error.hpp"
@@ -77,6 +78,33 @@ struct Events {
   Events(const Events&) = delete;
   Events& operator=(const Events&) = delete;
 };
+
+/// Times `reps` runs of `body` with CUDA events: the best and mean rate of
+/// `work` units per run, divided by `scale` (1e12: TFLOP/s, 1e9: GB/s).
+Measurement time_reps(int device, const char* what, int reps, double work, double scale, std::string unit,
+                      std::string method, const std::function<void()>& body) {
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", what, device);
+  Events ev(what, device);
+  double best = 0, total = 0;
+  for (int r = 0; r < reps; ++r) {
+    cuda_check(cudaEventRecord(ev.start), "cudaEventRecord", what, device);
+    body();
+    cuda_check(cudaEventRecord(ev.stop), "cudaEventRecord", what, device);
+    cuda_check(cudaEventSynchronize(ev.stop), "cudaEventSynchronize", what, device);
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime", what, device);
+    total += ms / 1e3;
+    best = std::max(best, work / (ms / 1e3) / scale);
+  }
+  Measurement m;
+  m.unit = std::move(unit);
+  m.value = best;
+  m.mean = work * reps / total / scale;
+  m.seconds = total;
+  m.repetitions = reps;
+  m.method = std::move(method);
+  return m;
+}
 
 std::string format_uuid(const cudaUUID_t& u) {
   const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
@@ -188,28 +216,8 @@ Measurement measure_gpu_gemm_tflops(int device, bool quick) {
                  "cublasGemmEx", device);
   };
   for (int i = 0; i < warmups; ++i) gemm();
-  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", what, device);
-  Events ev(what, device);
-  const double flops = 2.0 * n * static_cast<double>(n) * n;
-  double best = 0, total = 0;
-  for (int r = 0; r < reps; ++r) {
-    cuda_check(cudaEventRecord(ev.start), "cudaEventRecord", what, device);
-    gemm();
-    cuda_check(cudaEventRecord(ev.stop), "cudaEventRecord", what, device);
-    cuda_check(cudaEventSynchronize(ev.stop), "cudaEventSynchronize", what, device);
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime", what, device);
-    total += ms / 1e3;
-    best = std::max(best, flops / (ms / 1e3) / 1e12);
-  }
-  Measurement m;
-  m.unit = "TFLOP/s";
-  m.value = best;
-  m.mean = flops * reps / total / 1e12;
-  m.seconds = total;
-  m.repetitions = reps;
-  m.method = "cublasGemmEx bf16 in/out fp32 accumulate m=n=k=" + std::to_string(n);
-  return m;
+  return time_reps(device, what, reps, 2.0 * n * static_cast<double>(n) * n, 1e12, "TFLOP/s",
+                   "cublasGemmEx bf16 in/out fp32 accumulate m=n=k=" + std::to_string(n), gemm);
 }
 
 Measurement measure_gpu_triad_gbs(int device, bool quick) {
@@ -234,28 +242,8 @@ Measurement measure_gpu_triad_gbs(int device, bool quick) {
                what, device);
   };
   for (int i = 0; i < 2; ++i) pass();
-  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", what, device);
-  Events ev(what, device);
-  const double bytes = 3.0 * 4.0 * static_cast<double>(n);
-  double best = 0, total = 0;
-  for (int r = 0; r < reps; ++r) {
-    cuda_check(cudaEventRecord(ev.start), "cudaEventRecord", what, device);
-    pass();
-    cuda_check(cudaEventRecord(ev.stop), "cudaEventRecord", what, device);
-    cuda_check(cudaEventSynchronize(ev.stop), "cudaEventSynchronize", what, device);
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime", what, device);
-    total += ms / 1e3;
-    best = std::max(best, bytes / (ms / 1e3) / 1e9);
-  }
-  Measurement m;
-  m.unit = "GB/s";
-  m.value = best;
-  m.mean = bytes * reps / total / 1e9;
-  m.seconds = total;
-  m.repetitions = reps;
-  m.method = "triad fp32 kernels/triad.cu 3x" + std::to_string(n * 4 >> 20) + " MiB bytes=3*4*N";
-  return m;
+  return time_reps(device, what, reps, 3.0 * 4.0 * static_cast<double>(n), 1e9, "GB/s",
+                   "triad fp32 kernels/triad.cu 3x" + std::to_string(n * 4 >> 20) + " MiB bytes=3*4*N", pass);
 }
 
 void gpu_triad(int device, float* a, const float* b, const float* c, float scalar, std::size_t n) {
