@@ -41,19 +41,24 @@ int kv_blocks_for_bytes(const model::HParams& hp, const std::vector<StageLayout>
 }
 
 Domain::Domain(const WeightStore& weights, DomainConfig config)
-    : w_(weights), cfg_(std::move(config)), blocks_(cfg_.kv_blocks) {
-  const auto& hp = w_.hparams();
+    : Domain(weights.hparams(), std::move(config), [&weights](const DomainConfig& c) {
+        return std::make_unique<Executor>(weights, c.stages, c.kv_blocks, c.block_tokens);
+      }) {}
+
+Domain::Domain(const model::HParams& hp, DomainConfig config, const EngineFactory& make)
+    : hp_(hp), cfg_(std::move(config)), blocks_(cfg_.kv_blocks) {
   if (cfg_.stages.size() == 1 && cfg_.stages[0].n_layers == 0) cfg_.stages[0] = StageLayout{0, hp.n_layer, cfg_.stages[0].tp};
   if (cfg_.max_context <= 0) cfg_.max_context = hp.n_ctx_train;
   if (cfg_.max_batched_tokens < 1) throw InputError("domain " + cfg_.id + ": max_batched_tokens must be positive");
   if (cfg_.max_running < 1) throw InputError("domain " + cfg_.id + ": max_running must be positive");
-  exec_ = std::make_unique<Executor>(w_, cfg_.stages, cfg_.kv_blocks, cfg_.block_tokens);
+  exec_ = make(cfg_);
+  if (!exec_) throw Error("domain " + cfg_.id + ": no engine");
 }
 
 Domain::~Domain() = default;
 
 void Domain::submit(GenerationRequest r) {
-  const auto& hp = w_.hparams();
+  const auto& hp = hp_;
   const std::string who = "request " + r.id + ": ";
   if (r.prompt.empty()) throw InputError(who + "prompt: must hold at least one token");
   for (std::size_t i = 0; i < r.prompt.size(); ++i)

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine.hpp"
 #include "engine/executor.hpp"
 #include "engine/sampler.hpp"
 #include "engine/weight_store.hpp"
@@ -69,6 +70,12 @@ struct DomainStats {
 /// never dropped: it finishes, or fails with an error event.
 class Domain {
  public:
+  /// Builds the engine of `config` with `make` (after filling in the
+  /// default stage layout from `hp`): the real engine, the simulated one, or
+  /// a test's.
+  using EngineFactory = std::function<std::unique_ptr<Engine>(const DomainConfig&)>;
+  Domain(const model::HParams& hp, DomainConfig config, const EngineFactory& make);
+  /// A domain of the real engine (engine::Executor) over resident weights.
   Domain(const WeightStore& weights, DomainConfig config);
   ~Domain();
 
@@ -103,9 +110,9 @@ class Domain {
               std::vector<std::pair<std::function<void(const GenerationEvent&)>, GenerationEvent>>& events);
   bool preempt_newest(const Seq* keep);
 
-  const WeightStore& w_;
+  model::HParams hp_;
   DomainConfig cfg_;
-  std::unique_ptr<Executor> exec_;
+  std::unique_ptr<Engine> exec_;
   BlockAllocator blocks_;
   mutable std::mutex mu_;                 // guards incoming_ and the counters read by others
   std::deque<std::unique_ptr<Seq>> incoming_;

@@ -113,7 +113,7 @@ Executor::~Executor() {
       if (rk.device) rk.device->release(rk.kv->bytes());
 }
 
-std::uint64_t Executor::kv_bytes() const noexcept {
+std::uint64_t Executor::kv_bytes() const {
   std::uint64_t b = 0;
   for (const auto& st : st_)
     for (const auto& rk : st.ranks) b += rk.kv->bytes();

@@ -9,34 +9,12 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu/virtual_device.hpp"
 #include "comm/inproc.hpp"
+#include "engine/engine.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/weight_store.hpp"
 
 namespace ftp::engine {
-
-/// One pipeline stage of a domain: a contiguous layer range run by `tp`
-/// tensor-parallel ranks, each on its own thread (a CPU virtual device).
-struct StageLayout {
-  int first_layer = 0;
-  int n_layers = 0;
-  int tp = 1;
-  /// The virtual device of each rank (tp of them), or empty: then the ranks
-  /// run unpinned and nothing is accounted. With devices, each rank's thread
-  /// is pinned to its device's CPUs and its KV pages are reserved against
-  /// the device's memory budget (an OutOfDeviceMemory error names it).
-  std::vector<backend::VirtualDevice*> devices;
-};
-
-/// One sequence's share of a forward pass: `tokens` at positions
-/// start_pos.. of the sequence whose KV pages are `blocks`.
-struct SeqChunk {
-  const std::vector<int>* blocks = nullptr;
-  int start_pos = 0;
-  std::vector<int> tokens;
-  bool want_logits = false;   ///< logits of the chunk's last token
-};
 
 /// A thread that runs one task at a time (a rank of a stage).
 class RankThread {
@@ -63,22 +41,23 @@ class RankThread {
 /// the resident weights, with a paged KV cache per rank and the inproc
 /// communicator for the all-reduces of each stage. Micro-batches are
 /// pipelined: at tick t stage s runs micro-batch t - s, all stages at once.
-class Executor {
+class Executor final : public Engine {
  public:
   Executor(const WeightStore& weights, std::vector<StageLayout> stages, int n_kv_blocks, int block_tokens);
-  ~Executor();
+  ~Executor() override;
 
-  int block_tokens() const noexcept { return block_tokens_; }
+  const model::HParams& hparams() const override { return hp_; }
+  int block_tokens() const override { return block_tokens_; }
   const std::vector<StageLayout>& stages() const noexcept { return stages_; }
   /// Bytes of KV storage over all ranks.
-  std::uint64_t kv_bytes() const noexcept;
+  std::uint64_t kv_bytes() const override;
 
   /// Forward over chunks, split into `micro_batches` groups of sequences.
   /// Returns logits [n_vocab] for each chunk with want_logits, in order.
-  std::vector<std::vector<float>> forward(const std::vector<SeqChunk>& chunks, int micro_batches = 1);
+  std::vector<std::vector<float>> forward(const std::vector<SeqChunk>& chunks, int micro_batches = 1) override;
 
   /// Busy seconds of each stage in the last forward (for the bubble ratio).
-  const std::vector<double>& stage_busy_s() const noexcept { return stage_busy_s_; }
+  const std::vector<double>& stage_busy_s() const override { return stage_busy_s_; }
 
  private:
   struct Rank {

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cpu/virtual_device.hpp"
+#include "model/model.hpp"
+
+namespace ftp::engine {
+
+/// One pipeline stage of a domain: a contiguous layer range run by `tp`
+/// tensor-parallel ranks, each on its own thread (a CPU virtual device).
+struct StageLayout {
+  int first_layer = 0;
+  int n_layers = 0;
+  int tp = 1;
+  /// The virtual device of each rank (tp of them), or empty: then the ranks
+  /// run unpinned and nothing is accounted. With devices, each rank's thread
+  /// is pinned to its device's CPUs and its KV pages are reserved against
+  /// the device's memory budget (an OutOfDeviceMemory error names it).
+  std::vector<backend::VirtualDevice*> devices;
+};
+
+/// One sequence's share of a forward pass: `tokens` at positions
+/// start_pos.. of the sequence whose KV pages are `blocks`.
+struct SeqChunk {
+  const std::vector<int>* blocks = nullptr;
+  int start_pos = 0;
+  std::vector<int> tokens;
+  bool want_logits = false;   ///< logits of the chunk's last token
+};
+
+/// The forward pass of one domain. Two implementations sit behind it
+/// (ARCHITECTURE.md, "Engine"): the real one (engine::Executor, the model's
+/// math on a backend) and the simulated one, which returns the same results
+/// in the time a cost model gives. The scheduler above it (engine::Domain:
+/// continuous batching, chunked prefill, paged KV) cannot tell them apart.
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  /// The model's shape (vocabulary, layers, heads, context).
+  virtual const model::HParams& hparams() const = 0;
+  /// Positions per KV page.
+  virtual int block_tokens() const = 0;
+  /// Bytes of KV storage over all ranks.
+  virtual std::uint64_t kv_bytes() const = 0;
+
+  /// Forward over chunks, split into `micro_batches` groups of sequences.
+  /// Returns logits [n_vocab] for each chunk with want_logits, in order.
+  /// Throws on a failure of the domain's devices (the caller fails the
+  /// step's requests with the message).
+  virtual std::vector<std::vector<float>> forward(const std::vector<SeqChunk>& chunks, int micro_batches) = 0;
+
+  /// Busy seconds of each pipeline stage in the last forward (for the
+  /// bubble ratio).
+  virtual const std::vector<double>& stage_busy_s() const = 0;
+};
+
+}  // namespace ftp::engine
