@@ -6,7 +6,6 @@
 #include <string>
 
 #include "core/error.hpp"
-#include "engine/ops.hpp"
 
 namespace ftp::engine {
 
@@ -56,47 +55,53 @@ void RankThread::loop() {
   }
 }
 
-Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, int n_kv_blocks, int block_tokens)
+Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, int n_kv_blocks, int block_tokens,
+                   Backend* backend, int max_rows)
     : w_(weights), hp_(weights.hparams()), stages_(std::move(stages)), block_tokens_(block_tokens) {
   if (stages_.empty()) throw InputError("executor: a domain has at least one stage");
   if (block_tokens < 1) throw InputError("executor: block_tokens must be positive");
-  ops::blas_single_threaded();
+  Backend& be = backend ? *backend : cpu_backend();
   int next = 0;
   for (std::size_t s = 0; s < stages_.size(); ++s) {
     const StageLayout& l = stages_[s];
     if (l.first_layer != next || l.n_layers < 1 || l.first_layer + l.n_layers > hp_.n_layer)
       throw InputError("executor: stage " + std::to_string(s) + " layers [" + std::to_string(l.first_layer) + ", " +
                        std::to_string(l.first_layer + l.n_layers) + ") do not continue from layer " + std::to_string(next));
+    if (!l.devices.empty() && static_cast<int>(l.devices.size()) != l.tp)
+      throw InputError("executor: stage " + std::to_string(s) + " has " + std::to_string(l.devices.size()) +
+                       " devices for tp " + std::to_string(l.tp));
     next = l.first_layer + l.n_layers;
     Stage st;
     st.layout = l;
-    st.comm = std::make_unique<comm::InprocCommunicator>(l.tp);
+    st.first = s == 0;
+    st.last = s + 1 == stages_.size();
+    std::vector<RankSpec> specs;
+    for (int r = 0; r < l.tp; ++r) {
+      RankSpec rs;
+      rs.stage = static_cast<int>(s);
+      rs.rank = r;
+      rs.tp = l.tp;
+      rs.first_layer = l.first_layer;
+      rs.n_layers = l.n_layers;
+      rs.first_stage = st.first;
+      rs.last_stage = st.last;
+      rs.kv_blocks = n_kv_blocks;
+      rs.block_tokens = block_tokens;
+      rs.max_rows = max_rows;
+      if (!l.devices.empty()) rs.device = l.devices[static_cast<std::size_t>(r)];
+      specs.push_back(rs);
+    }
+    // The ranks reserve their KV pages on their devices; if one cannot, the
+    // ranks made so far give theirs back as they are destroyed.
+    auto ranks = be.make_stage(w_, specs);
     for (int r = 0; r < l.tp; ++r) {
       Rank rk;
       for (int L = 0; L < l.n_layers; ++L) rk.layers.push_back(w_.layer(l.first_layer + L, l.tp, r));
-      rk.kv = std::make_unique<KvStore>(l.n_layers, n_kv_blocks, block_tokens, rk.layers[0].kv_heads.size(),
-                                        hp_.head_dim);
+      rk.be = std::move(ranks[static_cast<std::size_t>(r)]);
       rk.thread = std::make_unique<RankThread>();
-      if (!l.devices.empty()) {
-        if (static_cast<int>(l.devices.size()) != l.tp)
-          throw InputError("executor: stage " + std::to_string(s) + " has " + std::to_string(l.devices.size()) +
-                           " devices for tp " + std::to_string(l.tp));
-        backend::VirtualDevice* dev = l.devices[static_cast<std::size_t>(r)];
-        try {
-          dev->reserve(rk.kv->bytes(), "KV cache of stage " + std::to_string(s) + " rank " + std::to_string(r));
-        } catch (...) {
-          // Give back what the ranks before this one reserved.
-          for (auto& done_st : st_)
-            for (auto& done_rk : done_st.ranks)
-              if (done_rk.device) done_rk.device->release(done_rk.kv->bytes());
-          for (auto& done_rk : st.ranks)
-            if (done_rk.device) done_rk.device->release(done_rk.kv->bytes());
-          throw;
-        }
-        rk.device = dev;
-        rk.thread->post([dev] { dev->bind_current_thread(); });
-        rk.thread->wait();
-      }
+      RankBackend* rb = rk.be.get();
+      rk.thread->post([rb] { rb->bind_thread(); });
+      rk.thread->wait();
       st.ranks.push_back(std::move(rk));
     }
     st_.push_back(std::move(st));
@@ -108,104 +113,100 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
 }
 
 Executor::~Executor() {
+  // Rank threads go first: nothing may run on a backend being destroyed.
   for (auto& st : st_)
-    for (auto& rk : st.ranks)
-      if (rk.device) rk.device->release(rk.kv->bytes());
+    for (auto& rk : st.ranks) rk.thread.reset();
 }
 
 std::uint64_t Executor::kv_bytes() const {
   std::uint64_t b = 0;
   for (const auto& st : st_)
-    for (const auto& rk : st.ranks) b += rk.kv->bytes();
+    for (const auto& rk : st.ranks) b += rk.be->kv_bytes();
   return b;
 }
 
-void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb, std::vector<float>& x_out, bool /*last*/) {
-  const int E = hp_.n_embd, hd = hp_.head_dim, T = mb.n_tokens, B = block_tokens_;
+void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
+  const int E = hp_.n_embd, hd = hp_.head_dim, T = mb.n_tokens;
   Rank& rk = st.ranks[static_cast<std::size_t>(r)];
+  RankBackend& be = *rk.be;
   const RankLayerView& v0 = rk.layers[0];
   const int nq = v0.q_heads.size(), nkv = v0.kv_heads.size();
-  const int qn = nq * hd, kvn = nkv * hd, ffn = v0.ff.size();
-  const int group = hp_.n_head / hp_.n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const std::size_t Ts = static_cast<std::size_t>(T);
+  const std::size_t Ts = static_cast<std::size_t>(T), qn = Ts * nq * hd, kvn = Ts * nkv * hd, xn_ = Ts * E;
+  const std::size_t ffn = Ts * static_cast<std::size_t>(std::max(v0.ff.size(), 1));
 
-  std::vector<float> x(mb.x);  // each rank holds the stage's activations
-  std::vector<float> xn(Ts * E), q(Ts * qn), k(Ts * kvn), v(Ts * kvn), att(Ts * qn), part(Ts * E),
-      g(Ts * std::max(ffn, 1)), u(Ts * std::max(ffn, 1));
-  int max_pos = 0;
-  for (const SeqChunk* c : mb.chunks) max_pos = std::max(max_pos, c->start_pos + static_cast<int>(c->tokens.size()));
-  std::vector<float> scores(static_cast<std::size_t>(max_pos));
+  be.set_batch(mb.layout);
+  float* x = be.buffer(Buf::x, xn_);
+  float* xn = be.buffer(Buf::xn, xn_);
+  float* q = be.buffer(Buf::q, qn);
+  float* k = be.buffer(Buf::k, kvn);
+  float* v = be.buffer(Buf::v, kvn);
+  float* att = be.buffer(Buf::att, qn);
+  float* part = be.buffer(Buf::part, xn_);
+  float* g = be.buffer(Buf::gate, ffn);
+  float* u = be.buffer(Buf::up, ffn);
+  if (st.first)
+    be.embed(x);
+  else
+    be.upload(mb.x.data(), x, xn_);
 
-  for (int L = 0; L < st.layout.n_layers; ++L) {
-    const RankLayerView& w = rk.layers[static_cast<std::size_t>(L)];
-    for (int t = 0; t < T; ++t) ops::rmsnorm(&x[static_cast<std::size_t>(t) * E], w.attn_norm, &xn[static_cast<std::size_t>(t) * E], E, hp_.rms_eps);
-    ops::matmul(xn.data(), w.wq, q.data(), T);
-    ops::matmul(xn.data(), w.wk, k.data(), T);
-    ops::matmul(xn.data(), w.wv, v.data(), T);
+  be.run(mb.layout.decode_only ? T : -1, [&] {
+    for (int L = 0; L < st.layout.n_layers; ++L) {
+      const RankLayerView& w = rk.layers[static_cast<std::size_t>(L)];
+      be.rmsnorm(x, w.attn_norm, xn, T);
+      be.matmul(xn, w.wq, q, T);
+      be.matmul(xn, w.wk, k, T);
+      be.matmul(xn, w.wv, v, T);
+      be.rope(q, nq);
+      be.rope(k, nkv);
+      be.kv_write(L, k, v);
+      be.attention(L, q, att, nq, w.q_heads.begin, w.kv_heads.begin);
+      be.matmul(att, w.wo, part, T);
+      be.all_reduce(part, xn_);
+      be.add(x, part, xn_);
 
-    // RoPE and KV-cache write for every token, then causal attention.
-    int row = 0;
-    for (const SeqChunk* c : mb.chunks) {
-      for (std::size_t i = 0; i < c->tokens.size(); ++i, ++row) {
-        int pos = c->start_pos + static_cast<int>(i);
-        float* qr = &q[static_cast<std::size_t>(row) * qn];
-        float* kr = &k[static_cast<std::size_t>(row) * kvn];
-        ops::rope(qr, nq, hd, hp_.n_rot, pos, hp_.rope_theta);
-        ops::rope(kr, nkv, hd, hp_.n_rot, pos, hp_.rope_theta);
-        int blk = (*c->blocks)[static_cast<std::size_t>(pos / B)], slot = pos % B;
-        for (int j = 0; j < nkv; ++j) {
-          std::copy_n(kr + j * hd, hd, rk.kv->k(L, blk, j) + slot * hd);
-          std::copy_n(&v[static_cast<std::size_t>(row) * kvn + static_cast<std::size_t>(j) * hd], hd,
-                      rk.kv->v(L, blk, j) + slot * hd);
-        }
+      be.rmsnorm(x, w.ffn_norm, xn, T);
+      if (w.ff.size() > 0) {
+        be.matmul(xn, w.w_gate, g, T);
+        be.matmul(xn, w.w_up, u, T);
+        be.silu_mul(g, u, Ts * static_cast<std::size_t>(w.ff.size()));
+        be.matmul(g, w.w_down, part, T);
+        be.all_reduce(part, xn_);
+        be.add(x, part, xn_);
+      } else {
+        // A rank without a feed-forward slice (uneven shards) adds nothing
+        // but still meets its peers in the all-reduce.
+        be.zero(part, xn_);
+        be.all_reduce(part, xn_);
+        be.add(x, part, xn_);
       }
     }
-    row = 0;
-    for (const SeqChunk* c : mb.chunks) {
-      for (std::size_t i = 0; i < c->tokens.size(); ++i, ++row) {
-        int pos = c->start_pos + static_cast<int>(i);
-        for (int h = 0; h < nq; ++h) {
-          const float* qh = &q[static_cast<std::size_t>(row) * qn + static_cast<std::size_t>(h) * hd];
-          int kvj = (w.q_heads.begin + h) / group - w.kv_heads.begin;
-          for (int p = 0; p <= pos; ++p) {
-            const float* kp = rk.kv->k(L, (*c->blocks)[static_cast<std::size_t>(p / B)], kvj) + (p % B) * hd;
-            float s = 0;
-            for (int d = 0; d < hd; ++d) s += qh[d] * kp[d];
-            scores[static_cast<std::size_t>(p)] = s * scale;
-          }
-          ops::softmax(scores.data(), pos + 1);
-          float* out = &att[static_cast<std::size_t>(row) * qn + static_cast<std::size_t>(h) * hd];
-          std::fill_n(out, hd, 0.0f);
-          for (int p = 0; p <= pos; ++p) {
-            const float* vp = rk.kv->v(L, (*c->blocks)[static_cast<std::size_t>(p / B)], kvj) + (p % B) * hd;
-            float a = scores[static_cast<std::size_t>(p)];
-            for (int d = 0; d < hd; ++d) out[d] += a * vp[d];
-          }
-        }
-      }
-    }
-    ops::matmul(att.data(), w.wo, part.data(), T);
-    if (st.layout.tp > 1) st.comm->all_reduce_sum(r, part.data(), part.size());
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += part[i];
+  });
 
-    for (int t = 0; t < T; ++t) ops::rmsnorm(&x[static_cast<std::size_t>(t) * E], w.ffn_norm, &xn[static_cast<std::size_t>(t) * E], E, hp_.rms_eps);
-    if (ffn > 0) {
-      ops::matmul(xn.data(), w.w_gate, g.data(), T);
-      ops::matmul(xn.data(), w.w_up, u.data(), T);
-      ops::silu_mul(g.data(), u.data(), Ts * ffn);
-      ops::matmul(g.data(), w.w_down, part.data(), T);
-    } else {
-      std::fill(part.begin(), part.end(), 0.0f);
-    }
-    if (st.layout.tp > 1) st.comm->all_reduce_sum(r, part.data(), part.size());
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += part[i];
+  if (r != 0) {
+    be.sync();
+    return;
   }
-  if (r == 0) x_out = std::move(x);
+  if (!st.last) {
+    mb.x.resize(xn_);
+    be.download(x, mb.x.data(), xn_);
+    return;
+  }
+  // The classifier, for the last row of each chunk that wants logits.
+  const std::size_t nl = mb.layout.logit_rows.size();
+  mb.logits.resize(nl * static_cast<std::size_t>(hp_.n_vocab));
+  if (nl == 0) {
+    be.sync();
+    return;
+  }
+  float* lin = be.buffer(Buf::logits_in, nl * E);
+  float* logits = be.buffer(Buf::logits, nl * static_cast<std::size_t>(hp_.n_vocab));
+  be.gather_logit_rows(x, lin);
+  be.rmsnorm(lin, w_.output_norm(), xn, static_cast<int>(nl));
+  be.matmul(xn, w_.output(), logits, static_cast<int>(nl));
+  be.download(logits, mb.logits.data(), mb.logits.size());
 }
 
 std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& chunks, int micro_batches) {
-  const int E = hp_.n_embd;
   const int pp = static_cast<int>(st_.size());
   int total = 0;
   for (const auto& c : chunks) {
@@ -231,21 +232,15 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
   mbs.erase(std::remove_if(mbs.begin(), mbs.end(), [](const MicroBatch& b) { return b.chunks.empty(); }), mbs.end());
   m = static_cast<int>(mbs.size());
   for (auto& mb : mbs) {
-    for (const SeqChunk* c : mb.chunks) mb.n_tokens += static_cast<int>(c->tokens.size());
-    mb.x.resize(static_cast<std::size_t>(mb.n_tokens) * E);
-    std::size_t row = 0;
-    for (const SeqChunk* c : mb.chunks)
-      for (int t : c->tokens)
-        w_.embed(t, &mb.x[(row++) * E]);
+    mb.layout = make_batch_layout(mb.chunks, block_tokens_);
+    mb.n_tokens = mb.layout.n_rows;
   }
 
   std::fill(stage_busy_s_.begin(), stage_busy_s_.end(), 0.0);
-  std::vector<std::vector<float>> handoff(static_cast<std::size_t>(m));
   for (int tick = 0; tick < m + pp - 1; ++tick) {
     std::vector<std::pair<int, int>> active;  // (stage, micro-batch)
     for (int s = 0; s < pp; ++s)
       if (tick - s >= 0 && tick - s < m) active.emplace_back(s, tick - s);
-    std::vector<std::vector<float>> outs(active.size());
     // Busy time of each rank's task, for the stage time spread (bubble ratio).
     std::vector<std::vector<double>> rank_s(active.size());
     for (std::size_t a = 0; a < active.size(); ++a) {
@@ -253,9 +248,9 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
       Stage& st = st_[static_cast<std::size_t>(s)];
       rank_s[a].assign(static_cast<std::size_t>(st.layout.tp), 0.0);
       for (int r = 0; r < st.layout.tp; ++r)
-        st.ranks[static_cast<std::size_t>(r)].thread->post([this, &st, r, &mbs, b, &outs, a, s, pp, &rank_s] {
+        st.ranks[static_cast<std::size_t>(r)].thread->post([this, &st, r, &mbs, b, a, &rank_s] {
           auto t_task = std::chrono::steady_clock::now();
-          run_stage_rank(st, r, mbs[static_cast<std::size_t>(b)], outs[a], s == pp - 1);
+          run_stage_rank(st, r, mbs[static_cast<std::size_t>(b)]);
           rank_s[a][static_cast<std::size_t>(r)] =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_task).count();
         });
@@ -269,30 +264,22 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
         } catch (...) {
           // One rank failed: wake its peers out of the collective, then report.
           if (!err) err = std::current_exception();
-          st.comm->abort();
+          for (auto& peer : st.ranks) peer.be->abort();
         }
       }
       stage_busy_s_[static_cast<std::size_t>(active[a].first)] +=
           *std::max_element(rank_s[a].begin(), rank_s[a].end());
     }
     if (err) std::rethrow_exception(err);
-    for (std::size_t a = 0; a < active.size(); ++a) mbs[static_cast<std::size_t>(active[a].second)].x = std::move(outs[a]);
   }
 
-  // The classifier, for the last token of each chunk that wants logits.
+  // Logits in chunk order: micro-batches hold contiguous groups of chunks.
   std::vector<std::vector<float>> logits;
-  std::vector<float> xn(static_cast<std::size_t>(E));
-  for (auto& mb : mbs) {
-    std::size_t row = 0;
-    for (const SeqChunk* c : mb.chunks) {
-      row += c->tokens.size();
-      if (!c->want_logits) continue;
-      ops::rmsnorm(&mb.x[(row - 1) * E], w_.output_norm(), xn.data(), E, hp_.rms_eps);
-      std::vector<float> l(static_cast<std::size_t>(hp_.n_vocab));
-      ops::matmul(xn.data(), w_.output(), l.data(), 1);
-      logits.push_back(std::move(l));
-    }
-  }
+  const std::size_t V = static_cast<std::size_t>(hp_.n_vocab);
+  for (auto& mb : mbs)
+    for (std::size_t i = 0; i < mb.layout.logit_rows.size(); ++i)
+      logits.emplace_back(mb.logits.begin() + static_cast<std::ptrdiff_t>(i * V),
+                          mb.logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * V));
   return logits;
 }
 

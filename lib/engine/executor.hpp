@@ -12,6 +12,7 @@
 #include "comm/inproc.hpp"
 #include "engine/engine.hpp"
 #include "engine/kv_cache.hpp"
+#include "engine/rank_backend.hpp"
 #include "engine/weight_store.hpp"
 
 namespace ftp::engine {
@@ -38,12 +39,17 @@ class RankThread {
 };
 
 /// Runs the forward pass of one domain: pp stages of tp ranks over views of
-/// the resident weights, with a paged KV cache per rank and the inproc
-/// communicator for the all-reduces of each stage. Micro-batches are
-/// pipelined: at tick t stage s runs micro-batch t - s, all stages at once.
+/// the resident weights, each rank a RankBackend (its device, paged KV
+/// cache, buffers, and the stage's communicator for the all-reduces) driven
+/// by its own thread. Micro-batches are pipelined: at tick t stage s runs
+/// micro-batch t - s, all stages at once.
 class Executor final : public Engine {
  public:
-  Executor(const WeightStore& weights, std::vector<StageLayout> stages, int n_kv_blocks, int block_tokens);
+  /// `backend`: where the ranks run; null: the CPU backend. `max_rows`: the
+  /// largest micro-batch expected, in tokens (buffers are sized for it and
+  /// grow past it).
+  Executor(const WeightStore& weights, std::vector<StageLayout> stages, int n_kv_blocks, int block_tokens,
+           Backend* backend = nullptr, int max_rows = 256);
   ~Executor() override;
 
   const model::HParams& hparams() const override { return hp_; }
@@ -62,24 +68,25 @@ class Executor final : public Engine {
  private:
   struct Rank {
     std::vector<RankLayerView> layers;   // views of the stage's layers
-    std::unique_ptr<KvStore> kv;
+    std::unique_ptr<RankBackend> be;     // its device, KV pages and buffers
     std::unique_ptr<RankThread> thread;
-    backend::VirtualDevice* device = nullptr;  // KV bytes reserved on it, released by ~Executor
   };
   struct Stage {
     StageLayout layout;
     std::vector<Rank> ranks;
-    std::unique_ptr<comm::InprocCommunicator> comm;
+    bool first = false, last = false;
   };
   struct MicroBatch {
     std::vector<const SeqChunk*> chunks;
-    std::vector<float> x;                // [tokens][n_embd], handed from stage to stage
+    BatchLayout layout;
+    std::vector<float> x;                // [tokens][n_embd] on the host, handed from stage to stage
+    std::vector<float> logits;           // [logit rows][n_vocab], from the last stage
     int n_tokens = 0;
   };
 
-  void run_stage_rank(Stage& st, int rank, MicroBatch& mb, std::vector<float>& x_out, bool last);
-  void final_logits(MicroBatch& mb, const std::vector<float>& x, std::vector<std::vector<float>>& out,
-                    const std::vector<int>& out_index);
+  /// One rank's share of one stage for one micro-batch; rank 0 hands the
+  /// activations (or, on the last stage, the logits) back to the host.
+  void run_stage_rank(Stage& st, int rank, MicroBatch& mb);
 
   const WeightStore& w_;
   model::HParams hp_;

@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU backend: one rank is a thread on a virtual device, its buffers
+// and KV pages are host memory, matmuls go to lib/engine/ops (BLAS and the
+// SIMD kernels), all-reduce to the in-process communicator.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "comm/inproc.hpp"
+#include "core/error.hpp"
+#include "engine/kv_cache.hpp"
+#include "engine/ops.hpp"
+#include "engine/rank_backend.hpp"
+
+namespace ftp::engine {
+
+BatchLayout make_batch_layout(const std::vector<const SeqChunk*>& chunks, int block_tokens) {
+  BatchLayout b;
+  b.n_seq = static_cast<int>(chunks.size());
+  b.decode_only = true;
+  for (const SeqChunk* c : chunks) {
+    b.max_blocks = std::max(b.max_blocks, static_cast<int>(c->blocks->size()));
+    if (c->tokens.size() != 1) b.decode_only = false;
+  }
+  b.block_table.assign(static_cast<std::size_t>(b.n_seq) * b.max_blocks, -1);
+  for (int s = 0; s < b.n_seq; ++s) {
+    const SeqChunk& c = *chunks[static_cast<std::size_t>(s)];
+    std::copy(c.blocks->begin(), c.blocks->end(), b.block_table.begin() + static_cast<std::ptrdiff_t>(s) * b.max_blocks);
+    for (std::size_t i = 0; i < c.tokens.size(); ++i) {
+      int pos = c.start_pos + static_cast<int>(i);
+      b.tokens.push_back(c.tokens[i]);
+      b.pos.push_back(pos);
+      b.seq.push_back(s);
+      b.slot.push_back((*c.blocks)[static_cast<std::size_t>(pos / block_tokens)] * block_tokens + pos % block_tokens);
+      b.max_pos = std::max(b.max_pos, pos + 1);
+    }
+    if (c.want_logits) b.logit_rows.push_back(static_cast<int>(b.tokens.size()) - 1);
+  }
+  b.n_rows = static_cast<int>(b.tokens.size());
+  return b;
+}
+
+namespace {
+
+class CpuRank final : public RankBackend {
+ public:
+  CpuRank(const WeightStore& w, const RankSpec& spec, std::shared_ptr<comm::InprocCommunicator> comm)
+      : w_(w), hp_(w.hparams()), spec_(spec), comm_(std::move(comm)) {
+    const RankLayerView v = split_rank(hp_, spec.tp, spec.rank);
+    kvh_ = v.kv_heads.size();
+    kv_ = std::make_unique<KvStore>(spec.n_layers, spec.kv_blocks, spec.block_tokens, kvh_, hp_.head_dim);
+    if (spec.device)
+      spec.device->reserve(kv_->bytes(), "KV cache of stage " + std::to_string(spec.stage) + " rank " +
+                                             std::to_string(spec.rank));
+  }
+  ~CpuRank() override {
+    if (spec_.device) spec_.device->release(kv_->bytes());
+  }
+
+  void bind_thread() override {
+    if (spec_.device) spec_.device->bind_current_thread();
+  }
+  std::uint64_t kv_bytes() const override { return kv_->bytes(); }
+
+  float* buffer(Buf id, std::size_t n) override {
+    auto& b = bufs_[static_cast<std::size_t>(id)];
+    if (b.size() < n) b.resize(n);
+    return b.data();
+  }
+  void set_batch(const BatchLayout& b) override {
+    b_ = &b;
+    if (scores_.size() < static_cast<std::size_t>(b.max_pos)) scores_.resize(static_cast<std::size_t>(b.max_pos));
+  }
+  void upload(const float* host, float* dev, std::size_t n) override {
+    if (host != dev) std::memcpy(dev, host, n * sizeof(float));
+  }
+  void download(const float* dev, float* host, std::size_t n) override {
+    if (host != dev) std::memcpy(host, dev, n * sizeof(float));
+  }
+
+  void embed(float* x) override {
+    for (int r = 0; r < b_->n_rows; ++r) w_.embed(b_->tokens[static_cast<std::size_t>(r)], row(x, r, hp_.n_embd));
+  }
+  void rmsnorm(const float* x, const float* w, float* out, int rows) override {
+    for (int r = 0; r < rows; ++r) ops::rmsnorm(row(x, r, hp_.n_embd), w, row(out, r, hp_.n_embd), hp_.n_embd, hp_.rms_eps);
+  }
+  void matmul(const float* x, const MatView& w, float* out, int rows) override { ops::matmul(x, w, out, rows); }
+  void rope(float* v, int n_heads) override {
+    for (int r = 0; r < b_->n_rows; ++r)
+      ops::rope(row(v, r, n_heads * hp_.head_dim), n_heads, hp_.head_dim, hp_.n_rot, b_->pos[static_cast<std::size_t>(r)],
+                hp_.rope_theta);
+  }
+  void kv_write(int layer, const float* k, const float* v) override {
+    const int hd = hp_.head_dim, B = spec_.block_tokens;
+    for (int r = 0; r < b_->n_rows; ++r) {
+      int slot = b_->slot[static_cast<std::size_t>(r)], blk = slot / B, s = slot % B;
+      for (int j = 0; j < kvh_; ++j) {
+        std::copy_n(row(k, r, kvh_ * hd) + j * hd, hd, kv_->k(layer, blk, j) + s * hd);
+        std::copy_n(row(v, r, kvh_ * hd) + j * hd, hd, kv_->v(layer, blk, j) + s * hd);
+      }
+    }
+  }
+  void attention(int layer, const float* q, float* out, int nq, int q_head0, int kv_head0) override {
+    const int hd = hp_.head_dim, B = spec_.block_tokens, group = hp_.n_head / hp_.n_head_kv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* scores = scores_.data();
+    for (int r = 0; r < b_->n_rows; ++r) {
+      const int pos = b_->pos[static_cast<std::size_t>(r)];
+      const int* table = &b_->block_table[static_cast<std::size_t>(b_->seq[static_cast<std::size_t>(r)]) * b_->max_blocks];
+      for (int h = 0; h < nq; ++h) {
+        const float* qh = row(q, r, nq * hd) + h * hd;
+        const int kvj = (q_head0 + h) / group - kv_head0;
+        for (int p = 0; p <= pos; ++p) {
+          const float* kp = kv_->k(layer, table[p / B], kvj) + (p % B) * hd;
+          float s = 0;
+          for (int d = 0; d < hd; ++d) s += qh[d] * kp[d];
+          scores[p] = s * scale;
+        }
+        ops::softmax(scores, pos + 1);
+        float* o = row(out, r, nq * hd) + h * hd;
+        std::fill_n(o, hd, 0.0f);
+        for (int p = 0; p <= pos; ++p) {
+          const float* vp = kv_->v(layer, table[p / B], kvj) + (p % B) * hd;
+          const float a = scores[p];
+          for (int d = 0; d < hd; ++d) o[d] += a * vp[d];
+        }
+      }
+    }
+  }
+  void silu_mul(float* g, const float* u, std::size_t n) override { ops::silu_mul(g, u, n); }
+  void zero(float* x, std::size_t n) override { std::fill_n(x, n, 0.0f); }
+  void add(float* x, const float* y, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) x[i] += y[i];
+  }
+  void all_reduce(float* x, std::size_t n) override {
+    if (spec_.tp > 1) comm_->all_reduce_sum(spec_.rank, x, n);
+  }
+  void gather_logit_rows(const float* x, float* out) override {
+    const int E = hp_.n_embd;
+    for (std::size_t i = 0; i < b_->logit_rows.size(); ++i)
+      std::copy_n(row(x, b_->logit_rows[i], E), E, out + i * static_cast<std::size_t>(E));
+  }
+  void abort() noexcept override { comm_->abort(); }
+
+ private:
+  template <typename T>
+  static T* row(T* base, int r, int width) {
+    return base + static_cast<std::size_t>(r) * static_cast<std::size_t>(width);
+  }
+
+  const WeightStore& w_;
+  const model::HParams& hp_;
+  RankSpec spec_;
+  std::shared_ptr<comm::InprocCommunicator> comm_;
+  int kvh_ = 0;
+  std::unique_ptr<KvStore> kv_;
+  std::array<std::vector<float>, static_cast<std::size_t>(Buf::count)> bufs_;
+  std::vector<float> scores_;
+  const BatchLayout* b_ = nullptr;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() { ops::blas_single_threaded(); }
+  std::string name() const override { return "cpu"; }
+  std::vector<std::unique_ptr<RankBackend>> make_stage(const WeightStore& weights,
+                                                       const std::vector<RankSpec>& specs) override {
+    if (specs.empty()) throw InputError("cpu backend: a stage has at least one rank");
+    auto comm = std::make_shared<comm::InprocCommunicator>(static_cast<int>(specs.size()));
+    std::vector<std::unique_ptr<RankBackend>> ranks;
+    for (const RankSpec& s : specs) ranks.push_back(std::make_unique<CpuRank>(weights, s, comm));
+    return ranks;
+  }
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend b;
+  return b;
+}
+
+}  // namespace ftp::engine

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.hpp"
+#include "engine/weight_store.hpp"
+
+/// The backend interface of the real engine (ARCHITECTURE.md, "Backend"):
+/// what one tensor-parallel rank of one pipeline stage computes, on its
+/// device. The executor (engine::Executor) arranges stages, ranks,
+/// micro-batches and hand-offs and calls only this interface, so the
+/// scheduler, the paged KV cache and the executor run unchanged on the CPU
+/// backend (virtual devices, BLAS, lib/engine/ops) and on the CUDA backend
+/// (lib/engine/cuda: kernels/, cuBLAS, NCCL).
+namespace ftp::engine {
+
+/// The rows of one micro-batch as the attention and the KV cache see them,
+/// laid out on the host by the executor; a backend stages it on its device
+/// with RankBackend::set_batch. Row r is a token of sequence seq[r] at
+/// position pos[r]; it attends positions 0..pos[r] of its sequence.
+struct BatchLayout {
+  int n_rows = 0;
+  std::vector<int> tokens;       ///< [n_rows] token ids (embedded on the first stage)
+  std::vector<int> pos;          ///< [n_rows] position of each row in its sequence
+  std::vector<int> seq;          ///< [n_rows] sequence of each row, index into the block table
+  std::vector<int> slot;         ///< [n_rows] KV slot of each row: page x block_tokens + pos % block_tokens
+  int n_seq = 0;
+  int max_blocks = 0;            ///< columns of block_table
+  std::vector<int> block_table;  ///< [n_seq][max_blocks] KV pages of each sequence, -1 past its end
+  int max_pos = 0;               ///< 1 + the largest position (scratch for scores)
+  bool decode_only = false;      ///< every sequence has one row (a decode step)
+  std::vector<int> logit_rows;   ///< rows whose logits the last stage returns, in order
+};
+
+/// Fills a BatchLayout from the chunks of one micro-batch.
+BatchLayout make_batch_layout(const std::vector<const SeqChunk*>& chunks, int block_tokens);
+
+/// What a rank needs to know about its place in the domain.
+struct RankSpec {
+  int stage = 0;                 ///< pipeline stage
+  int rank = 0;                  ///< tensor-parallel rank within the stage
+  int tp = 1;
+  int first_layer = 0, n_layers = 0;
+  bool first_stage = false, last_stage = false;
+  int kv_blocks = 0;             ///< KV pages of the domain
+  int block_tokens = 16;         ///< positions per page
+  int max_rows = 256;            ///< rows (tokens) of the largest micro-batch expected; buffers grow past it
+  backend::VirtualDevice* device = nullptr;  ///< CPU: the virtual device (pinning, accounting); may be null
+  int gpu = -1;                  ///< CUDA: device ordinal; -1: the backend's default (0)
+};
+
+/// Named scratch buffers of a rank (float32 activations on its device).
+enum class Buf : int { x, xn, q, k, v, att, part, gate, up, logits_in, logits, count };
+
+/// One rank's compute on its device. All calls of one rank come from one
+/// thread (its rank thread), in order; calls of different ranks of a stage
+/// run concurrently and meet in all_reduce. Device pointers come only from
+/// buffer(); weight pointers and views are those of the WeightStore (host
+/// addresses: a device backend translates them to its resident copy).
+class RankBackend {
+ public:
+  virtual ~RankBackend() = default;
+
+  /// Called once on the rank's thread before any other call: pins the
+  /// thread to the virtual device's CPUs, or selects the CUDA device.
+  virtual void bind_thread() = 0;
+  /// Bytes of this rank's KV pages (reserved on its device).
+  virtual std::uint64_t kv_bytes() const = 0;
+
+  /// A buffer of at least n floats on the device, kept between calls; its
+  /// address changes only when it has to grow.
+  virtual float* buffer(Buf id, std::size_t n) = 0;
+  /// Stages the micro-batch's layout for the calls that follow.
+  virtual void set_batch(const BatchLayout& b) = 0;
+  /// Host -> device and device -> host copies of n floats; download
+  /// returns when the data is on the host (it waits for earlier work).
+  virtual void upload(const float* host, float* dev, std::size_t n) = 0;
+  virtual void download(const float* dev, float* host, std::size_t n) = 0;
+
+  /// x[r] = token embedding of batch row r, as float32 (first stage).
+  virtual void embed(float* x) = 0;
+  /// out[r] = rmsnorm(x[r]) * w, for every batch row, rows of n_embd.
+  virtual void rmsnorm(const float* x, const float* w, float* out, int rows) = 0;
+  /// out[rows][w.rows] = x[rows][w.cols] . W^T (ops::matmul's contract).
+  virtual void matmul(const float* x, const MatView& w, float* out, int rows) = 0;
+  /// Rotary embedding of every batch row at its position: `v` holds rows of
+  /// n_heads x head_dim.
+  virtual void rope(float* v, int n_heads) = 0;
+  /// Writes the batch rows' K and V (rows of kv_heads x head_dim) into the
+  /// pages of `layer` (index within the stage) at their slots.
+  virtual void kv_write(int layer, const float* k, const float* v) = 0;
+  /// Causal attention of every batch row over its sequence's pages of
+  /// `layer`: q and out are rows of n_q_heads x head_dim; query head h of
+  /// this rank is global head q_head0 + h and reads global KV head
+  /// (q_head0 + h) / group, stored at local index that - kv_head0.
+  virtual void attention(int layer, const float* q, float* out, int n_q_heads, int q_head0, int kv_head0) = 0;
+  /// g[i] = silu(g[i]) * u[i].
+  virtual void silu_mul(float* g, const float* u, std::size_t n) = 0;
+  /// x[i] = 0 for i < n.
+  virtual void zero(float* x, std::size_t n) = 0;
+  /// x[i] += y[i].
+  virtual void add(float* x, const float* y, std::size_t n) = 0;
+  /// Sum over the stage's ranks, in place (every rank calls it in order).
+  virtual void all_reduce(float* x, std::size_t n) = 0;
+  /// out[i] = x[logit_rows[i]] for the batch's logit rows (rows of n_embd).
+  virtual void gather_logit_rows(const float* x, float* out) = 0;
+  /// Wakes ranks waiting in all_reduce with an error (a peer failed).
+  virtual void abort() noexcept = 0;
+
+  /// Runs `ops`, a sequence of the calls above that reads nothing back to
+  /// the host. `graph_key` >= 0 names a replayable shape (a decode batch of
+  /// that many rows): a backend with graphs (CUDA) may capture `ops` once and
+  /// replay it for later calls with the same key. The CPU runs `ops`.
+  virtual void run(int graph_key, const std::function<void()>& ops) {
+    (void)graph_key;
+    ops();
+  }
+  /// Waits for the rank's queued work (device backends).
+  virtual void sync() {}
+};
+
+/// Makes the ranks of a stage, with the communicator they share.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// "cpu" or "cuda".
+  virtual std::string name() const = 0;
+  /// The tp ranks of one stage (specs[r].rank == r), sharing one
+  /// communicator; KV pages are allocated (and reserved on the device).
+  virtual std::vector<std::unique_ptr<RankBackend>> make_stage(const WeightStore& weights,
+                                                               const std::vector<RankSpec>& specs) = 0;
+};
+
+/// The CPU backend (BLAS and lib/engine/ops on virtual devices), shared.
+Backend& cpu_backend();
+
+}  // namespace ftp::engine
