@@ -42,12 +42,16 @@ int kv_blocks_for_bytes(const model::HParams& hp, const std::vector<StageLayout>
 
 Domain::Domain(const WeightStore& weights, DomainConfig config)
     : Domain(weights.hparams(), std::move(config), [&weights](const DomainConfig& c) {
-        return std::make_unique<Executor>(weights, c.stages, c.kv_blocks, c.block_tokens);
+        return std::make_unique<Executor>(weights, c.stages, c.kv_blocks, c.block_tokens, c.backend,
+                                          c.max_batched_tokens);
       }) {}
 
 Domain::Domain(const model::HParams& hp, DomainConfig config, const EngineFactory& make)
     : hp_(hp), cfg_(std::move(config)), blocks_(cfg_.kv_blocks) {
-  if (cfg_.stages.size() == 1 && cfg_.stages[0].n_layers == 0) cfg_.stages[0] = StageLayout{0, hp.n_layer, cfg_.stages[0].tp};
+  if (cfg_.stages.size() == 1 && cfg_.stages[0].n_layers == 0) {
+    cfg_.stages[0].first_layer = 0;
+    cfg_.stages[0].n_layers = hp.n_layer;
+  }
   if (cfg_.max_context <= 0) cfg_.max_context = hp.n_ctx_train;
   if (cfg_.max_batched_tokens < 1) throw InputError("domain " + cfg_.id + ": max_batched_tokens must be positive");
   if (cfg_.max_running < 1) throw InputError("domain " + cfg_.id + ": max_running must be positive");

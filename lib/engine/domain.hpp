@@ -26,6 +26,7 @@ struct DomainConfig {
   int max_running = 64;          ///< sequences in the running batch
   int micro_batches = 1;         ///< pipeline micro-batches per step
   int max_context = 0;           ///< positions per sequence; 0: the model's trained context
+  Backend* backend = nullptr;    ///< real engine: where its ranks run; null: the CPU backend
 };
 
 /// Something that happened to a request, delivered on the domain's thread.

@@ -20,6 +20,9 @@ struct StageLayout {
   /// is pinned to its device's CPUs and its KV pages are reserved against
   /// the device's memory budget (an OutOfDeviceMemory error names it).
   std::vector<backend::VirtualDevice*> devices;
+  /// CUDA backend: the device ordinal of each rank (tp of them), or empty:
+  /// every rank on device 0 (several ranks on one GPU).
+  std::vector<int> gpus;
 };
 
 /// One sequence's share of a forward pass: `tokens` at positions

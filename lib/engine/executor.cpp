@@ -70,6 +70,9 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
     if (!l.devices.empty() && static_cast<int>(l.devices.size()) != l.tp)
       throw InputError("executor: stage " + std::to_string(s) + " has " + std::to_string(l.devices.size()) +
                        " devices for tp " + std::to_string(l.tp));
+    if (!l.gpus.empty() && static_cast<int>(l.gpus.size()) != l.tp)
+      throw InputError("executor: stage " + std::to_string(s) + " has " + std::to_string(l.gpus.size()) +
+                       " GPUs for tp " + std::to_string(l.tp));
     next = l.first_layer + l.n_layers;
     Stage st;
     st.layout = l;
@@ -89,6 +92,7 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
       rs.block_tokens = block_tokens;
       rs.max_rows = max_rows;
       if (!l.devices.empty()) rs.device = l.devices[static_cast<std::size_t>(r)];
+      if (!l.gpus.empty()) rs.gpu = l.gpus[static_cast<std::size_t>(r)];
       specs.push_back(rs);
     }
     // The ranks reserve their KV pages on their devices; if one cannot, the
