@@ -11,16 +11,14 @@
 #include "control/trace.hpp"
 #include "core/error.hpp"
 #include "fixtures.hpp"
+#include "test_data.hpp"
 
 namespace fs = std::filesystem;
 using namespace ftp::control;
 
 namespace {
 
-fs::path data_dir() {
-  const char* d = std::getenv("FTP_TEST_DATA");
-  return d ? fs::path(d) : fs::path();
-}
+fs::path data_dir() { return ftp::test::data_dir(); }
 
 std::string error_of(const std::function<void()>& f) {
   try {

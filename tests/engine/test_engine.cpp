@@ -16,6 +16,7 @@
 #include "engine/domain.hpp"
 #include "engine/weight_store.hpp"
 #include "model/model.hpp"
+#include "test_data.hpp"
 
 using namespace ftp::engine;
 
@@ -33,10 +34,7 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
-std::string data_dir() {
-  const char* d = std::getenv("FTP_TEST_DATA");
-  return d ? d : "../shared/data";
-}
+using ftp::test::data_dir;
 
 std::string model_path(const char* file) { return data_dir() + "/models/stories260K/" + file; }
 

@@ -23,16 +23,14 @@
 #include "model/gguf.hpp"
 #include "model/llama2c.hpp"
 #include "model/model.hpp"
+#include "test_data.hpp"
 
 namespace fs = std::filesystem;
 using namespace ftp::model;
 
 namespace {
 
-std::string data_dir() {
-  const char* d = std::getenv("FTP_TEST_DATA");
-  return d ? d : "../shared/data";
-}
+using ftp::test::data_dir;
 std::string stories(const std::string& f) { return data_dir() + "/models/stories260K/" + f; }
 std::string vocab(const std::string& f) { return data_dir() + "/models/llama.cpp-vocab/" + f; }
 

@@ -20,16 +20,14 @@
 #include "model/model.hpp"
 #include "serve/http.hpp"
 #include "serve/service.hpp"
+#include "test_data.hpp"
 
 using namespace ftp::serve;
 using ftp::json::Json;
 
 namespace {
 
-std::string data_dir() {
-  const char* d = std::getenv("FTP_TEST_DATA");
-  return d ? d : "../shared/data";
-}
+using ftp::test::data_dir;
 std::string model_file(const char* f) { return data_dir() + "/models/stories260K/" + f; }
 
 std::string golden_zoo() {

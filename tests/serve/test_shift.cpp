@@ -18,6 +18,7 @@
 #include "model/model.hpp"
 #include "serve/generate.hpp"
 #include "serve/service.hpp"
+#include "test_data.hpp"
 
 using namespace ftp::serve;
 
@@ -28,7 +29,7 @@ std::string env_or(const char* name, const std::string& dflt) {
   return v ? v : dflt;
 }
 
-std::string model_path() { return env_or("FTP_TEST_DATA", "../shared/data") + "/models/stories260K/stories260K.gguf"; }
+std::string model_path() { return ftp::test::stories260k("stories260K.gguf"); }
 std::string gears_path() { return env_or("FTP_SOURCE_ROOT", ".") + "/examples/gears/stories260K-cpu.json"; }
 
 const std::vector<std::string> kPrompts = {

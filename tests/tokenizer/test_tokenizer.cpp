@@ -23,6 +23,7 @@
 #include "model/llama2c.hpp"
 #include "model/tokenizer.hpp"
 #include "model/unicode.hpp"
+#include "test_data.hpp"
 
 namespace fs = std::filesystem;
 using ftp::model::Tokenizer;
@@ -30,10 +31,7 @@ using ftp::model::TokenizerData;
 
 namespace {
 
-fs::path data_dir() {
-  const char* d = std::getenv("FTP_TEST_DATA");
-  return d ? fs::path(d) : fs::path();
-}
+fs::path data_dir() { return ftp::test::data_dir(); }
 
 std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
