@@ -17,6 +17,11 @@
 // Output: one JSON document (kind ftp.engine-bench/v1) on stdout, a table on
 // stderr. Goals: batch-1 bandwidth fraction >= 0.8; batch-16 tokens/s >= 8 x
 // batch 1. --min-bw-fraction turns the first into a gate (exit 6).
+// The roofline column is the largest bN/b1 the machine allows: batch N runs
+// at best at the SGEMM FLOP/s measured in the same run (ftp-probe's
+// measure_cpu_gemm_tflops with the rank threads), so bN/b1 <= min(N,
+// SGEMM FLOP/s / batch-1 FLOP/s); the JSON also gives the bound for a
+// batch 1 at 0.8 of the triad bandwidth.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -90,6 +95,14 @@ std::uint64_t step_bytes(const model::Model& m) {
   for (const auto& L : m.weights.layers)
     b += L.wq.bytes + L.wk.bytes + L.wv.bytes + L.wo.bytes + L.w_gate.bytes + L.w_up.bytes + L.w_down.bytes;
   return b;
+}
+
+/// Weight elements (multiply-adds per token) of the matrices a decode step reads.
+std::uint64_t step_elements(const model::Model& m) {
+  auto n = [](const model::TensorView& t) { return static_cast<std::uint64_t>(t.rows) * static_cast<std::uint64_t>(t.cols); };
+  std::uint64_t e = n(m.weights.output);
+  for (const auto& L : m.weights.layers) e += n(L.wq) + n(L.wk) + n(L.wv) + n(L.wo) + n(L.w_gate) + n(L.w_up) + n(L.w_down);
+  return e;
 }
 
 std::vector<int> random_prompt(int n, int vocab, std::uint32_t seed) {
@@ -184,6 +197,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
   j["file_bytes"] = std::filesystem::file_size(path);
   j["weight_bytes"] = weights;
   j["weight_bytes_per_decode_step"] = per_step;
+  j["flops_per_token"] = 2.0 * static_cast<double>(step_elements(m));
   j["write_seconds"] = write_s;
   j["prefill"] = {{"tokens", o.prompt}, {"seconds", prefill_s}, {"tokens_per_s", o.prompt / prefill_s}};
   j["decode"] = decode;
@@ -276,12 +290,25 @@ int main(int argc, char** argv) {
 
     // The bandwidth, measured after the children so nothing else runs.
     const bool quick = o.shape != "1b";
-    std::map<int, backend::Measurement> triad;
-    for (int tp : o.tps) triad.emplace(tp, backend::measure_cpu_triad_gbs(tp, quick));
+    std::map<int, backend::Measurement> triad, gemm;
+    for (int tp : o.tps) {
+      triad.emplace(tp, backend::measure_cpu_triad_gbs(tp, quick));
+      gemm.emplace(tp, backend::measure_cpu_gemm_tflops(tp, quick));
+    }
     bool gate_ok = true;
     for (auto& r : runs) {
       const auto& m = triad.at(r["tp"].get<int>());
       r["triad_gbs"] = m.value;
+      // Roofline of the batch-N speedup: batch N can at best run at the
+      // measured SGEMM FLOP/s, so bN/b1 <= min(N, SGEMM FLOP/s / batch-1 FLOP/s),
+      // and with batch 1 at 0.8 of the triad bandwidth the goal of 8x needs
+      // SGEMM FLOP/s >= 8 x 0.8 x triad B/s x FLOP per weight byte.
+      const double gemm_flops = gemm.at(r["tp"].get<int>()).value * 1e12;
+      const double flop_per_byte = r["flops_per_token"].get<double>() / r["weight_bytes_per_decode_step"].get<double>();
+      const double b1_flops = r["decode"][0]["tokens_per_s"].get<double>() * r["flops_per_token"].get<double>();
+      r["sgemm_tflops"] = gemm_flops / 1e12;
+      r["batch_n_speedup_roofline"] = std::min<double>(o.batch, gemm_flops / b1_flops);
+      r["batch_n_speedup_roofline_at_0_8_bw"] = std::min<double>(o.batch, gemm_flops / (0.8 * m.value * 1e9 * flop_per_byte));
       for (auto& d : r["decode"]) {
         d["bandwidth_fraction"] = d["weight_bytes_per_s"].get<double>() / (m.value * 1e9);
         if (d["batch"] == 1 && min_bw_fraction > 0 && d["bandwidth_fraction"].get<double>() < min_bw_fraction) gate_ok = false;
@@ -297,6 +324,9 @@ int main(int argc, char** argv) {
     json::Json tri = json::Json::object();
     for (const auto& [tp, m] : triad) tri[std::to_string(tp)] = {{"threads", tp}, {"gbs", m.value}, {"method", m.method}};
     doc["triad"] = tri;
+    json::Json gm = json::Json::object();
+    for (const auto& [tp, m] : gemm) gm[std::to_string(tp)] = {{"threads", tp}, {"tflops", m.value}, {"method", m.method}};
+    doc["sgemm"] = gm;
     doc["decode_context_tokens"] = o.context;
     doc["runs"] = runs;
     doc["goals"] = {{"batch_1_bandwidth_fraction", 0.8}, {"batch_16_speedup", 8.0}, {"rss_over_weights_plus_kv", 1.1}};
@@ -305,21 +335,23 @@ int main(int argc, char** argv) {
 
     std::ostringstream t;
     char line[320];
-    std::snprintf(line, sizeof line, "%-5s %-3s %10s %10s %10s %8s %8s %7s %10s %9s %9s\n", "dtype", "tp", "prefill/s",
-                  "b1 tok/s", "bN tok/s", "bN/b1", "b1 GB/s", "b1 frac", "triad GB/s", "RSS MiB", "budget");
+    std::snprintf(line, sizeof line, "%-5s %-3s %10s %10s %10s %8s %8s %8s %7s %10s %9s %9s\n", "dtype", "tp", "prefill/s",
+                  "b1 tok/s", "bN tok/s", "bN/b1", "roofline", "b1 GB/s", "b1 frac", "triad GB/s", "RSS MiB", "budget");
     t << "engine-bench: shape " << o.shape << ", kernels " << o.kernels << ", batch N = " << o.batch
       << ", each TP rank one thread\n" << line;
     for (const auto& r : runs) {
       const auto& d1 = r["decode"][0];
       const auto& dn = r["decode"][1];
-      std::snprintf(line, sizeof line, "%-5s %-3d %10.1f %10.2f %10.2f %8.2f %8.2f %7.3f %10.2f %9.0f %9.0f\n",
+      std::snprintf(line, sizeof line, "%-5s %-3d %10.1f %10.2f %10.2f %8.2f %8.2f %8.2f %7.3f %10.2f %9.0f %9.0f\n",
                     r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(), r["prefill"]["tokens_per_s"].get<double>(),
                     d1["tokens_per_s"].get<double>(), dn["tokens_per_s"].get<double>(),
-                    dn["speedup_over_batch_1"].get<double>(), d1["weight_bytes_per_s"].get<double>() / 1e9,
+                    dn["speedup_over_batch_1"].get<double>(), r["batch_n_speedup_roofline"].get<double>(),
+                    d1["weight_bytes_per_s"].get<double>() / 1e9,
                     d1["bandwidth_fraction"].get<double>(), r["triad_gbs"].get<double>(),
                     r["rss"]["peak_bytes"].get<double>() / 1048576.0, r["rss"]["budget_bytes"].get<double>() / 1048576.0);
       t << line;
     }
+    t << "roofline: the best bN/b1 the measured SGEMM FLOP/s allows over this run's batch 1, min(N, SGEMM / b1 FLOP/s)\n";
     std::cerr << t.str();
     if (!gate_ok) {
       std::cerr << "engine-bench: error: a batch-1 bandwidth fraction is below --min-bw-fraction " << min_bw_fraction << "\n";
