@@ -182,4 +182,10 @@ Backend& cpu_backend() {
   return b;
 }
 
+Backend& backend_named(const std::string& name) {
+  if (name == "cpu") return cpu_backend();
+  if (name == "cuda") return cuda_backend();
+  throw InputError("backend \"" + name + "\": unknown (choices: cpu, cuda)");
+}
+
 }  // namespace ftp::engine

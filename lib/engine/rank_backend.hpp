@@ -140,4 +140,13 @@ class Backend {
 /// The CPU backend (BLAS and lib/engine/ops on virtual devices), shared.
 Backend& cpu_backend();
 
+/// The CUDA backend (lib/engine/cuda), shared by every domain of the
+/// process so that each device holds the weights once. Throws
+/// ftp::BackendError saying why where it cannot run: a build without CUDA
+/// (lib/engine/cuda_none.cpp), no GPU, a driver error.
+Backend& cuda_backend();
+
+/// "cpu" or "cuda"; anything else is an ftp::InputError naming the choices.
+Backend& backend_named(const std::string& name);
+
 }  // namespace ftp::engine
