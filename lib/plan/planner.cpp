@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/error.hpp"
 
@@ -50,6 +51,44 @@ struct Evaluated {
   Candidate c;
   std::vector<std::vector<StageSpan>> spans;  // per replica, per stage
   std::map<std::string, Holding> holdings;
+};
+
+/// What plan() looks up again and again on a large topology, kept once: each
+/// device's island, the links between stages, and the layer splits that fit
+/// (they depend only on the stages' speed and memory, so the DP replicas of
+/// one device type share them).
+class Memo {
+ public:
+  explicit Memo(const doc::Topology& topo) : topo_(topo) {
+    for (std::size_t i = 0; i < topo.islands.size(); ++i)
+      for (const auto& d : topo.islands[i].devices) island_.emplace(d, static_cast<int>(i));
+  }
+  int island_of(const std::string& device) const {
+    auto it = island_.find(device);
+    return it == island_.end() ? -1 : it->second;
+  }
+  const std::optional<doc::Link>& link(const std::string& a, const std::string& b) {
+    auto key = std::make_pair(a, b);
+    auto it = links_.find(key);
+    if (it == links_.end()) it = links_.emplace(key, topo_.link_between(a, b)).first;
+    return it->second;
+  }
+  LayerSplit split(const ModelShape& m, const std::vector<StageGroup>& stages, const Workload& w, int conc, int context) {
+    std::vector<double> key{double(conc), double(context)};
+    for (const auto& g : stages)
+      key.insert(key.end(), {double(g.perf.tp), g.perf.tflop_s, g.perf.gb_s, g.perf.busbw_gb_s,
+                             g.perf.allreduce_latency_us, double(g.perf.memory_bytes)});
+    if (auto it = splits_.find(key); it != splits_.end()) return it->second;
+    LayerSplit s = split_layers(m, stages, w, conc, context);
+    if (s.fits) splits_.emplace(std::move(key), s);  // a split short of memory names its device: not shared
+    return s;
+  }
+
+ private:
+  const doc::Topology& topo_;
+  std::unordered_map<std::string, int> island_;
+  std::map<std::pair<std::string, std::string>, std::optional<doc::Link>> links_;
+  std::map<std::vector<double>, LayerSplit> splits_;
 };
 
 }  // namespace
@@ -185,7 +224,7 @@ std::vector<StageGroup> make_groups(const doc::Topology& topo, const ModelShape&
   return groups;
 }
 
-Evaluated evaluate(const doc::Topology& topo, const ModelShape& m, const Workload& w, int context, int tp, int pp,
+Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int context, int tp, int pp,
                    const std::vector<std::vector<StageGroup>>& replicas) {
   Evaluated ev;
   Candidate& c = ev.c;
@@ -208,7 +247,7 @@ Evaluated evaluate(const doc::Topology& topo, const ModelShape& m, const Workloa
   int micro = 1;
   for (std::size_t ri = 0; ri < replicas.size(); ++ri) {
     const auto& groups = replicas[ri];
-    LayerSplit split = split_layers(m, groups, w, conc, context);
+    LayerSplit split = memo.split(m, groups, w, conc, context);
     if (!split.fits) {
       c.short_device = split.device;
       c.need_bytes = split.need_bytes;
@@ -230,7 +269,7 @@ Evaluated evaluate(const doc::Topology& topo, const ModelShape& m, const Workloa
       if (s + 1 < groups.size()) {
         const auto& a = groups[s].devices.front();
         const auto& b = groups[s + 1].devices.front();
-        auto link = topo.link_between(a, b);
+        const auto& link = memo.link(a, b);
         if (!link) {
           c.reason = "no link between " + a + " and " + b + " for the pipeline send";
           return ev;
@@ -296,6 +335,7 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
   Plan out;
   std::vector<Evaluated> feasible;
   std::set<std::string> seen;
+  Memo memo(topo);
   int max_island = 0;
   for (const auto& is : topo.islands) max_island = std::max(max_island, static_cast<int>(is.devices.size()));
   for (int tp = 1; tp <= max_island; ++tp) {
@@ -313,7 +353,7 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
           std::vector<StageGroup> sel(pool->begin(), pool->begin() + dp * pp);
           // Stages of one replica next to each other: by island, then fastest first.
           std::stable_sort(sel.begin(), sel.end(), [&](const StageGroup& a, const StageGroup& b) {
-            int ia = topo.island_of(a.devices.front()), ib = topo.island_of(b.devices.front());
+            int ia = memo.island_of(a.devices.front()), ib = memo.island_of(b.devices.front());
             if (ia != ib) return ia < ib;
             return rank[a.devices.front()] < rank[b.devices.front()];
           });
@@ -324,7 +364,7 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
             for (const auto& d : sel[static_cast<std::size_t>(i)].devices) key += " " + d;
           }
           if (!seen.insert(key).second) continue;
-          Evaluated ev = evaluate(topo, m, w, context, tp, pp, replicas);
+          Evaluated ev = evaluate(memo, m, w, context, tp, pp, replicas);
           out.candidates.push_back(ev.c);
           if (opts.on_candidate) opts.on_candidate(ev.c);
           if (ev.c.feasible) feasible.push_back(std::move(ev));
