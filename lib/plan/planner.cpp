@@ -327,7 +327,89 @@ std::string weight_mode(const ModelShape& m, const Evaluated& g, const Evaluated
   return "resident";
 }
 
+/// The table of the chosen gears (name, candidate); "memory-guard" is the
+/// guard's role, every other gear is normal. Weight modes against the gear
+/// with the most devices.
+void fill_table(doc::GearTable& t, const doc::Topology& topo, const ModelShape& m,
+                const std::vector<std::pair<std::string, const Evaluated*>>& gears) {
+  const Evaluated* largest = nullptr;  // the last normal gear, unless an earlier one has more devices
+  for (const auto& [name, e] : gears)
+    if (name != "memory-guard") largest = e;
+  for (const auto& [name, e] : gears)
+    if (name != "memory-guard" && e->c.n_devices > largest->c.n_devices) largest = e;
+  t.model = m.to_doc();
+  t.topology = topo.name;
+  for (const auto& [name, e] : gears) {
+    doc::Gear g = e->c.gear;
+    g.name = name;
+    g.role = name == "memory-guard" ? "memory-guard" : "normal";
+    g.weight_mode = weight_mode(m, *e, *largest);
+    t.gears.push_back(std::move(g));
+  }
+  doc::validate(t);
+  doc::validate_against(t, topo);
+}
+
+Plan with_layouts(Plan out, const std::vector<Evaluated>& feasible, const doc::Topology& topo, const ModelShape& m,
+                  const std::vector<LayoutRequest>& layouts) {
+  std::vector<std::pair<std::string, const Evaluated*>> gears;
+  for (const auto& l : layouts) {
+    auto same = [&](const Candidate& c) { return c.gear.tp == l.tp && c.gear.pp == l.pp && c.gear.dp == l.dp; };
+    auto it = std::find_if(feasible.begin(), feasible.end(), [&](const Evaluated& e) { return same(e.c); });
+    if (it != feasible.end()) {
+      gears.emplace_back(l.name, &*it);
+      continue;
+    }
+    auto c = std::find_if(out.candidates.begin(), out.candidates.end(), same);
+    throw Error("--layout " + l.name + ": " + layout(l.tp, l.pp, l.dp) + " does not fit " +
+                (topo.name.empty() ? std::string("the topology") : topo.name) + ": " +
+                (c != out.candidates.end() ? c->reason
+                                           : "no such layout (tp must divide the heads and fit in an island, "
+                                             "tp x pp x dp devices)"));
+  }
+  fill_table(out.table, topo, m, gears);
+  return out;
+}
+
 }  // namespace
+
+LayoutRequest parse_layout(const std::string& spec) {
+  LayoutRequest r;
+  const auto colon = spec.find(':');
+  auto bad = [&](const std::string& why) {
+    return InputError("--layout: " + why + " in \"" + spec + "\" (expected NAME:tp=T[,pp=P][,dp=D])");
+  };
+  if (colon == std::string::npos || colon == 0) throw bad("no name");
+  r.name = spec.substr(0, colon);
+  if (r.name == "memory-guard") throw bad("\"memory-guard\" is the guard's role, not a layout name");
+  std::string rest = spec.substr(colon + 1);
+  bool has_tp = false;
+  std::size_t pos = 0;
+  while (pos <= rest.size()) {
+    std::size_t comma = rest.find(',', pos);
+    std::string kv = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) throw bad("\"" + kv + "\" is not KEY=N");
+    const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
+    int n = 0;
+    try {
+      std::size_t used = 0;
+      n = std::stoi(val, &used);
+      if (used != val.size()) throw std::invalid_argument(val);
+    } catch (const std::exception&) {
+      throw bad(key + ": \"" + val + "\" is not a number");
+    }
+    if (n < 1) throw bad(key + ": must be >= 1, got " + val);
+    if (key == "tp") r.tp = n, has_tp = true;
+    else if (key == "pp") r.pp = n;
+    else if (key == "dp") r.dp = n;
+    else throw bad("unknown key \"" + key + "\"");
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (!has_tp) throw bad("tp missing");
+  return r;
+}
 
 Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opts) {
   const Workload w = resolve(opts.workload, m);
@@ -393,6 +475,8 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
     throw Error(msg);
   }
 
+  if (!opts.layouts.empty()) return with_layouts(std::move(out), feasible, topo, m, opts.layouts);
+
   // economy: fewest devices, then highest capacity; performance: highest capacity, then fewest devices.
   auto better_cap = [](const Evaluated& a, const Evaluated& b) {
     if (capacity_of(a) != capacity_of(b)) return capacity_of(a) > capacity_of(b);
@@ -447,24 +531,8 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
   }
   if (normal.size() == 1) normal.front().first = "standard";
 
-  const Evaluated* largest = normal.back().second;
-  for (const auto& [name, e] : normal)
-    if (e->c.n_devices > largest->c.n_devices) largest = e;
-
-  doc::GearTable& t = out.table;
-  t.model = m.to_doc();
-  t.topology = topo.name;
-  auto add = [&](const std::string& name, const std::string& role, const Evaluated& e) {
-    doc::Gear g = e.c.gear;
-    g.name = name;
-    g.role = role;
-    g.weight_mode = weight_mode(m, e, *largest);
-    t.gears.push_back(std::move(g));
-  };
-  for (const auto& [name, e] : normal) add(name, "normal", *e);
-  if (guard_is_new) add("memory-guard", "memory-guard", *guard);
-  doc::validate(t);
-  doc::validate_against(t, topo);
+  if (guard_is_new) normal.emplace_back("memory-guard", guard);
+  fill_table(out.table, topo, m, normal);
   return out;
 }
 

@@ -79,6 +79,13 @@ check "--explain: JSON Lines of candidates on stderr" jq -e -s 'length>10 and al
 check "--explain: stdout is still one table" test "$(wc -l <"$tmp/out")" -eq 1
 "$plan" --topology "$a100" --model "$models/llama-7b.json" --max-gears 1 >"$tmp/out"
 check "--max-gears 1: one gear, standard" jq -e '(.gears|length)==1 and .gears[0].name=="standard"' "$tmp/out"
+"$plan" --topology "$a100" --model "$models/llama-70b.json" --layout tp8:tp=8 --layout tp4:tp=4 --layout tp2x2:tp=2,dp=2 >"$tmp/out"
+check "--layout: exactly those layouts, in that order, normal gears" \
+  jq -e '[.gears[] | [.name, .tp, .pp, .dp, .role, ([.replicas[].stages[].devices[]]|length)]]
+    == [["tp8",8,1,1,"normal",8], ["tp4",4,1,1,"normal",4], ["tp2x2",2,1,2,"normal",4]]' "$tmp/out"
+check "--layout: each one of --explain's feasible candidates" jq -e --slurpfile c <("$plan" --topology "$a100" \
+  --model "$models/llama-70b.json" --explain 2>&1 >/dev/null | jq -c 'select(.feasible)') \
+  'all(.gears[]; . as $g | any($c[]; .tp==$g.tp and .pp==$g.pp and .dp==$g.dp and .max_rps==$g.estimated.max_rps))' "$tmp/out"
 "$plan" --topology - --model "$models/llama-7b.json" <"$a100" >"$tmp/out"
 check "topology from stdin" jq -e '.kind=="ftp.gear-table/v1"' "$tmp/out"
 
@@ -105,6 +112,13 @@ expect_error "model that does not fit the fragmented cluster" 1 "ftp-plan: error
 check "does not fit (fragmented): names a device and bytes short" grep -qE "GB short on device m[01]\.[a-z0-9.]+ \(needs [0-9.]+ GB, has [0-9.]+ GB\)" "$tmp/err"
 expect_error "reference request too long" 2 "longer than the context" \
   --topology "$a100" --model "$models/stories260K.json" --prompt-tokens 500 --output-tokens 100
+expect_error "--layout that does not fit" 1 "ftp-plan: error: --layout one: tp=1 pp=1 dp=1 does not fit a100-8x-nvlink: memory: n0.gpu0 needs" \
+  --topology "$a100" --model "$models/llama-70b.json" --layout one:tp=1
+check "--layout that does not fit: bytes short" grep -qE "GB short$" "$tmp/err"
+expect_error "--layout the topology cannot form" 1 "--layout x: tp=3 pp=1 dp=1 does not fit a100-8x-nvlink: no such layout" \
+  --topology "$a100" --model "$models/llama-70b.json" --layout x:tp=3
+expect_error "--layout malformed" 2 '--layout: tp: "q" is not a number in "x:tp=q"' --topology "$a100" --model "$models/llama-70b.json" --layout x:tp=q
+expect_error "--layout without a name" 2 '--layout: no name in "tp=2"' --topology "$a100" --model "$models/llama-70b.json" --layout tp=2
 expect_error "missing --model" 2 "ftp-plan: error:" --topology "$a100"
 expect_error "missing file" 2 "/nonexistent.json: cannot open" --topology "$a100" --model /nonexistent.json
 
