@@ -520,7 +520,9 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   if (last_shift_ms_ && o.t_ms - *last_shift_ms_ < dwell_ms)
     return hold(o, name(), std::string(what) + " confirmed, but dwell: " + secs(o.t_ms - *last_shift_ms_) + " of " +
                                secs(dwell_ms) + " since the last shift", sig);
-  int target = target_for(forecast);
+  // Down: the smaller gear must also carry the rate seen now (after a step
+  // drop the forecast's level undershoots it for a while).
+  int target = target_for(dir < 0 ? std::max(forecast, o.request_rate) : forecast);
   if ((dir > 0 && target <= cur) || (dir == -1 && target >= cur)) {
     // Resolve by position on the ladder: one step further than the fit says is never taken.
     return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits forecast " +

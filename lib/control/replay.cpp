@@ -130,7 +130,7 @@ json::Json replay(const Trace& trace, Policy& policy, const std::string& policy_
 
   const auto int_ms = static_cast<std::int64_t>(cfg.interval_s * 1000);
   std::int64_t next_int = int_ms;
-  double obs_req = 0, obs_prompt = 0;  // since the last observation
+  double obs_req = 0, obs_prompt = 0, obs_util = 0, obs_steps = 0;  // since the last observation
 
   // Interval and run accumulators.
   struct Acc {
@@ -182,6 +182,8 @@ json::Json replay(const Trace& trace, Policy& policy, const std::string& policy_
     total_arr += arr;
     total_att += att;
     util_sum += util;
+    obs_util += util;
+    obs_steps += 1;
 
     if (clock.now_ms() >= next_int || i + 1 == n_steps) {
       next_int += int_ms;
@@ -214,8 +216,9 @@ json::Json replay(const Trace& trace, Policy& policy, const std::string& policy_
       o.mean_output_tokens = mean_out;
       o.ttft_ms = {ttft50, ttft99};
       o.tpot_ms = {tpot_ms, tpot_ms};
-      if (!o.devices.empty()) o.devices.front().utilization = util;
-      obs_req = obs_prompt = 0;
+      // Like the live observer: the busy share since the last observation.
+      if (!o.devices.empty()) o.devices.front().utilization = obs_util / obs_steps;
+      obs_req = obs_prompt = obs_util = obs_steps = 0;
     }
   };
   const int decided_shifts = run_policy_loop(policy, sim, clock, loop);
