@@ -23,6 +23,7 @@
 #include "doc/cluster.hpp"
 #include "plan/model_shape.hpp"
 #include "plan/planner.hpp"
+#include "test_data.hpp"
 
 using namespace ftp;
 using Clock = std::chrono::steady_clock;
@@ -107,9 +108,8 @@ int main(int argc, char** argv) {
                  "1 h of synthetic traffic on a generated 512-GPU cluster (goal < 60 s); prints wall time, virtual\n"
                  "time and wall / goal, measured in this run.");
   const char* root_env = std::getenv("FTP_SOURCE_ROOT");
-  const char* data_env = std::getenv("FTP_TEST_DATA");
-  std::string root = root_env ? root_env : ".";
-  std::string data = data_env ? data_env : root + "/../shared/data";
+  const std::string root = root_env ? root_env : ".";
+  const std::string data = test::data_dir();
   std::string model_path, cluster_path, trace_path;
   auto& app = tool.app();
   app.add_option("--model", model_path, "Model shape (default: examples/models/llama-70b.json)")->option_text("FILE");
