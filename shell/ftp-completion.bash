@@ -38,6 +38,7 @@ _ftp_plan() {
     --concurrency) COMPREPLY=($(compgen -W "1 8 32 128" -- "$cur")); return ;;
     --context|--prompt-tokens|--output-tokens|--max-batched-tokens) COMPREPLY=($(compgen -W "128 512 2048 4096" -- "$cur")); return ;;
     --max-gears|--max-pp) COMPREPLY=($(compgen -W "1 2 4 8" -- "$cur")); return ;;
+    --layout) COMPREPLY=($(compgen -W "tp1:tp=1 tp2:tp=2 tp4:tp=4 tp8:tp=8" -- "$cur")); return ;;
   esac
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
@@ -48,7 +49,7 @@ _ftp_plan() {
   if [[ $sub == simulate ]]; then
     COMPREPLY=($(compgen -W "--help --gears --topology --model --trace --rate-pattern --burstiness --seed --policy --start-gear --start --duration --rate-scale --interval --slo-ttft-ms --slo-tpot-ms --service-time-s --prefill-share --shift-duration-s --summary" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "decide simulate --help --version --json --topology --model --concurrency --context --prompt-tokens --output-tokens --max-batched-tokens --max-gears --max-pp --explain" -- "$cur"))
+  COMPREPLY=($(compgen -W "decide simulate --help --version --json --topology --model --concurrency --context --prompt-tokens --output-tokens --max-batched-tokens --max-gears --max-pp --layout --explain" -- "$cur"))
 }
 complete -F _ftp_plan ftp-plan
 

@@ -408,13 +408,14 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     if (forecast > gs.up_threshold * safe) dir = +1;
     else if (forecast < gs.down_threshold * safe) dir = -1;
   }
+  // A signal with a band: it agrees going up above `up`, going down below `down`.
+  auto band = [dir](const char* name, double value, double up, double down) {
+    return doc::Signal{name, value, dir < 0 ? down : up, dir > 0 ? value > up : dir < 0 && value < down};
+  };
   std::vector<doc::Signal> sig;
-  sig.push_back({"forecast_load", forecast, (dir < 0 ? gs.down_threshold : gs.up_threshold) * safe, dir != 0});
-  sig.push_back({"queue_depth", o.queue_depth_mean, dir < 0 ? gs.queue_depth_down : gs.queue_depth_up,
-                 dir > 0 ? o.queue_depth_mean > gs.queue_depth_up : dir < 0 && o.queue_depth_mean < gs.queue_depth_down});
-  sig.push_back({"queue_time_ms", o.est_queue_time_ms, dir < 0 ? gs.queue_time_down_ms : gs.queue_time_up_ms,
-                 dir > 0 ? o.est_queue_time_ms > gs.queue_time_up_ms
-                         : dir < 0 && o.est_queue_time_ms < gs.queue_time_down_ms});
+  sig.push_back(band("forecast_load", forecast, gs.up_threshold * safe, gs.down_threshold * safe));
+  sig.push_back(band("queue_depth", o.queue_depth_mean, gs.queue_depth_up, gs.queue_depth_down));
+  sig.push_back(band("queue_time_ms", o.est_queue_time_ms, gs.queue_time_up_ms, gs.queue_time_down_ms));
   sig.push_back({"bubble_ratio", o.bubble_ratio, gs.bubble_ratio, dir != 0 && o.bubble_ratio > gs.bubble_ratio});
   sig.push_back({"contention_index", o.contention_index, gs.contention_index,
                  dir > 0 && o.contention_index > gs.contention_index});
@@ -519,14 +520,15 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   if (last_shift_ms_ && o.t_ms - *last_shift_ms_ < dwell_ms)
     return hold(o, name(), std::string(what) + " confirmed, but dwell: " + secs(o.t_ms - *last_shift_ms_) + " of " +
                                secs(dwell_ms) + " since the last shift", sig);
-  int target = target_for(forecast);
+  // Down: the smaller gear must also carry the rate seen now (after a step
+  // drop the forecast's level undershoots it for a while).
+  int target = target_for(dir < 0 ? std::max(forecast, o.request_rate) : forecast);
   if ((dir > 0 && target <= cur) || (dir == -1 && target >= cur)) {
     // Resolve by position on the ladder: one step further than the fit says is never taken.
     return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits forecast " +
                                num(forecast) + " req/s", sig);
   }
-  std::string reason = std::string(dir > 0 ? "up" : dir < 0 && !in_guard ? "down" : "leave the memory guard") +
-                       ": forecast " + num(forecast) + " req/s " +
+  std::string reason = std::string(what) + ": forecast " + num(forecast) + " req/s " +
                        (dir > 0 ? "> " + num(gs.up_threshold) : dir == -1 ? "< " + num(gs.down_threshold) : "vs") +
                        " x safe " + num(safe) + " of " + o.gear + ", " + std::to_string(agree) +
                        " signals agree over " + std::to_string(gs.confirmations) + " observations";

@@ -116,29 +116,45 @@ doc::Observation QueueingModelSim::observe() const {
   return o;
 }
 
+int run_policy_loop(Policy& policy, QueueingModelSim& sim, VirtualClock& clock, const PolicyLoop& loop) {
+  std::int64_t next_obs = clock.now_ms() + loop.observation_period_ms;
+  std::string pending_to;
+  std::int64_t pending_at = 0;
+  int decisions = 0;
+  for (std::size_t i = 0; i < loop.steps; ++i) {
+    const double lambda = loop.load(i, clock.now_ms());
+    if (loop.before_step) loop.before_step(i);
+    sim.step(lambda);
+    if (!pending_to.empty() && clock.now_ms() >= pending_at && !sim.shifting()) {
+      sim.start_shift(pending_to);
+      pending_to.clear();
+    }
+    const bool observing = clock.now_ms() >= next_obs;
+    if (observing) next_obs += loop.observation_period_ms;
+    doc::Observation o = sim.observe();
+    if (loop.after_step) loop.after_step(i, o, observing);
+    if (!observing) continue;
+    doc::Decision d = policy.observe(o);
+    if (d.action == "shift" && pending_to.empty() && !sim.shifting()) {
+      ++decisions;
+      pending_to = d.to;
+      pending_at = std::max(d.not_before_ms, clock.now_ms());
+    }
+  }
+  return decisions;
+}
+
 SimulationReport simulate(Policy& policy, QueueingModelSim& sim, VirtualClock& clock,
                           const std::function<double(std::int64_t)>& load, std::int64_t duration_ms,
                           std::int64_t observation_period_ms) {
   const std::int64_t start = clock.now_ms();
   const int shifts0 = sim.shifts();
-  std::int64_t next_obs = start + observation_period_ms;
-  std::string pending_to;
-  std::int64_t pending_at = 0;
-  while (clock.now_ms() - start < duration_ms) {
-    sim.step(load(clock.now_ms()));
-    if (!pending_to.empty() && clock.now_ms() >= pending_at && !sim.shifting()) {
-      sim.start_shift(pending_to);
-      pending_to.clear();
-    }
-    if (clock.now_ms() >= next_obs) {
-      next_obs += observation_period_ms;
-      doc::Decision d = policy.observe(sim.observe());
-      if (d.action == "shift" && pending_to.empty() && !sim.shifting()) {
-        pending_to = d.to;
-        pending_at = std::max(d.not_before_ms, clock.now_ms());
-      }
-    }
-  }
+  const std::int64_t step_ms = sim.step_ms();
+  PolicyLoop loop;
+  loop.steps = static_cast<std::size_t>(std::max<std::int64_t>(0, (duration_ms + step_ms - 1) / step_ms));
+  loop.observation_period_ms = observation_period_ms;
+  loop.load = [&](std::size_t, std::int64_t t_ms) { return load(t_ms); };
+  run_policy_loop(policy, sim, clock, loop);
   SimulationReport r;
   r.duration_s = static_cast<double>(clock.now_ms() - start) / 1000.0;
   r.shifts = sim.shifts() - shifts0;

@@ -70,6 +70,7 @@ class QueueingModelSim {
   /// Share of arrivals so far that met the SLA, 0..1.
   double sla_attainment() const noexcept { return arrivals_ > 0 ? attained_ / arrivals_ : 1.0; }
   double arrivals() const noexcept { return arrivals_; }
+  std::int64_t step_ms() const noexcept { return config_.step_ms; }
 
  private:
   double max_rps(const std::string& gear) const;
@@ -98,6 +99,23 @@ struct SimulationReport {
   double shifts_per_10min() const { return duration_s > 0 ? shifts * 600.0 / duration_s : 0; }
   double shifts_per_day() const { return duration_s > 0 ? shifts * 86400.0 / duration_s : 0; }
 };
+
+/// The loop of simulate() and replay(): `steps` steps of the model, each
+/// driven by load(step, t_ms) (arrivals, req/s, at the step's start t_ms).
+/// After each step a shift decided earlier starts once its not_before_ms has
+/// come and no shift runs; then after_step(step, observation, observing) sees
+/// the model's observation, and when observing (every
+/// observation_period_ms) the policy sees that observation as after_step left
+/// it, and a shift decision is taken when none is pending or running.
+struct PolicyLoop {
+  std::size_t steps = 0;
+  std::int64_t observation_period_ms = 10000;
+  std::function<double(std::size_t step, std::int64_t t_ms)> load;
+  std::function<void(std::size_t step)> before_step;  ///< optional
+  std::function<void(std::size_t step, doc::Observation& o, bool observing)> after_step;  ///< optional
+};
+/// Runs the loop; returns the number of shift decisions taken.
+int run_policy_loop(Policy& policy, QueueingModelSim& sim, VirtualClock& clock, const PolicyLoop& loop);
 
 /// Runs a policy against QueueingModelSim in virtual time: every step the
 /// load function gives arrivals (req/s) at time t_ms; every

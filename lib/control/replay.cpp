@@ -128,12 +128,9 @@ json::Json replay(const Trace& trace, Policy& policy, const std::string& policy_
   QueueingModelSim sim(table, start_gear, clock, mc);
   auto devices_of = [&](const std::string& g) { return static_cast<double>(table.find(g)->devices().size()); };
 
-  const auto obs_ms = static_cast<std::int64_t>(cfg.observation_period_s * 1000);
   const auto int_ms = static_cast<std::int64_t>(cfg.interval_s * 1000);
-  std::int64_t next_obs = obs_ms, next_int = int_ms;
-  std::string pending_to;
-  std::int64_t pending_at = 0;
-  double obs_req = 0, obs_prompt = 0;  // since the last observation
+  std::int64_t next_int = int_ms;
+  double obs_req = 0, obs_prompt = 0, obs_util = 0, obs_steps = 0;  // since the last observation
 
   // Interval and run accumulators.
   struct Acc {
@@ -141,28 +138,29 @@ json::Json replay(const Trace& trace, Policy& policy, const std::string& policy_
     int shifts = 0;
   } iv;
   double total_arr = 0, total_att = 0, util_sum = 0, gpu_s = 0;
-  int decided_shifts = 0;
   std::vector<std::pair<double, double>> ttft99s, e2e99s;  // (step P99, arrivals)
   std::map<std::string, double> gear_time;
+  double att0 = 0, q0 = 0, cap = 0;  // before the step
+  int shifts0 = 0;
 
-  for (std::size_t i = 0; i < n_steps; ++i) {
-    const double lambda = counts[i] / dt;
+  PolicyLoop loop;
+  loop.steps = n_steps;
+  loop.observation_period_ms = static_cast<std::int64_t>(cfg.observation_period_s * 1000);
+  loop.load = [&](std::size_t i, std::int64_t) { return counts[i] / dt; };
+  loop.before_step = [&](std::size_t i) {
     obs_req += counts[i];
     obs_prompt += prompt_sum[i];
     gpu_s += (devices_of(sim.gear()) + (sim.shifting() ? devices_of(sim.shift_target()) : 0)) * dt;
     gear_time[sim.gear()] += dt;
-    const double att0 = sim.sla_attainment() * sim.arrivals();
-    const double q0 = sim.observe().queue_depth;
-    const double cap = sim.shifting() ? mc.shift_capacity_factor * std::min(gear_max_rps(*table.find(sim.gear())),
-                                                                            gear_max_rps(*table.find(sim.shift_target())))
-                                      : gear_max_rps(*table.find(sim.gear()));
-    const int shifts0 = sim.shifts();
-    sim.step(lambda);
-    if (!pending_to.empty() && clock.now_ms() >= pending_at && !sim.shifting()) {
-      sim.start_shift(pending_to);
-      pending_to.clear();
-    }
-    doc::Observation o = sim.observe();
+    att0 = sim.sla_attainment() * sim.arrivals();
+    q0 = sim.observe().queue_depth;
+    cap = sim.shifting() ? mc.shift_capacity_factor * std::min(gear_max_rps(*table.find(sim.gear())),
+                                                               gear_max_rps(*table.find(sim.shift_target())))
+                         : gear_max_rps(*table.find(sim.gear()));
+    shifts0 = sim.shifts();
+  };
+  loop.after_step = [&](std::size_t i, doc::Observation& o, bool observing) {
+    const double lambda = counts[i] / dt;
     const double att = tpot_ok ? sim.sla_attainment() * sim.arrivals() - att0 : 0;
     const double arr = counts[i];
     // Busy share: the rate served (arrivals less the growth of the queue) over capacity.
@@ -184,22 +182,9 @@ json::Json replay(const Trace& trace, Policy& policy, const std::string& policy_
     total_arr += arr;
     total_att += att;
     util_sum += util;
+    obs_util += util;
+    obs_steps += 1;
 
-    if (clock.now_ms() >= next_obs) {
-      next_obs += obs_ms;
-      o.mean_prompt_tokens = obs_req > 0 ? obs_prompt / obs_req : mean_prompt;
-      o.mean_output_tokens = mean_out;
-      o.ttft_ms = {ttft50, ttft99};
-      o.tpot_ms = {tpot_ms, tpot_ms};
-      if (!o.devices.empty()) o.devices.front().utilization = util;
-      obs_req = obs_prompt = 0;
-      doc::Decision d = policy.observe(o);
-      if (d.action == "shift" && pending_to.empty() && !sim.shifting()) {
-        ++decided_shifts;
-        pending_to = d.to;
-        pending_at = std::max(d.not_before_ms, clock.now_ms());
-      }
-    }
     if (clock.now_ms() >= next_int || i + 1 == n_steps) {
       next_int += int_ms;
       const double span = iv.steps * dt;
@@ -225,7 +210,18 @@ json::Json replay(const Trace& trace, Policy& policy, const std::string& policy_
       emit(rec);
       iv = Acc{};
     }
-  }
+
+    if (observing) {  // what the policy sees besides the model's observation
+      o.mean_prompt_tokens = obs_req > 0 ? obs_prompt / obs_req : mean_prompt;
+      o.mean_output_tokens = mean_out;
+      o.ttft_ms = {ttft50, ttft99};
+      o.tpot_ms = {tpot_ms, tpot_ms};
+      // Like the live observer: the busy share since the last observation.
+      if (!o.devices.empty()) o.devices.front().utilization = obs_util / obs_steps;
+      obs_req = obs_prompt = obs_util = obs_steps = 0;
+    }
+  };
+  const int decided_shifts = run_policy_loop(policy, sim, clock, loop);
 
   const double dur_s = static_cast<double>(clock.now_ms()) / 1000;
   json::Json gt = json::Json::object();

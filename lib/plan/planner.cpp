@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/error.hpp"
 
@@ -50,6 +51,44 @@ struct Evaluated {
   Candidate c;
   std::vector<std::vector<StageSpan>> spans;  // per replica, per stage
   std::map<std::string, Holding> holdings;
+};
+
+/// What plan() looks up again and again on a large topology, kept once: each
+/// device's island, the links between stages, and the layer splits that fit
+/// (they depend only on the stages' speed and memory, so the DP replicas of
+/// one device type share them).
+class Memo {
+ public:
+  explicit Memo(const doc::Topology& topo) : topo_(topo) {
+    for (std::size_t i = 0; i < topo.islands.size(); ++i)
+      for (const auto& d : topo.islands[i].devices) island_.emplace(d, static_cast<int>(i));
+  }
+  int island_of(const std::string& device) const {
+    auto it = island_.find(device);
+    return it == island_.end() ? -1 : it->second;
+  }
+  const std::optional<doc::Link>& link(const std::string& a, const std::string& b) {
+    auto key = std::make_pair(a, b);
+    auto it = links_.find(key);
+    if (it == links_.end()) it = links_.emplace(key, topo_.link_between(a, b)).first;
+    return it->second;
+  }
+  LayerSplit split(const ModelShape& m, const std::vector<StageGroup>& stages, const Workload& w, int conc, int context) {
+    std::vector<double> key{double(conc), double(context)};
+    for (const auto& g : stages)
+      key.insert(key.end(), {double(g.perf.tp), g.perf.tflop_s, g.perf.gb_s, g.perf.busbw_gb_s,
+                             g.perf.allreduce_latency_us, double(g.perf.memory_bytes)});
+    if (auto it = splits_.find(key); it != splits_.end()) return it->second;
+    LayerSplit s = split_layers(m, stages, w, conc, context);
+    if (s.fits) splits_.emplace(std::move(key), s);  // a split short of memory names its device: not shared
+    return s;
+  }
+
+ private:
+  const doc::Topology& topo_;
+  std::unordered_map<std::string, int> island_;
+  std::map<std::pair<std::string, std::string>, std::optional<doc::Link>> links_;
+  std::map<std::vector<double>, LayerSplit> splits_;
 };
 
 }  // namespace
@@ -185,7 +224,7 @@ std::vector<StageGroup> make_groups(const doc::Topology& topo, const ModelShape&
   return groups;
 }
 
-Evaluated evaluate(const doc::Topology& topo, const ModelShape& m, const Workload& w, int context, int tp, int pp,
+Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int context, int tp, int pp,
                    const std::vector<std::vector<StageGroup>>& replicas) {
   Evaluated ev;
   Candidate& c = ev.c;
@@ -208,7 +247,7 @@ Evaluated evaluate(const doc::Topology& topo, const ModelShape& m, const Workloa
   int micro = 1;
   for (std::size_t ri = 0; ri < replicas.size(); ++ri) {
     const auto& groups = replicas[ri];
-    LayerSplit split = split_layers(m, groups, w, conc, context);
+    LayerSplit split = memo.split(m, groups, w, conc, context);
     if (!split.fits) {
       c.short_device = split.device;
       c.need_bytes = split.need_bytes;
@@ -230,7 +269,7 @@ Evaluated evaluate(const doc::Topology& topo, const ModelShape& m, const Workloa
       if (s + 1 < groups.size()) {
         const auto& a = groups[s].devices.front();
         const auto& b = groups[s + 1].devices.front();
-        auto link = topo.link_between(a, b);
+        const auto& link = memo.link(a, b);
         if (!link) {
           c.reason = "no link between " + a + " and " + b + " for the pipeline send";
           return ev;
@@ -288,7 +327,89 @@ std::string weight_mode(const ModelShape& m, const Evaluated& g, const Evaluated
   return "resident";
 }
 
+/// The table of the chosen gears (name, candidate); "memory-guard" is the
+/// guard's role, every other gear is normal. Weight modes against the gear
+/// with the most devices.
+void fill_table(doc::GearTable& t, const doc::Topology& topo, const ModelShape& m,
+                const std::vector<std::pair<std::string, const Evaluated*>>& gears) {
+  const Evaluated* largest = nullptr;  // the last normal gear, unless an earlier one has more devices
+  for (const auto& [name, e] : gears)
+    if (name != "memory-guard") largest = e;
+  for (const auto& [name, e] : gears)
+    if (name != "memory-guard" && e->c.n_devices > largest->c.n_devices) largest = e;
+  t.model = m.to_doc();
+  t.topology = topo.name;
+  for (const auto& [name, e] : gears) {
+    doc::Gear g = e->c.gear;
+    g.name = name;
+    g.role = name == "memory-guard" ? "memory-guard" : "normal";
+    g.weight_mode = weight_mode(m, *e, *largest);
+    t.gears.push_back(std::move(g));
+  }
+  doc::validate(t);
+  doc::validate_against(t, topo);
+}
+
+Plan with_layouts(Plan out, const std::vector<Evaluated>& feasible, const doc::Topology& topo, const ModelShape& m,
+                  const std::vector<LayoutRequest>& layouts) {
+  std::vector<std::pair<std::string, const Evaluated*>> gears;
+  for (const auto& l : layouts) {
+    auto same = [&](const Candidate& c) { return c.gear.tp == l.tp && c.gear.pp == l.pp && c.gear.dp == l.dp; };
+    auto it = std::find_if(feasible.begin(), feasible.end(), [&](const Evaluated& e) { return same(e.c); });
+    if (it != feasible.end()) {
+      gears.emplace_back(l.name, &*it);
+      continue;
+    }
+    auto c = std::find_if(out.candidates.begin(), out.candidates.end(), same);
+    throw Error("--layout " + l.name + ": " + layout(l.tp, l.pp, l.dp) + " does not fit " +
+                (topo.name.empty() ? std::string("the topology") : topo.name) + ": " +
+                (c != out.candidates.end() ? c->reason
+                                           : "no such layout (tp must divide the heads and fit in an island, "
+                                             "tp x pp x dp devices)"));
+  }
+  fill_table(out.table, topo, m, gears);
+  return out;
+}
+
 }  // namespace
+
+LayoutRequest parse_layout(const std::string& spec) {
+  LayoutRequest r;
+  const auto colon = spec.find(':');
+  auto bad = [&](const std::string& why) {
+    return InputError("--layout: " + why + " in \"" + spec + "\" (expected NAME:tp=T[,pp=P][,dp=D])");
+  };
+  if (colon == std::string::npos || colon == 0) throw bad("no name");
+  r.name = spec.substr(0, colon);
+  if (r.name == "memory-guard") throw bad("\"memory-guard\" is the guard's role, not a layout name");
+  std::string rest = spec.substr(colon + 1);
+  bool has_tp = false;
+  std::size_t pos = 0;
+  while (pos <= rest.size()) {
+    std::size_t comma = rest.find(',', pos);
+    std::string kv = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) throw bad("\"" + kv + "\" is not KEY=N");
+    const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
+    int n = 0;
+    try {
+      std::size_t used = 0;
+      n = std::stoi(val, &used);
+      if (used != val.size()) throw std::invalid_argument(val);
+    } catch (const std::exception&) {
+      throw bad(key + ": \"" + val + "\" is not a number");
+    }
+    if (n < 1) throw bad(key + ": must be >= 1, got " + val);
+    if (key == "tp") r.tp = n, has_tp = true;
+    else if (key == "pp") r.pp = n;
+    else if (key == "dp") r.dp = n;
+    else throw bad("unknown key \"" + key + "\"");
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (!has_tp) throw bad("tp missing");
+  return r;
+}
 
 Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opts) {
   const Workload w = resolve(opts.workload, m);
@@ -296,6 +417,7 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
   Plan out;
   std::vector<Evaluated> feasible;
   std::set<std::string> seen;
+  Memo memo(topo);
   int max_island = 0;
   for (const auto& is : topo.islands) max_island = std::max(max_island, static_cast<int>(is.devices.size()));
   for (int tp = 1; tp <= max_island; ++tp) {
@@ -313,7 +435,7 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
           std::vector<StageGroup> sel(pool->begin(), pool->begin() + dp * pp);
           // Stages of one replica next to each other: by island, then fastest first.
           std::stable_sort(sel.begin(), sel.end(), [&](const StageGroup& a, const StageGroup& b) {
-            int ia = topo.island_of(a.devices.front()), ib = topo.island_of(b.devices.front());
+            int ia = memo.island_of(a.devices.front()), ib = memo.island_of(b.devices.front());
             if (ia != ib) return ia < ib;
             return rank[a.devices.front()] < rank[b.devices.front()];
           });
@@ -324,7 +446,7 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
             for (const auto& d : sel[static_cast<std::size_t>(i)].devices) key += " " + d;
           }
           if (!seen.insert(key).second) continue;
-          Evaluated ev = evaluate(topo, m, w, context, tp, pp, replicas);
+          Evaluated ev = evaluate(memo, m, w, context, tp, pp, replicas);
           out.candidates.push_back(ev.c);
           if (opts.on_candidate) opts.on_candidate(ev.c);
           if (ev.c.feasible) feasible.push_back(std::move(ev));
@@ -352,6 +474,8 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
       msg += "; " + out.candidates.front().reason;
     throw Error(msg);
   }
+
+  if (!opts.layouts.empty()) return with_layouts(std::move(out), feasible, topo, m, opts.layouts);
 
   // economy: fewest devices, then highest capacity; performance: highest capacity, then fewest devices.
   auto better_cap = [](const Evaluated& a, const Evaluated& b) {
@@ -407,24 +531,8 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
   }
   if (normal.size() == 1) normal.front().first = "standard";
 
-  const Evaluated* largest = normal.back().second;
-  for (const auto& [name, e] : normal)
-    if (e->c.n_devices > largest->c.n_devices) largest = e;
-
-  doc::GearTable& t = out.table;
-  t.model = m.to_doc();
-  t.topology = topo.name;
-  auto add = [&](const std::string& name, const std::string& role, const Evaluated& e) {
-    doc::Gear g = e.c.gear;
-    g.name = name;
-    g.role = role;
-    g.weight_mode = weight_mode(m, e, *largest);
-    t.gears.push_back(std::move(g));
-  };
-  for (const auto& [name, e] : normal) add(name, "normal", *e);
-  if (guard_is_new) add("memory-guard", "memory-guard", *guard);
-  doc::validate(t);
-  doc::validate_against(t, topo);
+  if (guard_is_new) normal.emplace_back("memory-guard", guard);
+  fill_table(out.table, topo, m, normal);
   return out;
 }
 

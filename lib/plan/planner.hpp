@@ -17,8 +17,20 @@ namespace ftp::plan {
 
 struct Candidate;
 
+/// A layout asked for by name (--layout NAME:tp=T[,pp=P][,dp=D]).
+struct LayoutRequest {
+  std::string name;
+  int tp = 1, pp = 1, dp = 1;
+};
+/// Reads "NAME:tp=T[,pp=P][,dp=D]"; throws ftp::InputError ("--layout: ...").
+LayoutRequest parse_layout(const std::string& spec);
+
 struct PlanOptions {
   Workload workload;
+  /// When not empty: the table holds exactly these layouts, as normal gears
+  /// in this order (the first feasible candidate of each), instead of the
+  /// chosen economy/standard/performance/memory-guard.
+  std::vector<LayoutRequest> layouts;
   int max_gears = 4;  ///< gears in the table at most (normal gears and the memory guard)
   int max_pp = 8;     ///< pipeline stages per replica at most
   /// Called with each candidate as it is evaluated (for --explain), also when nothing fits.
@@ -78,7 +90,8 @@ struct Plan {
 /// that fit), standard (capacity between, closest to the geometric mean),
 /// performance (highest estimated capacity), and memory-guard (most KV tokens
 /// per replica), deduplicated; one normal gear alone is named "standard".
-/// Throws ftp::Error (exit 1) naming the device and bytes short when nothing fits.
+/// Throws ftp::Error (exit 1) naming the device and bytes short when nothing
+/// fits, or when a requested layout does not (with the candidate's reason).
 Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opts);
 
 /// One line of --explain: a candidate as JSON.

@@ -226,6 +226,20 @@ TEST(GearShifter, HysteresisBand) {
   EXPECT_DOUBLE_EQ(signal(d, "forecast_load")->threshold, 144);
 }
 
+TEST(GearShifter, DownShiftAfterAStepDropFitsTheRateSeen) {
+  // Long at 800 req/s on performance, then 130 req/s: the forecast's trend
+  // drags its level below 130 for a while, but the gear chosen must carry the
+  // 130 req/s the observations show: standard (0.85 x 480 = 408), never
+  // economy (0.85 x 120 = 102).
+  Shifter s;
+  for (int t = 0; t < 900; t += 10) ASSERT_EQ(s(obs(t, "performance", 800)).action, "hold") << "t=" << t;
+  Decision d;
+  int t = 900;
+  for (; t < 1500 && d.action != "shift"; t += 10) d = s(obs(t, "performance", 130));
+  ASSERT_EQ(d.action, "shift") << "no down-shift by t=" << t;
+  EXPECT_EQ(d.to, "standard") << d.reason;
+}
+
 TEST(GearShifter, MinimumDwell) {
   Shifter s;
   Decision d;

@@ -1,6 +1,9 @@
 #!/bin/bash
 # ftp-plan end to end: every example cluster (through ftp-probe --cluster)
-# with every example model, then bad inputs with their exit codes and messages.
+# with every example model: only feasible gears (checked against --explain and
+# the weights each device holds), the fragmented cluster's stage split giving
+# slower cards fewer layers, and models that fit nowhere naming the device and
+# the bytes short; then bad inputs with their exit codes and messages.
 set -u
 probe=$1
 plan=$2
@@ -27,6 +30,21 @@ for c in "$src"/examples/clusters/*.json; do
     check "$cn $m: names known, at most one memory guard" \
       jq -e 'all(.gears[]; .name|IN("economy","standard","performance","memory-guard")) and ([.gears[]|select(.role=="memory-guard")]|length)<=1' "$out"
     check "$cn $m: nothing on stderr in a pipe" test ! -s "$tmp/err"
+    # Only feasible gears: each is a candidate that --explain calls feasible, with its devices
+    # once each, in the topology, heads divisible by tp, and every device's share of the
+    # weights (parameters x bytes x its stage's share of the layers / tp) below its memory.
+    "$plan" --topology "$tmp/$cn.topo.json" --model "$models/$m.json" --explain --json=short >/dev/null 2>"$tmp/explain"
+    check "$cn $m: only gears that --explain calls feasible" jq -e --slurpfile c <(jq -c . "$tmp/explain") \
+      'all(.gears[]; . as $g | [$g.replicas[].stages[].devices[]] as $d
+         | any($c[]; .feasible and .tp==$g.tp and .pp==$g.pp and .dp==$g.dp and .devices==$d))' "$out"
+    bpp=$(jq -r '{"f32":4,"f16":2,"bf16":2}[.dtype] // 1' "$models/$m.json")
+    check "$cn $m: devices once each, heads divisible, weight shards fit" \
+      jq -e --slurpfile t "$tmp/$cn.topo.json" --argjson bpp "$bpp" '.model as $m
+        | ($t[0].devices | map({key: .id, value: .memory_bytes}) | from_entries) as $mem
+        | all(.gears[]; . as $g | [$g.replicas[].stages[].devices[]] as $d
+            | ($d|length)==($d|unique|length) and ($m.n_heads % $g.tp)==0 and $g.tp*$g.pp*$g.dp==($d|length)
+            and all($g.replicas[].stages[]; (.layers[1]-.layers[0]) as $n
+                | all(.devices[]; $mem[.] != null and $m.n_params*$bpp*$n/$m.n_layers/$g.tp < $mem[.])))' "$out"
   done
 done
 
@@ -41,11 +59,33 @@ check "flexpipe: TP groups stay in one island" \
   jq -e --slurpfile t "$fp" '[$t[0].islands[] | .devices] as $is | all(.gears[].replicas[].stages[]; .devices as $d | any($is[]; . as $i | all($d[]; . as $x | $i|index($x))))' \
   "$tmp/flexpipe-fragmented.llama-7b.json"
 
+# The stage split on the fragmented cluster: in every pipeline, a stage on slower devices (fewer
+# TFLOP/s and fewer GB/s, from the topology) holds fewer layers than a stage on faster ones; the
+# tables must have such pipelines for this to say anything.
+for m in llama-7b llama-70b; do
+  check "flexpipe $m: a slower card's stage holds fewer layers" jq -e --slurpfile t "$fp" '
+    ($t[0].devices | map({key: .id, value: .}) | from_entries) as $dev
+    | [.gears[].replicas[] | [.stages[] | {n: (.layers[1]-.layers[0]), d: $dev[.devices[0]]}]
+       | combinations(2) | select(.[0].d.gemm_tflop_s < .[1].d.gemm_tflop_s and .[0].d.memory_bandwidth_gb_s < .[1].d.memory_bandwidth_gb_s)]
+    as $pairs
+    | ($pairs|length) > 0 and all($pairs[]; .[0].n < .[1].n)' "$tmp/flexpipe-fragmented.$m.json"
+done
+"$plan" --topology "$fp" --model "$models/llama-70b.json" --explain --json=short >/dev/null 2>"$tmp/explain"
+check "flexpipe llama-70b --explain: rejected layouts name a device and the bytes short" \
+  jq -e -s '[.[]|select(.feasible|not)] | length>0 and all(.[]; (.device|type)=="string" and .short_bytes>0 and (.reason|test("short")))' "$tmp/explain"
+
 "$plan" --topology "$a100" --model "$models/llama-7b.json" --explain --json=short >"$tmp/out" 2>"$tmp/explain"
 check "--explain: JSON Lines of candidates on stderr" jq -e -s 'length>10 and all(.[]; has("tp") and has("feasible"))' "$tmp/explain"
 check "--explain: stdout is still one table" test "$(wc -l <"$tmp/out")" -eq 1
 "$plan" --topology "$a100" --model "$models/llama-7b.json" --max-gears 1 >"$tmp/out"
 check "--max-gears 1: one gear, standard" jq -e '(.gears|length)==1 and .gears[0].name=="standard"' "$tmp/out"
+"$plan" --topology "$a100" --model "$models/llama-70b.json" --layout tp8:tp=8 --layout tp4:tp=4 --layout tp2x2:tp=2,dp=2 >"$tmp/out"
+check "--layout: exactly those layouts, in that order, normal gears" \
+  jq -e '[.gears[] | [.name, .tp, .pp, .dp, .role, ([.replicas[].stages[].devices[]]|length)]]
+    == [["tp8",8,1,1,"normal",8], ["tp4",4,1,1,"normal",4], ["tp2x2",2,1,2,"normal",4]]' "$tmp/out"
+check "--layout: each one of --explain's feasible candidates" jq -e --slurpfile c <("$plan" --topology "$a100" \
+  --model "$models/llama-70b.json" --explain 2>&1 >/dev/null | jq -c 'select(.feasible)') \
+  'all(.gears[]; . as $g | any($c[]; .tp==$g.tp and .pp==$g.pp and .dp==$g.dp and .max_rps==$g.estimated.max_rps))' "$tmp/out"
 "$plan" --topology - --model "$models/llama-7b.json" <"$a100" >"$tmp/out"
 check "topology from stdin" jq -e '.kind=="ftp.gear-table/v1"' "$tmp/out"
 
@@ -68,8 +108,17 @@ expect_error "n_kv_heads not dividing" 2 "n_kv_heads: must divide n_heads (32), 
 jq '.n_layers = 800 | .name = "llama-700b"' "$models/llama-70b.json" >"$tmp/huge.json"
 expect_error "model that does not fit" 1 "ftp-plan: error: no gear fits: llama-700b needs" --topology "$a100" --model "$tmp/huge.json"
 check "does not fit: names a device and bytes short" grep -qE "GB short on device n0\.gpu[0-9]" "$tmp/err"
+expect_error "model that does not fit the fragmented cluster" 1 "ftp-plan: error: no gear fits: llama-700b needs" --topology "$fp" --model "$tmp/huge.json"
+check "does not fit (fragmented): names a device and bytes short" grep -qE "GB short on device m[01]\.[a-z0-9.]+ \(needs [0-9.]+ GB, has [0-9.]+ GB\)" "$tmp/err"
 expect_error "reference request too long" 2 "longer than the context" \
   --topology "$a100" --model "$models/stories260K.json" --prompt-tokens 500 --output-tokens 100
+expect_error "--layout that does not fit" 1 "ftp-plan: error: --layout one: tp=1 pp=1 dp=1 does not fit a100-8x-nvlink: memory: n0.gpu0 needs" \
+  --topology "$a100" --model "$models/llama-70b.json" --layout one:tp=1
+check "--layout that does not fit: bytes short" grep -qE "GB short$" "$tmp/err"
+expect_error "--layout the topology cannot form" 1 "--layout x: tp=3 pp=1 dp=1 does not fit a100-8x-nvlink: no such layout" \
+  --topology "$a100" --model "$models/llama-70b.json" --layout x:tp=3
+expect_error "--layout malformed" 2 '--layout: tp: "q" is not a number in "x:tp=q"' --topology "$a100" --model "$models/llama-70b.json" --layout x:tp=q
+expect_error "--layout without a name" 2 '--layout: no name in "tp=2"' --topology "$a100" --model "$models/llama-70b.json" --layout tp=2
 expect_error "missing --model" 2 "ftp-plan: error:" --topology "$a100"
 expect_error "missing file" 2 "/nonexistent.json: cannot open" --topology "$a100" --model /nonexistent.json
 

@@ -45,6 +45,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--max-gears", opts.max_gears, "Gears in the table at most (default 4)")->check(CLI::PositiveNumber);
   app.add_option("--max-pp", opts.max_pp, "Pipeline stages per replica at most (default 8)")->check(CLI::PositiveNumber);
+  std::vector<std::string> layouts;
+  app.add_option("--layout", layouts,
+                 "A table of exactly these layouts instead of the chosen gears, as normal gears in the order given\n"
+                 "(repeat it): NAME:tp=T[,pp=P][,dp=D], e.g. --layout tp4:tp=4 --layout tp8:tp=8")
+      ->option_text("SPEC")
+      ->allow_extra_args(false);
   app.add_flag("--explain", explain, "Print every candidate layout and why it was kept or rejected, as JSON Lines on stderr");
 
   std::string gears_path, policy_path, policy_name = "gear-shifter";
@@ -99,6 +105,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
 
   return tool.run(argc, argv, [&] {
+    for (const auto& l : layouts) opts.layouts.push_back(ftp::plan::parse_layout(l));
     if (decide->parsed()) {
       if (gears_path == "-" || policy_path == "-")
         throw ftp::InputError("decide reads observations on stdin; --gears and --policy take files");

@@ -1,0 +1,150 @@
+#!/bin/bash
+# Reproduces every number and plot of examples/scenarios/README.md:
+#   (a) a 70 B FP16 model on 8 x A100-80GB with bursty traffic: static TP4,
+#       static TP8 and dynamic-tp;
+#   (b) the fragmented FlexPipe cluster with the 100 -> 600 -> 100 req/s
+#       pattern (Poisson, then gamma with burstiness 4) and with the Azure LLM
+#       2023 conversation trace: the gear shifter against static gears and
+#       the naive threshold policy.
+# The service is SIMULATED by the queueing model of `ftp-plan simulate`
+# (man ftp-plan(1), SIMULATE); capacities are the planner's estimates.
+#
+#   examples/scenarios/run.sh [OUT_DIR]     (default examples/scenarios/results)
+#
+# Needs a build (FTP_BUILD, default build/: ftp-probe, ftp-plan), jq, gnuplot
+# for the plots (skipped with a message without it), and for (b3) the Azure
+# trace under FTP_TEST_DATA (default ../shared/data; skipped without it).
+# Writes per run NAME.jsonl (interval records) and NAME.summary.json, the
+# plots NAME.svg, and results.md (the tables of the README).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${FTP_BUILD:-$root/build}
+data=${FTP_TEST_DATA:-$root/../shared/data}
+out=${1:-$here/results}
+probe=$build/tools/ftp-probe
+plan=$build/tools/ftp-plan
+for t in "$probe" "$plan"; do
+  [ -x "$t" ] || { echo "run.sh: error: $t not built (ninja -C build tools/ftp-probe tools/ftp-plan)" >&2; exit 1; }
+done
+command -v jq >/dev/null || { echo "run.sh: error: jq not found" >&2; exit 1; }
+plots=1
+command -v gnuplot >/dev/null || { plots=0; echo "run.sh: gnuplot not found: no plots (apt-get install gnuplot-nox)" >&2; }
+mkdir -p "$out"
+md=$out/results.md
+: >"$md"
+
+# run NAME TITLE SIMULATE-ARGS...: one replay, its summary and its plot.
+run() {
+  local name=$1 title=$2; shift 2
+  "$plan" simulate "$@" --summary "$out/$name.summary.json" >"$out/$name.jsonl"
+  [ "$plots" = 1 ] && "$root/shell/plot-timeline" "$out/$name.jsonl" "$out/$name.svg" "$title"
+  return 0
+}
+
+# table HEADING NAME...: the summaries as a Markdown table, to stdout and results.md.
+table() {
+  local heading=$1; shift
+  {
+    echo "### $heading"
+    echo
+    echo "| run | policy | SLA attainment | goodput req/s | P99 TTFT ms | P99 TPOT ms | mean utilization | GPU-hours | shifts | time per gear (s) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    for n in "$@"; do
+      jq -r --arg n "$n" '"| \($n) | \(.policy | sub(":.*/"; ":")) | \(.sla_attainment) | \(.goodput_rps) | \(.p99.ttft_ms | round) | \(.p99.tpot_ms)"
+        + " | \(.mean_utilization) | \(.gpu_hours) | \(.shifts) | \(.gear_time_s | to_entries | map("\(.key) \(.value | round)") | join(", ")) |"' \
+        "$out/$n.summary.json"
+    done
+    echo
+  } | tee -a "$md"
+}
+
+# load NAME: mean and peak of the 10 s load of a run, and their ratio.
+load() {
+  jq -s -r '[.[].load_rps] as $l | ($l | add / length) as $m
+    | "offered load (10 s intervals): mean \($m * 100 | round / 100) req/s, peak \($l | max) req/s = \($l | max / $m * 10 | round / 10) x the mean"' \
+    "$out/$1.jsonl" | tee -a "$md"
+  echo | tee -a "$md"
+}
+
+# ---------------------------------------------------------------- (a)
+# Llama-2-70B shapes in FP16 (2 bytes a parameter, as bf16) on one HGX A100 node; a TP ladder
+# for the TP planner: TP2, TP4, TP8, one replica each.
+"$probe" --cluster "$root/examples/clusters/a100-8x-nvlink.json" --json=short >"$out/a100.topo.json"
+jq '.name = "llama-70b-f16" | .dtype = "f16" | .comment = "Llama-2 70B shapes in FP16"' \
+  "$root/examples/models/llama-70b.json" >"$out/llama-70b-f16.json"
+"$plan" --topology "$out/a100.topo.json" --model "$out/llama-70b-f16.json" \
+  --layout tp2:tp=2 --layout tp4:tp=4 --layout tp8:tp=8 --json=short >"$out/a-gears.json"
+# Bursty: 1.2 req/s with two 150 s bursts at 8 req/s (4.5 x the pattern's mean), gamma gaps with a
+# CV of 2 on top; 2 s of service per request (512 prompt, 128 output tokens: 12.5 ms a token);
+# a TP shift takes 10 s (weights stay resident: the TP shards are views of the same bytes).
+burst=steps:1.2,1.2,1.2,1.2,8,1.2,1.2,1.2,1.2,1.2,1.2,1.2,1.2,1.2,1.2,1.2,8,1.2,1.2,1.2,1.2,1.2,1.2,1.2@150
+a_args=(--gears "$out/a-gears.json" --rate-pattern "$burst" --burstiness 2 --seed 7 --service-time-s 2
+        --shift-duration-s 10)
+run a-static-tp4 "(a) static TP4, 70B FP16 on 8x A100-80GB, bursty" "${a_args[@]}" --policy static:tp4
+run a-static-tp8 "(a) static TP8, 70B FP16 on 8x A100-80GB, bursty" "${a_args[@]}" --policy static:tp8
+run a-dynamic-tp "(a) dynamic-tp, 70B FP16 on 8x A100-80GB, bursty" "${a_args[@]}" \
+  --policy "dynamic-tp:$here/dynamic-tp.json" --start-gear tp2
+{
+  echo "## (a) 70 B FP16 on 8 x A100-80GB, bursty traffic"
+  echo
+  jq -r '"gears (estimated max req/s): " + ([.gears[] | "\(.name) \(.estimated.max_rps * 100 | round / 100)"] | join(", "))' "$out/a-gears.json"
+  echo
+} | tee -a "$md"
+load a-static-tp8
+table "static TP4, static TP8, dynamic-tp" a-static-tp4 a-static-tp8 a-dynamic-tp
+
+# ---------------------------------------------------------------- (b)
+# The fragmented cluster of the FlexPipe design (4 x A800 + L40S | 4 x T4 + A100 MIG slices, 10 Gb/s
+# between). TinyLlama-1.1B shapes: the planner's gears then span the pattern (economy ~111 req/s
+# on one A800, performance ~733 req/s on all twelve devices).
+"$probe" --cluster "$root/examples/clusters/flexpipe-fragmented.json" --json=short >"$out/fragmented.topo.json"
+"$plan" --topology "$out/fragmented.topo.json" --model "$root/examples/models/tinyllama-1.1b.json" --json=short \
+  >"$out/b-gears.json"
+{
+  echo "## (b) the fragmented cluster"
+  echo
+  jq -r '"gears, tinyllama-1.1b (estimated max req/s): " + ([.gears[] | "\(.name) tp=\(.tp) pp=\(.pp) dp=\(.dp) \(.estimated.max_rps * 10 | round / 10)"] | join(", "))' "$out/b-gears.json"
+  echo
+} | tee -a "$md"
+for variant in poisson:1 bursty:4; do
+  v=${variant%%:*}; cv=${variant#*:}
+  b_args=(--gears "$out/b-gears.json" --rate-pattern steps:100,600,100@1200 --burstiness "$cv" --seed 3)
+  names=()
+  for g in economy standard performance; do
+    run "b-$v-static-$g" "(b) static $g, 100-600-100 req/s ($v), fragmented" "${b_args[@]}" --policy "static:$g"
+    names+=("b-$v-static-$g")
+  done
+  for p in gear-shifter naive; do
+    run "b-$v-$p" "(b) $p, 100-600-100 req/s ($v), fragmented" "${b_args[@]}" --policy "$p" --start-gear standard
+    names+=("b-$v-$p")
+  done
+  table "100 -> 600 -> 100 req/s, 20 min each, gamma CV $cv" "${names[@]}"
+done
+
+# The Azure conversation trace (1 h, 19 366 requests, mean 1155 prompt / 211 output tokens) on
+# Llama-2-7B shapes, planned for that request; 3 s of service per request.
+azure=$data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv
+if [ -r "$azure" ]; then
+  "$plan" --topology "$out/fragmented.topo.json" --model "$root/examples/models/llama-7b.json" \
+    --prompt-tokens 1155 --output-tokens 211 --json=short >"$out/b-azure-gears.json"
+  {
+    jq -r '"gears, llama-7b for the trace'"'"'s mean request (estimated max req/s): " + ([.gears[] | "\(.name) tp=\(.tp) pp=\(.pp) dp=\(.dp) \(.estimated.max_rps * 10 | round / 10)"] | join(", "))' "$out/b-azure-gears.json"
+    echo
+  } | tee -a "$md"
+  z_args=(--gears "$out/b-azure-gears.json" --trace "$azure" --service-time-s 3)
+  names=()
+  for g in economy standard performance; do
+    run "b-azure-static-$g" "(b) static $g, Azure conversation trace, fragmented" "${z_args[@]}" --policy "static:$g"
+    names+=("b-azure-static-$g")
+  done
+  for p in gear-shifter naive; do
+    run "b-azure-$p" "(b) $p, Azure conversation trace, fragmented" "${z_args[@]}" --policy "$p" --start-gear standard
+    names+=("b-azure-$p")
+  done
+  load b-azure-static-standard
+  table "Azure LLM 2023 conversation trace" "${names[@]}"
+else
+  echo "run.sh: skip (b) Azure: $azure not found (set FTP_TEST_DATA)" | tee -a "$md" >&2
+fi
+echo "run.sh: results in $out (results.md, *.summary.json, *.jsonl$([ "$plots" = 1 ] && echo ", *.svg"))" >&2

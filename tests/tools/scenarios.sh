@@ -1,0 +1,49 @@
+#!/bin/bash
+# examples/scenarios/run.sh end to end: every run writes its interval records,
+# summary and plot; the comparisons the README draws hold (relations between
+# runs of the same invocation, no number copied from the README).
+set -u
+src=$3
+data=${FTP_TEST_DATA:-$src/../shared/data}
+source "$(dirname "$0")/common.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+build=$(cd "$(dirname "$2")/.." && pwd)
+
+FTP_BUILD=$build FTP_TEST_DATA=$data "$src/examples/scenarios/run.sh" "$tmp" >"$tmp/stdout" 2>"$tmp/stderr"; rc=$?
+check "run.sh: exit 0" test $rc -eq 0
+[ $rc -eq 0 ] || cat "$tmp/stderr"
+s() { echo "$tmp/$1.summary.json"; }
+runs="a-static-tp4 a-static-tp8 a-dynamic-tp"
+for v in poisson bursty; do for p in static-economy static-standard static-performance gear-shifter naive; do runs+=" b-$v-$p"; done; done
+for r in $runs; do
+  check "$r: summary of the queueing model" jq -e '.kind=="ftp.sim-summary/v1" and .service=="queueing-model" and .requests>1000' "$(s "$r")"
+  check "$r: interval records" jq -e -s 'length>300 and all(.[]; .kind=="ftp.sim-interval/v1")' "$tmp/$r.jsonl"
+  if command -v gnuplot >/dev/null; then check "$r: plot" grep -q "<svg" "$tmp/$r.svg"; fi
+done
+check "results.md: a table row per run" test "$(grep -c '^| [ab]-' "$tmp/results.md")" -ge 13
+check "(a) gears: tp2 < tp4 < tp8, one replica each" \
+  jq -e '[.gears[] | [.name, .tp, .dp]] == [["tp2",2,1],["tp4",4,1],["tp8",8,1]] and .gears[0].estimated.max_rps < .gears[1].estimated.max_rps and .gears[1].estimated.max_rps < .gears[2].estimated.max_rps' "$tmp/a-gears.json"
+check "(a) bursty: the 10 s peak is over 4 x the mean" \
+  jq -e -s '[.[].load_rps] as $l | ($l | max) > 4 * ($l | add / length)' "$tmp/a-static-tp8.jsonl"
+check "(a) TP8 meets the SLA more often than TP4, at more GPU-hours and lower utilization" \
+  jq -e --slurpfile t4 "$(s a-static-tp4)" '.sla_attainment > $t4[0].sla_attainment and .gpu_hours > $t4[0].gpu_hours and .mean_utilization < $t4[0].mean_utilization' "$(s a-static-tp8)"
+check "(a) dynamic-tp: fewer GPU-hours and higher utilization than TP8, better SLA than TP4, uses all three gears" \
+  jq -e --slurpfile t4 "$(s a-static-tp4)" --slurpfile t8 "$(s a-static-tp8)" \
+    '.gpu_hours < $t8[0].gpu_hours and .mean_utilization > $t8[0].mean_utilization and .sla_attainment > $t4[0].sla_attainment and (.gear_time_s|length)==3' "$(s a-dynamic-tp)"
+for v in poisson bursty; do
+  check "(b) $v: only static performance carries 600 req/s" \
+    jq -e --slurpfile e "$(s b-$v-static-economy)" --slurpfile st "$(s b-$v-static-standard)" \
+      '.sla_attainment > 0.99 and $e[0].sla_attainment < 0.5 and $st[0].sla_attainment < 0.5' "$(s b-$v-static-performance)"
+  check "(b) $v: the gear shifter shifts up and back down, at fewer GPU-hours than static performance" \
+    jq -e --slurpfile p "$(s b-$v-static-performance)" \
+      '.shifts >= 2 and .final_gear=="standard" and .gear_time_s.performance > 0 and .gpu_hours < $p[0].gpu_hours and .sla_attainment > 0.5' "$(s b-$v-gear-shifter)"
+done
+check "(b) bursty: naive flaps, the gear shifter does not, and meets the SLA more often" \
+  jq -e --slurpfile n "$(s b-bursty-naive)" '$n[0].shifts > 5 * .shifts and .sla_attainment > $n[0].sla_attainment' "$(s b-bursty-gear-shifter)"
+if [ -r "$data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv" ]; then
+  check "(b) Azure: the whole trace, gear shifter fewer shifts than naive" \
+    jq -e --slurpfile n "$(s b-azure-naive)" '.requests==19366 and .shifts < $n[0].shifts and .sla_attainment > $n[0].sla_attainment' "$(s b-azure-gear-shifter)"
+else
+  echo "skip: no Azure trace under $data (set FTP_TEST_DATA): (b) Azure not checked"
+fi
+finish
