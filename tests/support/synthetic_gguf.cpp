@@ -47,34 +47,6 @@ struct Rng {
   static float unit(std::uint64_t bits16) { return static_cast<float>(bits16 & 0xffff) / 32768.0f - 1.0f; }
 };
 
-std::uint16_t f32_to_f16(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  std::uint32_t sign = (x >> 16) & 0x8000u;
-  std::int32_t exp = static_cast<std::int32_t>((x >> 23) & 0xff) - 127 + 15;
-  std::uint32_t man = x & 0x7fffffu;
-  if (exp <= 0) {  // subnormal or zero (our values never overflow)
-    if (exp < -10) return static_cast<std::uint16_t>(sign);
-    man |= 0x800000u;
-    int shift = 14 - exp;
-    std::uint32_t h = man >> shift;
-    if ((man >> (shift - 1)) & 1u) ++h;  // round half up
-    return static_cast<std::uint16_t>(sign | h);
-  }
-  if (exp >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
-  std::uint32_t h = sign | (static_cast<std::uint32_t>(exp) << 10) | (man >> 13);
-  std::uint32_t rest = man & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // round to nearest even
-  return static_cast<std::uint16_t>(h);
-}
-
-std::uint16_t f32_to_bf16(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<std::uint16_t>(x >> 16);
-}
-
 struct Tensor {
   std::string name;
   std::int64_t rows, cols;  // rows == 1: a vector
@@ -238,6 +210,35 @@ void check(const SyntheticShape& s) {
 }
 
 }  // namespace
+
+std::uint16_t f32_to_f16(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  std::uint32_t sign = (x >> 16) & 0x8000u;
+  std::int32_t exp = static_cast<std::int32_t>((x >> 23) & 0xff) - 127 + 15;
+  std::uint32_t man = x & 0x7fffffu;
+  if (exp <= 0) {  // subnormal or zero (our values never overflow)
+    if (exp < -10) return static_cast<std::uint16_t>(sign);
+    man |= 0x800000u;
+    int shift = 14 - exp;
+    std::uint32_t h = man >> shift;
+    if ((man >> (shift - 1)) & 1u) ++h;  // round half up
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  if (exp >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  std::uint32_t h = sign | (static_cast<std::uint32_t>(exp) << 10) | (man >> 13);
+  std::uint32_t rest = man & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // round to nearest even
+  return static_cast<std::uint16_t>(h);
+}
+
+std::uint16_t f32_to_bf16(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>(x >> 16);
+}
+
 
 std::uint64_t synthetic_weight_bytes(const SyntheticShape& shape) {
   std::uint64_t b = 0;

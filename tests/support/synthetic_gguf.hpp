@@ -33,6 +33,12 @@ struct SyntheticShape {
 /// multiples of 32. Throws ftp::Error on a bad shape or an I/O error.
 void write_synthetic_gguf(const std::string& path, const SyntheticShape& shape);
 
+/// float32 -> IEEE half (round to nearest even; no overflow handling
+/// beyond infinity) and -> bfloat16 (round to nearest even), as the writer
+/// stores F16/BF16 weights. Shared with the GPU tests.
+std::uint16_t f32_to_f16(float f);
+std::uint16_t f32_to_bf16(float f);
+
 /// Bytes of the matrices and embeddings of a shape as written (what a
 /// decode step reads, plus the embedding table when the output is untied).
 std::uint64_t synthetic_weight_bytes(const SyntheticShape& shape);

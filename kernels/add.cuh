@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstddef>
+
+#include <cuda_runtime.h>
+
+namespace ftp::kernels {
+
+/// Residual add: x[i] += y[i] for i < n, device pointers. Returns the launch
+/// status; does not synchronise.
+cudaError_t add_f32(float* x, const float* y, std::size_t n, cudaStream_t stream);
+
+}  // namespace ftp::kernels

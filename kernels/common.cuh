@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// Device helpers shared by the kernels (included by .cu files only).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "weight_view.cuh"
+
+namespace ftp::kernels::detail {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+/// thread gets the result. `red` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // red may still be read by a previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(std::uint16_t h) { return __uint_as_float(static_cast<std::uint32_t>(h) << 16); }
+__device__ __forceinline__ float f16_bits_to_f32(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/// Element `idx` of a tensor in any weight dtype (a scalar path: used where
+/// a view's rows are not aligned for vector loads).
+__device__ __forceinline__ float load_weight(const void* base, WeightDType dt, std::int64_t idx) {
+  switch (dt) {
+    case WeightDType::f32: return static_cast<const float*>(base)[idx];
+    case WeightDType::f16: return f16_bits_to_f32(static_cast<const std::uint16_t*>(base)[idx]);
+    case WeightDType::bf16: return bf16_bits_to_f32(static_cast<const std::uint16_t*>(base)[idx]);
+    case WeightDType::q8_0: {
+      const auto* blk = static_cast<const std::uint8_t*>(base) + (idx >> 5) * 34;
+      const std::uint16_t d = static_cast<std::uint16_t>(blk[0] | (blk[1] << 8));
+      return f16_bits_to_f32(d) * static_cast<float>(static_cast<std::int8_t>(blk[2 + (idx & 31)]));
+    }
+  }
+  return 0.0f;
+}
+
+/// Multiprocessors of the current device.
+inline cudaError_t sm_count(int* sms) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+  return e;
+}
+
+inline unsigned grid_for(std::size_t n, int threads, unsigned cap) {
+  std::size_t g = (n + threads - 1) / threads;
+  if (g < 1) g = 1;
+  return static_cast<unsigned>(g < cap ? g : cap);
+}
+
+}  // namespace ftp::kernels::detail

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <cstdint>
+
+#include "common.cuh"
+#include "matvec.cuh"
+
+namespace ftp::kernels {
+namespace {
+
+constexpr int kWarps = 4;  // warps per block
+constexpr int kMaxT = 8;   // tokens per pass over the weights
+
+/// Elements a lane converts per step: 16 bytes of F32/F16/BF16, half a Q8_0 block.
+template <WeightDType D>
+constexpr int lane_elems() {
+  return D == WeightDType::f32 ? 4 : D == WeightDType::q8_0 ? 16 : 8;
+}
+
+/// Loads the E weights of row `row` (a pointer to the tensor element at the
+/// view's first column of that row) at view column k, converted to float.
+template <WeightDType D>
+__device__ __forceinline__ void load_chunk(const void* row, std::int64_t k, float* wf) {
+  if constexpr (D == WeightDType::f32) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(row) + k));
+    wf[0] = v.x, wf[1] = v.y, wf[2] = v.z, wf[3] = v.w;
+  } else if constexpr (D == WeightDType::f16 || D == WeightDType::bf16) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(row) + k));
+    const std::uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (D == WeightDType::bf16) {
+        wf[2 * i] = __uint_as_float(u[i] << 16);
+        wf[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+        wf[2 * i] = f.x, wf[2 * i + 1] = f.y;
+      }
+    }
+  } else {
+    // k is a multiple of 16: block k / 32, half (k / 16) & 1.
+    const auto* blk = static_cast<const std::uint8_t*>(row) + (k >> 5) * 34;
+    const auto* h = reinterpret_cast<const std::uint16_t*>(blk);  // blocks are 2-byte aligned
+    const float d = detail::f16_bits_to_f32(__ldg(h));
+    const std::uint16_t* q = h + 1 + ((k >> 4) & 1) * 8;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const std::uint16_t p = __ldg(q + i);
+      wf[2 * i] = d * static_cast<float>(static_cast<std::int8_t>(p & 0xff));
+      wf[2 * i + 1] = d * static_cast<float>(static_cast<std::int8_t>(p >> 8));
+    }
+  }
+}
+
+/// Address of the view's first element of row i (tensor element (r0 + i) x ld + c0).
+template <WeightDType D>
+__device__ __forceinline__ const void* row_base(const WeightView& w, std::int64_t i) {
+  const std::int64_t e = (w.r0 + i) * w.ld + w.c0;
+  if constexpr (D == WeightDType::f32) return static_cast<const float*>(w.data) + e;
+  else if constexpr (D == WeightDType::q8_0) return static_cast<const std::uint8_t*>(w.data) + (e >> 5) * 34;
+  else return static_cast<const std::uint16_t*>(w.data) + e;
+}
+
+/// One warp: R rows x up to T tokens (nt of them), whole rows.
+template <WeightDType D, int R, int T>
+__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, WeightView w,
+                                                              float* __restrict__ out, int out_ld, int t) {
+  constexpr int E = lane_elems<D>();
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
+  if (row0 >= w.rows) return;
+  const int u0 = blockIdx.y * T;
+  const int nt = min(T, t - u0);
+  const void* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = row_base<D>(w, row0 + r < w.rows ? row0 + r : row0);
+  float acc[R][T];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int u = 0; u < T; ++u) acc[r][u] = 0.0f;
+  const float* xb = x + static_cast<std::int64_t>(u0) * x_ld;
+#pragma unroll 2
+  for (std::int64_t k = static_cast<std::int64_t>(lane) * E; k < w.cols; k += 32 * E) {
+    float wf[R][E];
+#pragma unroll
+    for (int r = 0; r < R; ++r) load_chunk<D>(rows[r], k, wf[r]);
+#pragma unroll
+    for (int u = 0; u < T; ++u) {
+      if (u < nt) {
+        const float4* xp = reinterpret_cast<const float4*>(xb + static_cast<std::int64_t>(u) * x_ld + k);
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+          const float4 xv = __ldg(xp + q);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            acc[r][u] = fmaf(wf[r][4 * q], xv.x, acc[r][u]);
+            acc[r][u] = fmaf(wf[r][4 * q + 1], xv.y, acc[r][u]);
+            acc[r][u] = fmaf(wf[r][4 * q + 2], xv.z, acc[r][u]);
+            acc[r][u] = fmaf(wf[r][4 * q + 3], xv.w, acc[r][u]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int u = 0; u < T; ++u) {
+      const float s = detail::warp_sum(acc[r][u]);
+      if (lane == 0 && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
+    }
+}
+
+/// Any alignment, any dtype: one warp per row, lanes over single elements.
+__global__ void __launch_bounds__(kWarps * 32) matvec_scalar_kernel(const float* __restrict__ x, int x_ld, WeightView w,
+                                                                     float* __restrict__ out, int out_ld, int t) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= w.rows) return;
+  const int u0 = blockIdx.y * kMaxT;
+  const int nt = min(kMaxT, t - u0);
+  const std::int64_t first = (w.r0 + row) * w.ld + w.c0;
+  float acc[kMaxT] = {};
+  for (std::int64_t k = lane; k < w.cols; k += 32) {
+    const float wv = detail::load_weight(w.data, w.dtype, first + k);
+#pragma unroll
+    for (int u = 0; u < kMaxT; ++u)
+      if (u < nt) acc[u] = fmaf(wv, x[static_cast<std::int64_t>(u0 + u) * x_ld + k], acc[u]);
+  }
+#pragma unroll
+  for (int u = 0; u < kMaxT; ++u) {
+    const float s = detail::warp_sum(acc[u]);
+    if (lane == 0 && u < nt) out[static_cast<std::int64_t>(u0 + u) * out_ld + row] = s;
+  }
+}
+
+template <WeightDType D>
+bool vector_path_ok(const float* x, int x_ld, const WeightView& w) {
+  constexpr int E = lane_elems<D>();
+  const int unit = D == WeightDType::q8_0 ? 32 : E;  // Q8_0: whole blocks
+  const bool x_ok = (reinterpret_cast<std::uintptr_t>(x) & 15) == 0 && x_ld % 4 == 0;
+  const bool w_ok = D == WeightDType::q8_0 ? (reinterpret_cast<std::uintptr_t>(w.data) & 1) == 0
+                                           : (reinterpret_cast<std::uintptr_t>(w.data) & 15) == 0;
+  return x_ok && w_ok && w.ld % unit == 0 && w.c0 % unit == 0 && w.cols % unit == 0;
+}
+
+template <WeightDType D, int R, int T>
+void launch(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t, cudaStream_t stream) {
+  const std::int64_t warps = (w.rows + R - 1) / R;
+  const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps), static_cast<unsigned>((t + T - 1) / T));
+  matvec_kernel<D, R, T><<<grid, kWarps * 32, 0, stream>>>(x, x_ld, w, out, out_ld, t);
+}
+
+template <WeightDType D>
+void dispatch(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t, int sms,
+              cudaStream_t stream) {
+  // Two rows per warp reuse each activation load twice; only where that
+  // still leaves >= 16 warps per multiprocessor to keep loads in flight.
+  const bool two = t >= 2 && w.rows / 2 >= static_cast<std::int64_t>(sms) * 16;
+  if (t == 1) return launch<D, 1, 1>(x, x_ld, w, out, out_ld, t, stream);
+  if (t == 2) return two ? launch<D, 2, 2>(x, x_ld, w, out, out_ld, t, stream) : launch<D, 1, 2>(x, x_ld, w, out, out_ld, t, stream);
+  if (t <= 4) return two ? launch<D, 2, 4>(x, x_ld, w, out, out_ld, t, stream) : launch<D, 1, 4>(x, x_ld, w, out, out_ld, t, stream);
+  return two ? launch<D, 2, 8>(x, x_ld, w, out, out_ld, t, stream) : launch<D, 1, 8>(x, x_ld, w, out, out_ld, t, stream);
+}
+
+}  // namespace
+
+cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
+                   cudaStream_t stream) {
+  if (t <= 0 || w.rows <= 0) return cudaSuccess;
+  if (w.cols <= 0) return cudaErrorInvalidValue;
+  int sms = 0;
+  if (cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
+  bool vec = false;
+  switch (w.dtype) {
+    case WeightDType::f32: vec = vector_path_ok<WeightDType::f32>(x, x_ld, w); break;
+    case WeightDType::f16: vec = vector_path_ok<WeightDType::f16>(x, x_ld, w); break;
+    case WeightDType::bf16: vec = vector_path_ok<WeightDType::bf16>(x, x_ld, w); break;
+    case WeightDType::q8_0: vec = vector_path_ok<WeightDType::q8_0>(x, x_ld, w); break;
+  }
+  if (!vec) {
+    const dim3 grid(static_cast<unsigned>((w.rows + kWarps - 1) / kWarps), static_cast<unsigned>((t + kMaxT - 1) / kMaxT));
+    matvec_scalar_kernel<<<grid, kWarps * 32, 0, stream>>>(x, x_ld, w, out, out_ld, t);
+    return cudaGetLastError();
+  }
+  switch (w.dtype) {
+    case WeightDType::f32: dispatch<WeightDType::f32>(x, x_ld, w, out, out_ld, t, sms, stream); break;
+    case WeightDType::f16: dispatch<WeightDType::f16>(x, x_ld, w, out, out_ld, t, sms, stream); break;
+    case WeightDType::bf16: dispatch<WeightDType::bf16>(x, x_ld, w, out, out_ld, t, sms, stream); break;
+    case WeightDType::q8_0: dispatch<WeightDType::q8_0>(x, x_ld, w, out, out_ld, t, sms, stream); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace ftp::kernels

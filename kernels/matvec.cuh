@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "weight_view.cuh"
+
+namespace ftp::kernels {
+
+/// Matrix-vector products for small batches (decode): out[u][i] = x[u] . W[i]
+/// for u < t and i < w.rows, x[u] of w.cols floats (rows of x_ld floats),
+/// out rows of out_ld floats, over a view of a weight tensor in any dtype
+/// (F32, F16, BF16, Q8_0). Each weight is converted in registers and used
+/// for up to 8 tokens; accumulation in float32. Memory-bound: each lane
+/// reads 16 contiguous bytes of a row per step (Q8_0: half a block with
+/// 2-byte loads), consecutive lanes consecutive bytes, so that a warp reads
+/// 512 contiguous bytes. Views whose rows are not aligned for those loads
+/// (odd tensor-parallel splits of tiny models) take a scalar path.
+/// t > 8 reads the weights once per 8 tokens: larger batches belong to
+/// cuBLAS. Device pointers. Returns the launch status; does not synchronise.
+cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
+                   cudaStream_t stream);
+
+}  // namespace ftp::kernels

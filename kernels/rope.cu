@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common.cuh"
+#include "rope.cuh"
+
+namespace ftp::kernels {
+namespace {
+
+__global__ void rope_kernel(float* v, int ld, int n_heads, int head_dim, int n_rot, const int* __restrict__ pos,
+                            float theta) {
+  const int r = blockIdx.x, pairs = n_rot / 2;
+  const float p = static_cast<float>(pos[r]);
+  float* row = v + static_cast<std::int64_t>(r) * ld;
+  for (int e = threadIdx.x; e < n_heads * pairs; e += blockDim.x) {
+    const int h = e / pairs, i = 2 * (e % pairs);
+    // As the CPU: freq = 1 / theta^(i / n_rot), angle = pos x freq, in float.
+    const float freq = 1.0f / powf(theta, static_cast<float>(i) / static_cast<float>(n_rot));
+    const float a = p * freq;
+    float s, c;
+    sincosf(a, &s, &c);
+    float* q = row + h * head_dim + i;
+    const float v0 = q[0], v1 = q[1];
+    q[0] = v0 * c - v1 * s;
+    q[1] = v0 * s + v1 * c;
+  }
+}
+
+}  // namespace
+
+cudaError_t rope_f32(float* v, int ld, int t, int n_heads, int head_dim, int n_rot, const int* pos, float theta,
+                     cudaStream_t stream) {
+  if (t <= 0 || n_heads <= 0 || n_rot < 2) return cudaSuccess;
+  if (n_rot > head_dim) return cudaErrorInvalidValue;
+  const int work = n_heads * (n_rot / 2);
+  const int threads = work >= 256 ? 256 : (work + 31) / 32 * 32;
+  rope_kernel<<<t, threads, 0, stream>>>(v, ld, n_heads, head_dim, n_rot, pos, theta);
+  return cudaGetLastError();
+}
+
+}  // namespace ftp::kernels

@@ -1,0 +1,550 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every kernel of kernels/ against the CPU: engine::ops where it has the
+// operation, else a plain reference here. One line per kernel and case:
+// NMSE <= 1e-6 where the kernel computes in float32, <= 1e-3 where it rounds
+// to f16/bf16, exact for argmax, sampling, the KV write and the sums.
+// Plain main: exit 77 (skip) without a GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/gpu.hpp"
+#include "engine/kv_cache.hpp"
+#include "engine/ops.hpp"
+#include "engine/sampler.hpp"
+#include "kernels/add.cuh"
+#include "kernels/argmax.cuh"
+#include "kernels/attention_decode.cuh"
+#include "kernels/attention_prefill.cuh"
+#include "kernels/convert.cuh"
+#include "kernels/dequant.cuh"
+#include "kernels/embed.cuh"
+#include "kernels/kv_write.cuh"
+#include "kernels/matvec.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/sample.cuh"
+#include "kernels/silu_mul.cuh"
+#include "kernels/sum_buffers.cuh"
+#include "synthetic_gguf.hpp"
+
+namespace k = ftp::kernels;
+using ftp::model::DType;
+
+namespace {
+
+int failures = 0;
+
+void report(const std::string& what, double nmse, double limit) {
+  const bool ok = nmse <= limit;
+  std::printf("%-4s %-52s nmse=%.3g (limit %.0e)\n", ok ? "ok" : "FAIL", what.c_str(), nmse, limit);
+  if (!ok) ++failures;
+}
+
+void report_exact(const std::string& what, std::size_t mismatches, std::size_t total) {
+  std::printf("%-4s %-52s %zu/%zu equal\n", mismatches == 0 ? "ok" : "FAIL", what.c_str(), total - mismatches, total);
+  if (mismatches) ++failures;
+}
+
+void cu(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+double nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+/// Device memory freed on scope exit.
+template <class T>
+class Dev {
+ public:
+  explicit Dev(std::size_t n) : n_(n) { cu(cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { put(h); }
+  ~Dev() { cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void put(const std::vector<T>& h) { cu(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D"); }
+  std::vector<T> get() const {
+    std::vector<T> h(n_);
+    cu(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
+    return h;
+  }
+  T* p() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_;
+};
+
+void done(cudaError_t launch, const char* what) {
+  cu(launch, what);
+  cu(cudaDeviceSynchronize(), what);
+}
+
+std::mt19937 rng(12345);
+std::vector<float> randn(std::size_t n, float sd = 1.0f) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+/// A host weight tensor of any dtype with random values, and its device copy.
+struct Tensor {
+  std::vector<std::uint8_t> bytes;
+  ftp::model::TensorView view;
+};
+
+Tensor make_tensor(DType dt, std::int64_t rows, std::int64_t cols) {
+  Tensor t;
+  const std::int64_t n = rows * cols;
+  t.bytes.resize(ftp::model::dtype_bytes(dt, n));
+  std::vector<float> v = randn(static_cast<std::size_t>(n), 0.5f);
+  for (std::int64_t i = 0; i < n; ++i) {
+    switch (dt) {
+      case DType::f32: std::memcpy(&t.bytes[i * 4], &v[i], 4); break;
+      case DType::f16: {
+        std::uint16_t h = ftp::testing::f32_to_f16(v[i]);
+        std::memcpy(&t.bytes[i * 2], &h, 2);
+        break;
+      }
+      case DType::bf16: {
+        std::uint16_t h = ftp::testing::f32_to_bf16(v[i]);
+        std::memcpy(&t.bytes[i * 2], &h, 2);
+        break;
+      }
+      case DType::q8_0: break;
+    }
+  }
+  if (dt == DType::q8_0)
+    for (std::int64_t b = 0; b < n / 32; ++b) {
+      std::uint16_t d = ftp::testing::f32_to_f16(0.01f + 0.001f * static_cast<float>(b % 7));
+      std::memcpy(&t.bytes[b * 34], &d, 2);
+      for (int j = 0; j < 32; ++j)
+        t.bytes[b * 34 + 2 + j] = static_cast<std::uint8_t>(static_cast<std::int8_t>(rng() % 255 - 127));
+    }
+  t.view.name = "w";
+  t.view.dtype = dt;
+  t.view.rows = rows;
+  t.view.cols = cols;
+  t.view.data = t.bytes.data();
+  t.view.bytes = t.bytes.size();
+  return t;
+}
+
+k::WeightDType kdt(DType d) {
+  switch (d) {
+    case DType::f32: return k::WeightDType::f32;
+    case DType::f16: return k::WeightDType::f16;
+    case DType::bf16: return k::WeightDType::bf16;
+    case DType::q8_0: return k::WeightDType::q8_0;
+  }
+  return k::WeightDType::f32;
+}
+
+const DType kDTypes[] = {DType::f32, DType::f16, DType::bf16, DType::q8_0};
+
+void test_embed() {
+  for (DType dt : kDTypes) {
+    Tensor t = make_tensor(dt, 50, 96);
+    Dev<std::uint8_t> dw(t.bytes);
+    std::vector<int> tokens = {0, 49, 7, 7, 23};
+    Dev<int> dtok(tokens);
+    Dev<float> dout(tokens.size() * 96);
+    k::WeightView v{dw.p(), kdt(dt), 96, 0, 50, 0, 96};
+    done(k::embed_rows(v, dtok.p(), static_cast<int>(tokens.size()), dout.p(), nullptr), "embed_rows");
+    std::vector<float> want(tokens.size() * 96);
+    for (std::size_t i = 0; i < tokens.size(); ++i) ftp::model::to_f32(t.view, tokens[i] * 96, 96, &want[i * 96]);
+    report(std::string("embed_rows ") + ftp::model::dtype_name(dt), nmse(dout.get(), want), 1e-6);
+  }
+}
+
+void test_rmsnorm() {
+  for (int n : {300, 4096}) {
+    const int t = 5;
+    auto x = randn(static_cast<std::size_t>(t) * n), w = randn(n);
+    Dev<float> dx(x), dw(w), dout(x.size());
+    done(k::rmsnorm_f32(dx.p(), dw.p(), dout.p(), t, n, 1e-5f, nullptr), "rmsnorm_f32");
+    std::vector<float> want(x.size());
+    for (int r = 0; r < t; ++r) ftp::engine::ops::rmsnorm(&x[r * n], w.data(), &want[r * n], n, 1e-5f);
+    report("rmsnorm_f32 n=" + std::to_string(n), nmse(dout.get(), want), 1e-6);
+  }
+}
+
+void test_rope() {
+  const int heads = 6, hd = 16, ld = heads * hd + 8;
+  for (int n_rot : {16, 12}) {
+    std::vector<int> pos = {0, 1, 17, 1000, 4095};
+    const int t = static_cast<int>(pos.size());
+    auto v = randn(static_cast<std::size_t>(t) * ld);
+    Dev<float> dv(v);
+    Dev<int> dpos(pos);
+    done(k::rope_f32(dv.p(), ld, t, heads, hd, n_rot, dpos.p(), 10000.0f, nullptr), "rope_f32");
+    std::vector<float> want = v;
+    for (int r = 0; r < t; ++r) ftp::engine::ops::rope(&want[r * ld], heads, hd, n_rot, pos[r], 10000.0f);
+    report("rope_f32 n_rot=" + std::to_string(n_rot) + " pos<=4095", nmse(dv.get(), want), 1e-6);
+  }
+}
+
+void test_elementwise() {
+  const std::size_t n = 100003;
+  auto g = randn(n, 3.0f), u = randn(n);
+  Dev<float> dg(g), du(u);
+  done(k::silu_mul_f32(dg.p(), du.p(), n, nullptr), "silu_mul_f32");
+  std::vector<float> want = g;
+  ftp::engine::ops::silu_mul(want.data(), u.data(), n);
+  report("silu_mul_f32 n=100003", nmse(dg.get(), want), 1e-6);
+
+  Dev<float> dx(g);
+  done(k::add_f32(dx.p(), du.p(), n, nullptr), "add_f32");
+  std::vector<float> got = dx.get();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += got[i] != g[i] + u[i];
+  report_exact("add_f32 n=100003", bad, n);
+
+  std::vector<Dev<float>*> bufs;
+  std::vector<std::vector<float>> host;
+  for (int j = 0; j < 3; ++j) {
+    host.push_back(randn(n));
+    bufs.push_back(new Dev<float>(host.back()));
+  }
+  float* ptrs[3] = {bufs[0]->p(), bufs[1]->p(), bufs[2]->p()};
+  done(k::sum_buffers_f32(ptrs, 3, n, nullptr), "sum_buffers_f32");
+  bad = 0;
+  for (int j = 0; j < 3; ++j) {
+    std::vector<float> r = bufs[static_cast<std::size_t>(j)]->get();
+    for (std::size_t i = 0; i < n; ++i) bad += r[i] != (host[0][i] + host[1][i]) + host[2][i];
+  }
+  for (auto* b : bufs) delete b;
+  report_exact("sum_buffers_f32 3 buffers (rank order)", bad, 3 * n);
+
+  for (auto to : {k::HalfType::f16, k::HalfType::bf16}) {
+    Dev<float> din(g);
+    Dev<std::uint16_t> dh(n);
+    done(k::convert_f32(din.p(), dh.p(), to, n, nullptr), "convert_f32");
+    std::vector<std::uint16_t> h = dh.get();
+    ftp::model::TensorView tv{"x", to == k::HalfType::f16 ? DType::f16 : DType::bf16, 1, static_cast<std::int64_t>(n),
+                              h.data(), n * 2};
+    std::vector<float> back(n);
+    ftp::model::to_f32(tv, 0, static_cast<std::int64_t>(n), back.data());
+    report(std::string("convert_f32 -> ") + (to == k::HalfType::f16 ? "f16" : "bf16"), nmse(back, g), 1e-3);
+  }
+}
+
+void test_matvec() {
+  const std::int64_t R = 300, C = 512;
+  struct Case {
+    const char* name;
+    std::int64_t r0, rows, c0, cols;
+  };
+  const Case cases[] = {{"full", 0, R, 0, C},
+                        {"rows 5..260 (column-parallel)", 5, 255, 0, C},
+                        {"cols 256..512 (row-parallel)", 0, R, 256, 256},
+                        {"cols 3..484 (unaligned: scalar path)", 0, R, 3, 481}};
+  for (DType dt : kDTypes) {
+    Tensor w = make_tensor(dt, R, C);
+    Dev<std::uint8_t> dw(w.bytes);
+    for (const Case& c : cases) {
+      for (int t : {1, 3, 8, 13}) {
+        auto x = randn(static_cast<std::size_t>(t) * c.cols);
+        Dev<float> dx(x), dout(static_cast<std::size_t>(t) * c.rows);
+        k::WeightView v{dw.p(), kdt(dt), C, c.r0, c.rows, c.c0, c.cols};
+        done(k::matvec(dx.p(), static_cast<int>(c.cols), v, dout.p(), static_cast<int>(c.rows), t, nullptr), "matvec");
+        std::vector<float> want(static_cast<std::size_t>(t) * c.rows);
+        ftp::engine::MatView mv{&w.view, c.r0, c.rows, c.c0, c.cols};
+        ftp::engine::ops::matmul_reference(x.data(), mv, want.data(), t);
+        report(std::string("matvec ") + ftp::model::dtype_name(dt) + " " + c.name + " t=" + std::to_string(t),
+               nmse(dout.get(), want), 1e-6);
+      }
+    }
+  }
+}
+
+void test_dequant() {
+  const std::int64_t R = 64, C = 256;
+  for (DType dt : {DType::q8_0, DType::f16, DType::bf16, DType::f32}) {
+    Tensor w = make_tensor(dt, R, C);
+    Dev<std::uint8_t> dw(w.bytes);
+    for (auto to : {k::HalfType::f16, k::HalfType::bf16}) {
+      // A column-parallel slice of rows 8..56, tile rows 4..36 of it.
+      k::WeightView v{dw.p(), kdt(dt), C, 8, 48, 0, C};
+      Dev<std::uint16_t> dt16(32 * C);
+      done(k::dequant_tile(v, 4, 32, dt16.p(), to, nullptr), "dequant_tile");
+      std::vector<std::uint16_t> h = dt16.get();
+      ftp::model::TensorView tv{"t", to == k::HalfType::f16 ? DType::f16 : DType::bf16, 32, C, h.data(), h.size() * 2};
+      std::vector<float> got(32 * C), want(32 * C);
+      ftp::model::to_f32(tv, 0, 32 * C, got.data());
+      ftp::model::to_f32(w.view, 12 * C, 32 * C, want.data());
+      report(std::string("dequant_tile ") + ftp::model::dtype_name(dt) + " -> " + (to == k::HalfType::f16 ? "f16" : "bf16"),
+             nmse(got, want), 1e-3);
+    }
+  }
+}
+
+void test_argmax_and_sampling() {
+  const int t = 6, n = 32000;
+  std::vector<float> x = randn(static_cast<std::size_t>(t) * n, 2.0f);
+  // Ties: row 1 has its maximum twice (the lower index wins), row 2 is constant.
+  x[1 * n + 100] = 50.0f;
+  x[1 * n + 9000] = 50.0f;
+  std::fill(x.begin() + 2 * n, x.begin() + 3 * n, 0.25f);
+  Dev<float> dx(x);
+  Dev<int> dout(t);
+  done(k::argmax_rows(dx.p(), t, n, dout.p(), nullptr), "argmax_rows");
+  std::vector<int> got = dout.get();
+  std::size_t bad = 0;
+  for (int r = 0; r < t; ++r)
+    bad += got[r] != ftp::engine::argmax(std::vector<float>(x.begin() + r * n, x.begin() + (r + 1) * n));
+  report_exact("argmax_rows n=32000 (ties)", bad, t);
+
+  // Sampling: the CPU Sampler's algorithm with a given uniform draw.
+  auto reference = [](std::vector<float> l, float temp, float top_p, double r) {
+    if (temp <= 0.0f) return ftp::engine::argmax(l);
+    std::vector<int> idx(l.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return l[a] > l[b]; });
+    std::vector<double> prob(idx.size());
+    double mx = l[idx[0]], sum = 0;
+    for (std::size_t i = 0; i < idx.size(); ++i) sum += prob[i] = std::exp((l[idx[i]] - mx) / temp);
+    for (auto& p : prob) p /= sum;
+    if (top_p < 1.0f) {
+      double acc = 0;
+      std::size_t keep = prob.size();
+      for (std::size_t i = 0; i < prob.size(); ++i) {
+        acc += prob[i];
+        if (acc >= top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+      prob.resize(keep);
+      double s = std::accumulate(prob.begin(), prob.end(), 0.0);
+      for (auto& p : prob) p /= s;
+    }
+    double acc = 0;
+    for (std::size_t i = 0; i < prob.size(); ++i) {
+      acc += prob[i];
+      if (r < acc) return idx[i];
+    }
+    return idx[prob.size() - 1];
+  };
+  const int rows = 64, vocab = 4096;
+  std::vector<float> logits = randn(static_cast<std::size_t>(rows) * vocab, 3.0f);
+  std::vector<float> temp(rows), top_p(rows), u(rows);
+  std::uniform_real_distribution<float> U(0.0f, 1.0f);
+  const float temps[] = {0.0f, 0.7f, 1.0f, 1.5f};
+  const float tops[] = {1.0f, 0.9f, 0.5f, 0.0f};
+  for (int r = 0; r < rows; ++r) {
+    temp[r] = temps[r % 4];
+    top_p[r] = tops[(r / 4) % 4];
+    u[r] = U(rng);
+  }
+  Dev<float> dl(logits), dtemp(temp), dtop(top_p), du(u);
+  Dev<int> dtok(rows);
+  done(k::sample_top_p(dl.p(), vocab, rows, vocab, dtemp.p(), dtop.p(), du.p(), dtok.p(), nullptr), "sample_top_p");
+  std::vector<int> tok = dtok.get();
+  bad = 0;
+  for (int r = 0; r < rows; ++r) {
+    int want = reference(std::vector<float>(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab), temp[r],
+                         top_p[r], u[r]);
+    if (tok[r] != want) {
+      std::printf("     sample row %d (T=%.1f top_p=%.1f u=%.4f): gpu %d, cpu %d\n", r, temp[r], top_p[r], u[r], tok[r],
+                  want);
+      ++bad;
+    }
+  }
+  report_exact("sample_top_p n=4096 (temperature x top_p x u)", bad, rows);
+}
+
+/// KV write, then decode and prefill attention over the pages, against the
+/// executor's attention loop on a KvStore with the same layout. A rank of
+/// TP 2 of a model with 8 query heads and 4 KV heads: query heads 4..7,
+/// KV heads 2..3 (group 2).
+void test_attention(int hd) {
+  const int n_head = 8, n_head_kv = 4, group = n_head / n_head_kv;
+  const int q_head0 = 4, nq = 4, kv_head0 = 2, kvh = 2;
+  const int B = 16, n_blocks = 24;
+  const std::vector<int> lens = {1, 37, 70};
+  const int n_seq = static_cast<int>(lens.size());
+  const int bt_ld = 6;
+  // Each sequence's pages: a shuffled set of blocks.
+  std::vector<int> perm(n_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::vector<int>> tables(n_seq);
+  std::vector<int> flat(static_cast<std::size_t>(n_seq) * bt_ld, -1);
+  int next = 0;
+  for (int s = 0; s < n_seq; ++s)
+    for (int b = 0; b < (lens[s] + B - 1) / B; ++b) {
+      tables[s].push_back(perm[next++]);
+      flat[s * bt_ld + b] = tables[s].back();
+    }
+  // Rows: every position of every sequence, in chunk order.
+  std::vector<int> row_seq, row_pos, slots;
+  for (int s = 0; s < n_seq; ++s)
+    for (int p = 0; p < lens[s]; ++p) {
+      row_seq.push_back(s);
+      row_pos.push_back(p);
+      slots.push_back(tables[s][p / B] * B + p % B);
+    }
+  const int t = static_cast<int>(row_seq.size());
+  const int kvn = kvh * hd, qn = nq * hd;
+  auto kx = randn(static_cast<std::size_t>(t) * kvn), vx = randn(static_cast<std::size_t>(t) * kvn);
+  auto q = randn(static_cast<std::size_t>(t) * qn);
+
+  const std::size_t page_floats = static_cast<std::size_t>(n_blocks) * kvh * B * hd;
+  Dev<float> dkp(page_floats), dvp(page_floats), dk(kx), dv(vx), dq(q), dout(static_cast<std::size_t>(t) * qn);
+  cu(cudaMemset(dkp.p(), 0, page_floats * 4), "memset");
+  cu(cudaMemset(dvp.p(), 0, page_floats * 4), "memset");
+  Dev<int> dslots(slots), dseq(row_seq), dpos(row_pos), dtab(flat);
+  done(k::kv_write_f32(dkp.p(), dvp.p(), dk.p(), dv.p(), kvn, t, kvh, hd, B, dslots.p(), nullptr), "kv_write_f32");
+
+  ftp::engine::KvStore kv(1, n_blocks, B, kvh, hd);
+  for (std::size_t b = 0; b < static_cast<std::size_t>(n_blocks); ++b)
+    for (int j = 0; j < kvh; ++j) {
+      std::fill_n(kv.k(0, static_cast<int>(b), j), B * hd, 0.0f);
+      std::fill_n(kv.v(0, static_cast<int>(b), j), B * hd, 0.0f);
+    }
+  for (int r = 0; r < t; ++r) {
+    const int blk = slots[r] / B, slot = slots[r] % B;
+    for (int j = 0; j < kvh; ++j) {
+      std::copy_n(&kx[static_cast<std::size_t>(r) * kvn + j * hd], hd, kv.k(0, blk, j) + slot * hd);
+      std::copy_n(&vx[static_cast<std::size_t>(r) * kvn + j * hd], hd, kv.v(0, blk, j) + slot * hd);
+    }
+  }
+  std::vector<float> gk = dkp.get(), gv = dvp.get();
+  std::size_t bad = 0;
+  const float* ck = kv.k(0, 0, 0);
+  const float* cv = kv.v(0, 0, 0);
+  for (std::size_t i = 0; i < page_floats; ++i) bad += (gk[i] != ck[i]) + (gv[i] != cv[i]);
+  report_exact("kv_write_f32 hd=" + std::to_string(hd) + " (pages as KvStore)", bad, 2 * page_floats);
+
+  // The executor's attention, per row and head.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> want(static_cast<std::size_t>(t) * qn), scores(128);
+  for (int r = 0; r < t; ++r) {
+    const int s = row_seq[r], pos = row_pos[r];
+    for (int h = 0; h < nq; ++h) {
+      const float* qh = &q[static_cast<std::size_t>(r) * qn + h * hd];
+      const int kvj = (q_head0 + h) / group - kv_head0;
+      for (int p = 0; p <= pos; ++p) {
+        const float* kp = kv.k(0, tables[s][p / B], kvj) + (p % B) * hd;
+        float d = 0;
+        for (int e = 0; e < hd; ++e) d += qh[e] * kp[e];
+        scores[p] = d * scale;
+      }
+      ftp::engine::ops::softmax(scores.data(), pos + 1);
+      float* out = &want[static_cast<std::size_t>(r) * qn + h * hd];
+      for (int p = 0; p <= pos; ++p) {
+        const float* vp = kv.v(0, tables[s][p / B], kvj) + (p % B) * hd;
+        for (int e = 0; e < hd; ++e) out[e] += scores[p] * vp[e];
+      }
+    }
+  }
+  k::AttentionArgs a;
+  a.q = dq.p();
+  a.q_ld = qn;
+  a.out = dout.p();
+  a.out_ld = qn;
+  a.k_pages = dkp.p();
+  a.v_pages = dvp.p();
+  a.block_tables = dtab.p();
+  a.bt_ld = bt_ld;
+  a.row_seq = dseq.p();
+  a.row_pos = dpos.p();
+  a.t = t;
+  a.n_q_heads = nq;
+  a.q_head0 = q_head0;
+  a.group = group;
+  a.kv_head0 = kv_head0;
+  a.kv_heads = kvh;
+  a.head_dim = hd;
+  a.block_tokens = B;
+  a.scale = scale;
+  done(k::attention_decode(a, nullptr), "attention_decode");
+  report("attention_decode hd=" + std::to_string(hd) + " GQA 2, kv-head offset 2", nmse(dout.get(), want), 1e-6);
+  cu(cudaMemset(dout.p(), 0, static_cast<std::size_t>(t) * qn * 4), "memset");
+  done(k::attention_prefill(a, nullptr), "attention_prefill");
+  report("attention_prefill hd=" + std::to_string(hd) + " 3 chunks of 1, 37, 70", nmse(dout.get(), want), 1e-6);
+}
+
+/// GEMV bandwidth at batch 1 on a BF16 matrix of 8192 x 8192 (128 MiB,
+/// several times the L2), against the triad bandwidth of the same run.
+/// Printed, not asserted (timings are not a unit test's business).
+void report_matvec_bandwidth() {
+  const std::int64_t R = 8192, C = 8192;
+  Dev<std::uint16_t> w(static_cast<std::size_t>(R * C));
+  cu(cudaMemset(w.p(), 0x3c, static_cast<std::size_t>(R * C) * 2), "memset");
+  Dev<float> x(C), out(R);
+  cu(cudaMemset(x.p(), 0, C * 4), "memset");
+  k::WeightView v{w.p(), k::WeightDType::bf16, C, 0, R, 0, C};
+  cudaEvent_t e0, e1;
+  cu(cudaEventCreate(&e0), "event");
+  cu(cudaEventCreate(&e1), "event");
+  for (int i = 0; i < 3; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr), "matvec");
+  const int reps = 20;
+  cu(cudaEventRecord(e0), "event");
+  for (int i = 0; i < reps; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr), "matvec");
+  cu(cudaEventRecord(e1), "event");
+  cu(cudaEventSynchronize(e1), "event");
+  float ms = 0;
+  cu(cudaEventElapsedTime(&ms, e0, e1), "event");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  const double gbs = static_cast<double>(R * C * 2) * reps / (ms / 1e3) / 1e9;
+  const auto triad = ftp::backend::measure_gpu_triad_gbs(0, true);
+  std::printf("info matvec bf16 8192x8192 t=1: %.0f GB/s = %.2f of triad %.0f GB/s\n", gbs, gbs / triad.value,
+              triad.value);
+}
+
+}  // namespace
+
+int main() {
+  std::vector<ftp::backend::GpuInfo> gpus;
+  try {
+    gpus = ftp::backend::discover_gpus();
+  } catch (const std::exception& e) {
+    std::printf("FAIL: discover_gpus: %s\n", e.what());
+    return 1;
+  }
+  if (gpus.empty()) {
+    std::printf("SKIP: no GPU found (built with CUDA: %s; %s)\n", ftp::backend::cuda_built() ? "yes" : "no",
+                ftp::backend::gpu_runtime_status().c_str());
+    return 77;
+  }
+  try {
+    cu(cudaSetDevice(0), "cudaSetDevice");
+    std::printf("kernels on cuda:0 %s\n", gpus[0].name.c_str());
+    test_embed();
+    test_rmsnorm();
+    test_rope();
+    test_elementwise();
+    test_matvec();
+    test_dequant();
+    test_argmax_and_sampling();
+    for (int hd : {8, 64, 128, 256}) test_attention(hd);
+    report_matvec_bandwidth();
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ok", failures);
+  return failures == 0 ? 0 : 1;
+}
