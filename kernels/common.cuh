@@ -55,6 +55,14 @@ __device__ __forceinline__ float load_weight(const void* base, WeightDType dt, s
   return 0.0f;
 }
 
+/// float32 -> f16 / bf16, round to nearest even.
+template <class H>
+__device__ __forceinline__ H to_half(float x);
+template <>
+__device__ __forceinline__ __half to_half<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_half<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
 /// Multiprocessors of the current device.
 inline cudaError_t sm_count(int* sms) {
   int device = 0;

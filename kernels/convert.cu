@@ -6,17 +6,10 @@ namespace ftp::kernels {
 namespace {
 
 template <class H>
-__device__ __forceinline__ H to_half(float x);
-template <>
-__device__ __forceinline__ __half to_half<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 to_half<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-template <class H>
 __global__ void convert_kernel(const float* __restrict__ in, H* __restrict__ out, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = to_half<H>(in[i]);
+    out[i] = detail::to_half<H>(in[i]);
 }
 
 }  // namespace

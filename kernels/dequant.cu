@@ -6,19 +6,12 @@ namespace ftp::kernels {
 namespace {
 
 template <class H>
-__device__ __forceinline__ H to_half(float x);
-template <>
-__device__ __forceinline__ __half to_half<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 to_half<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-template <class H>
 __global__ void dequant_kernel(WeightView w, std::int64_t row0, H* __restrict__ out) {
   const std::int64_t i = blockIdx.x;  // row of the tile
   const std::int64_t first = (w.r0 + row0 + i) * w.ld + w.c0;
   H* o = out + i * w.cols;
   for (std::int64_t j = threadIdx.x; j < w.cols; j += blockDim.x)
-    o[j] = to_half<H>(detail::load_weight(w.data, w.dtype, first + j));
+    o[j] = detail::to_half<H>(detail::load_weight(w.data, w.dtype, first + j));
 }
 
 }  // namespace
