@@ -1,7 +1,7 @@
 #!/bin/bash
 # The folders of lib/ depend one way (lib/meson.build). A folder may include
 # headers only from the folders listed for it here (kernels/ is the CUDA ops
-# at the top level, used by the backend only).
+# at the top level, used by the backend and the engine's CUDA backend).
 set -u
 lib=$1
 declare -A allowed=(
@@ -11,7 +11,7 @@ declare -A allowed=(
   [comm]="core doc comm"
   [backend]="core doc backend kernels"
   [serve]="core doc comm backend model engine ipc control plan serve"
-  [engine]="core doc comm backend model engine"
+  [engine]="core doc comm backend model engine kernels"
   [topology]="core doc comm backend topology"
   [plan]="core doc model plan"
   [control]="core doc control"

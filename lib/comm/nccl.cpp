@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -89,6 +90,116 @@ AllReduceMeasurement measure_nccl_allreduce(const std::vector<int>& devices, std
   run(m.iterations);
   finish_allreduce_measurement(m, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return m;
+}
+
+namespace {
+
+std::string set_name(const std::vector<int>& devices) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < devices.size(); ++i) s += (i ? "," : "") + std::to_string(devices[i]);
+  return s + "]";
+}
+
+void pool_check(ncclResult_t r, const char* call, const std::string& where) {
+  if (r != ncclSuccess)
+    throw BackendError("nccl pool: " + std::string(call) + " for devices " + where + ": " + ncclGetErrorString(r));
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+NcclPool& NcclPool::instance() {
+  static NcclPool pool;
+  return pool;
+}
+
+NcclPool::NcclPool() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+    cudaGetLastError();
+    throw BackendError("nccl pool: no CUDA device visible");
+  }
+  for (int d = 0; d < count; ++d) devices_.push_back(d);
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(count), nullptr);
+  auto t0 = std::chrono::steady_clock::now();
+  pool_check(ncclCommInitAll(comms.data(), count, devices_.data()), "ncclCommInitAll", set_name(devices_));
+  create_ms_ = ms_since(t0);
+  for (auto c : comms) roots_.push_back(c);
+}
+
+NcclPool::~NcclPool() {
+  // At process exit: the driver may already be gone; errors are ignored.
+  for (auto& [set, comms] : groups_)
+    for (void* c : comms) ncclCommDestroy(static_cast<ncclComm_t>(c));
+  for (void* c : roots_) ncclCommDestroy(static_cast<ncclComm_t>(c));
+}
+
+std::vector<void*> NcclPool::split_locked(const std::vector<int>& devices) {
+  if (devices == devices_) return roots_;
+  if (auto it = groups_.find(devices); it != groups_.end()) return it->second;
+  std::vector<int> sorted = devices;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    throw InputError("nccl pool: devices " + set_name(devices) + " repeat a GPU (ranks on one GPU use the same-GPU communicator)");
+  for (int d : devices)
+    if (d < 0 || d >= static_cast<int>(devices_.size()))
+      throw InputError("nccl pool: device " + std::to_string(d) + " of " + set_name(devices) + " is not one of the " +
+                       std::to_string(devices_.size()) + " visible GPUs");
+  // Every root communicator takes part; those outside the set get no
+  // communicator (NCCL_SPLIT_NOCOLOR). Key = rank in the set.
+  std::vector<ncclComm_t> out(roots_.size(), nullptr);
+  pool_check(ncclGroupStart(), "ncclGroupStart", set_name(devices));
+  for (std::size_t i = 0; i < roots_.size(); ++i) {
+    auto pos = std::find(devices.begin(), devices.end(), devices_[i]);
+    const bool in = pos != devices.end();
+    ncclResult_t r = ncclCommSplit(static_cast<ncclComm_t>(roots_[i]), in ? 0 : NCCL_SPLIT_NOCOLOR,
+                                   in ? static_cast<int>(pos - devices.begin()) : 0, &out[i], nullptr);
+    if (r != ncclSuccess) {
+      ncclGroupEnd();
+      pool_check(r, "ncclCommSplit", set_name(devices));
+    }
+  }
+  pool_check(ncclGroupEnd(), "ncclGroupEnd (ncclCommSplit)", set_name(devices));
+  std::vector<void*> comms(devices.size(), nullptr);
+  for (std::size_t i = 0; i < roots_.size(); ++i) {
+    auto pos = std::find(devices.begin(), devices.end(), devices_[i]);
+    if (pos != devices.end()) comms[static_cast<std::size_t>(pos - devices.begin())] = out[i];
+  }
+  groups_[devices] = comms;
+  return comms;
+}
+
+std::vector<void*> NcclPool::group(const std::vector<int>& devices) {
+  if (devices.empty()) throw InputError("nccl pool: an empty device set");
+  std::lock_guard lk(mu_);
+  return split_locked(devices);
+}
+
+double NcclPool::prepare(const std::vector<std::vector<int>>& sets) {
+  std::lock_guard lk(mu_);
+  auto t0 = std::chrono::steady_clock::now();
+  for (const auto& s : sets)
+    if (s.size() > 1) split_locked(s);
+  return ms_since(t0);
+}
+
+void NcclPool::drop(const std::vector<int>& devices) noexcept {
+  std::lock_guard lk(mu_);
+  auto it = groups_.find(devices);
+  if (it == groups_.end()) return;  // root communicators stay (they serve every split)
+  for (void* c : it->second)
+    if (c) ncclCommAbort(static_cast<ncclComm_t>(c));
+  groups_.erase(it);
+}
+
+void nccl_all_reduce_sum(void* comm, float* data, std::size_t count, void* stream, int device) {
+  ncclResult_t r = ncclAllReduce(data, data, count, ncclFloat, ncclSum, static_cast<ncclComm_t>(comm),
+                                 static_cast<cudaStream_t>(stream));
+  if (r != ncclSuccess)
+    throw BackendError("nccl all-reduce on cuda:" + std::to_string(device) + ": ncclAllReduce: " + ncclGetErrorString(r));
 }
 
 }  // namespace ftp::comm

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "comm/bus_bandwidth.hpp"
@@ -20,5 +23,53 @@ bool nccl_available() noexcept;
 /// Throws ftp::BackendError naming the failed CUDA/NCCL call (also when
 /// built without CUDA), ftp::InputError for an empty device list.
 AllReduceMeasurement measure_nccl_allreduce(const std::vector<int>& devices, std::size_t bytes, bool quick);
+
+/// The NCCL communicator pool of this process (ARCHITECTURE.md, "Resource
+/// pool"): one communicator per local GPU over all of them, made once
+/// (ncclCommInitAll over every visible device, timed), and for each device
+/// set a gear's stage uses, sub-communicators split from it
+/// (ncclCommSplit, all root communicators taking part from one thread in
+/// one group), made on first request or ahead with prepare(), and reused.
+/// Communicators are opaque here (ncclComm_t as void*) so that this header
+/// needs no NCCL. Thread-safe. Builds without CUDA throw ftp::BackendError.
+class NcclPool {
+ public:
+  /// The process's pool, created on first use.
+  static NcclPool& instance();
+  ~NcclPool();
+  NcclPool(const NcclPool&) = delete;
+  NcclPool& operator=(const NcclPool&) = delete;
+
+  /// Devices of the root communicator (all visible GPUs).
+  int n_devices() const noexcept { return static_cast<int>(roots_.size()); }
+  /// Milliseconds ncclCommInitAll took to make the root communicators.
+  double create_ms() const noexcept { return create_ms_; }
+  /// Communicators of `devices` (distinct CUDA ordinals, rank order): element
+  /// r is rank r's, on devices[r]. The root ones when the set is every device
+  /// in order. Throws ftp::InputError for repeated or unknown ordinals,
+  /// ftp::BackendError for NCCL failures.
+  std::vector<void*> group(const std::vector<int>& devices);
+  /// Makes the sub-communicators of these device sets now (a gear table's
+  /// stages), so that a shift never waits on communicator creation.
+  /// Returns the milliseconds the splits took.
+  double prepare(const std::vector<std::vector<int>>& sets);
+  /// Aborts and forgets the communicators of a device set (after a failure
+  /// inside a collective); the next group() makes new ones.
+  void drop(const std::vector<int>& devices) noexcept;
+
+ private:
+  NcclPool();
+  std::vector<void*> split_locked(const std::vector<int>& devices);
+  std::mutex mu_;
+  std::vector<int> devices_;
+  std::vector<void*> roots_;
+  std::map<std::vector<int>, std::vector<void*>> groups_;
+  double create_ms_ = 0;
+};
+
+/// In-place float32 sum over a communicator of the pool, on a CUDA stream
+/// (cudaStream_t as void*); asynchronous, as ncclAllReduce. Throws
+/// ftp::BackendError naming the device.
+void nccl_all_reduce_sum(void* comm, float* data, std::size_t count, void* stream, int device);
 
 }  // namespace ftp::comm

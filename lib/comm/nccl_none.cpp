@@ -12,4 +12,17 @@ AllReduceMeasurement measure_nccl_allreduce(const std::vector<int>&, std::size_t
   throw BackendError("nccl all-reduce: flextp was built without CUDA (meson -Dcuda=disabled or no toolkit found)");
 }
 
+NcclPool& NcclPool::instance() {
+  throw BackendError("nccl pool: flextp was built without CUDA (meson -Dcuda=disabled or no toolkit found)");
+}
+NcclPool::NcclPool() = default;
+NcclPool::~NcclPool() = default;
+std::vector<void*> NcclPool::group(const std::vector<int>&) { return {}; }
+double NcclPool::prepare(const std::vector<std::vector<int>>&) { return 0.0; }
+void NcclPool::drop(const std::vector<int>&) noexcept {}
+std::vector<void*> NcclPool::split_locked(const std::vector<int>&) { return {}; }
+void nccl_all_reduce_sum(void*, float*, std::size_t, void*, int) {
+  throw BackendError("nccl all-reduce: flextp was built without CUDA");
+}
+
 }  // namespace ftp::comm

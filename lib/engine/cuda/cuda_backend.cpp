@@ -1,0 +1,590 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA backend: one rank per CUDA device and stream; kernels/ for the
+// layer operations, cuBLAS for large matmuls, NCCL or the same-GPU
+// communicator for all-reduce, CUDA graphs for small decode batches.
+#include "engine/cuda/cuda_backend.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "comm/inproc.hpp"
+#include "comm/nccl.hpp"
+#include "core/error.hpp"
+#include "engine/cuda/cuda_check.hpp"
+#include "engine/cuda/device_weights.hpp"
+#include "kernels/add.cuh"
+#include "kernels/attention_decode.cuh"
+#include "kernels/attention_prefill.cuh"
+#include "kernels/convert.cuh"
+#include "kernels/dequant.cuh"
+#include "kernels/embed.cuh"
+#include "kernels/kv_write.cuh"
+#include "kernels/matvec.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/silu_mul.cuh"
+#include "kernels/sum_buffers.cuh"
+
+namespace ftp::engine {
+
+namespace {
+
+using cuda::check;
+
+/// "1-32", "1,2,4,8", "off" -> batch sizes.
+std::vector<int> parse_graph_batches(const std::string& text) {
+  std::vector<int> out;
+  if (text == "off" || text == "none" || text == "0") return out;
+  std::stringstream ss(text);
+  for (std::string part; std::getline(ss, part, ',');) {
+    const auto dash = part.find('-');
+    try {
+      if (dash == std::string::npos) {
+        out.push_back(std::stoi(part));
+      } else {
+        const int a = std::stoi(part.substr(0, dash)), b = std::stoi(part.substr(dash + 1));
+        for (int i = a; i <= b && i - a < 4096; ++i) out.push_back(i);
+      }
+    } catch (const std::exception&) {
+      throw InputError("FTP_CUDA_GRAPHS: '" + part + "' is not a batch size or range (e.g. 1-32, 1,2,4, off)");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+CudaBackendOptions CudaBackendOptions::from_env() {
+  CudaBackendOptions o;
+  const char* g = std::getenv("FTP_CUDA_GRAPHS");
+  o.graph_batches = parse_graph_batches(g && *g ? g : "1-32");
+  if (const char* m = std::getenv("FTP_GEMV_MAX_ROWS"); m && *m) {
+    try {
+      o.gemv_max_rows = std::stoi(m);
+    } catch (const std::exception&) {
+      throw InputError(std::string("FTP_GEMV_MAX_ROWS: '") + m + "' is not an integer");
+    }
+  }
+  return o;
+}
+
+bool cuda_backend_built() noexcept { return true; }
+
+namespace {
+
+/// The all-reduce of one stage's ranks.
+class StageComm {
+ public:
+  virtual ~StageComm() = default;
+  virtual void all_reduce(int rank, float* x, std::size_t n, cudaStream_t s) = 0;
+  virtual void abort() noexcept = 0;
+  /// Whether a rank's all-reduce can be captured in a CUDA graph.
+  virtual bool graph_safe() const noexcept = 0;
+};
+
+/// Several ranks on one GPU: each rank records an event after its part;
+/// after a host barrier rank 0's stream waits for all of them, sums every
+/// buffer in place (kernels::sum_buffers_f32, rank order) and records a
+/// second event that the other ranks' streams wait on after a second
+/// barrier. Nothing blocks on the device; the barriers only order the host
+/// enqueueing (so not capturable in a graph).
+class SameGpuComm final : public StageComm {
+ public:
+  SameGpuComm(int n, int device) : n_(n), device_(device), barrier_(n), ptrs_(static_cast<std::size_t>(n)) {
+    const std::string where = "cuda:" + std::to_string(device) + " same-GPU communicator";
+    cuda::DeviceGuard g(device, where);
+    events_.assign(static_cast<std::size_t>(n) + 1, nullptr);
+    for (auto& e : events_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", where);
+  }
+  ~SameGpuComm() override {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_);
+    for (auto e : events_)
+      if (e) cudaEventDestroy(e);
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+  void all_reduce(int rank, float* x, std::size_t n, cudaStream_t s) override {
+    const std::string where = "cuda:" + std::to_string(device_) + " rank " + std::to_string(rank) + " all-reduce";
+    const auto r = static_cast<std::size_t>(rank);
+    check(cudaEventRecord(events_[r], s), "cudaEventRecord", where);
+    ptrs_[r] = x;
+    barrier_.barrier(rank);  // every part is enqueued and its event recorded
+    cudaEvent_t done = events_[static_cast<std::size_t>(n_)];
+    if (rank == 0) {
+      for (int p = 1; p < n_; ++p) check(cudaStreamWaitEvent(s, events_[static_cast<std::size_t>(p)], 0), "cudaStreamWaitEvent", where);
+      check(kernels::sum_buffers_f32(ptrs_.data(), n_, n, s), "sum_buffers_f32", where);
+      check(cudaEventRecord(done, s), "cudaEventRecord", where);
+    }
+    barrier_.barrier(rank);  // the sum is enqueued
+    if (rank != 0) check(cudaStreamWaitEvent(s, done, 0), "cudaStreamWaitEvent", where);
+  }
+  void abort() noexcept override { barrier_.abort(); }
+  bool graph_safe() const noexcept override { return false; }
+
+ private:
+  int n_, device_;
+  comm::InprocCommunicator barrier_;
+  std::vector<float*> ptrs_;
+  std::vector<cudaEvent_t> events_;  // one per rank, then "done"
+};
+
+/// Ranks on distinct GPUs: NCCL communicators of the pool for the set.
+class NcclStageComm final : public StageComm {
+ public:
+  explicit NcclStageComm(std::vector<int> devices)
+      : devices_(std::move(devices)), comms_(comm::NcclPool::instance().group(devices_)) {}
+  void all_reduce(int rank, float* x, std::size_t n, cudaStream_t s) override {
+    if (aborted_.load()) throw BackendError("nccl all-reduce: the stage's communicator was aborted (a peer failed)");
+    comm::nccl_all_reduce_sum(comms_[static_cast<std::size_t>(rank)], x, n, s, devices_[static_cast<std::size_t>(rank)]);
+  }
+  void abort() noexcept override {
+    if (!aborted_.exchange(true)) comm::NcclPool::instance().drop(devices_);
+  }
+  bool graph_safe() const noexcept override { return true; }
+
+ private:
+  std::vector<int> devices_;
+  std::vector<void*> comms_;
+  std::atomic<bool> aborted_{false};
+};
+
+/// A device allocation that grows by doubling; growth bumps `generation`.
+struct DevBuf {
+  void* p = nullptr;
+  std::size_t cap = 0;  // bytes
+};
+
+class CudaRank final : public RankBackend {
+ public:
+  CudaRank(const WeightStore& w, const RankSpec& spec, int device, std::shared_ptr<StageComm> comm,
+           const CudaBackendOptions& opts)
+      : w_(w), hp_(w.hparams()), spec_(spec), device_(device), comm_(std::move(comm)) {
+    where_ = "cuda:" + std::to_string(device) + " stage " + std::to_string(spec.stage) + " rank " + std::to_string(spec.rank);
+    graphs_on_ = !opts.graph_batches.empty() && (spec.tp == 1 || comm_->graph_safe());
+    for (int b : opts.graph_batches) graph_batches_.push_back(b);
+    gemv_max_rows_ = opts.gemv_max_rows;
+    cuda::DeviceGuard guard(device, where_);
+    try {
+      weights_ = cuda::DeviceWeights::get(w, device);
+      weights_->ensure(spec.first_layer, spec.n_layers, spec.first_stage, spec.last_stage);
+      check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", where_);
+      check(cublasCreate(&cublas_), "cublasCreate", where_);
+      check(cublasSetStream(cublas_, stream_), "cublasSetStream", where_);
+      // A fixed workspace: cuBLAS then allocates nothing inside graph capture.
+      check(cudaMalloc(&cublas_ws_, kCublasWorkspace), "cudaMalloc (cuBLAS workspace)", where_);
+      check(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace), "cublasSetWorkspace", where_);
+
+      const RankLayerView v = split_rank(hp_, spec.tp, spec.rank);
+      kvh_ = v.kv_heads.size();
+      layer_floats_ = static_cast<std::size_t>(spec.kv_blocks) * kvh_ * spec.block_tokens * hp_.head_dim;
+      kv_bytes_ = 2 * layer_floats_ * spec.n_layers * sizeof(float);
+      std::size_t free_b = 0, total_b = 0;
+      check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo", where_);
+      if (kv_bytes_ > free_b)
+        throw BackendError(where_ + ": KV cache needs " + std::to_string(kv_bytes_ >> 20) + " MiB (" +
+                           std::to_string(spec.kv_blocks) + " blocks), the device has " + std::to_string(free_b >> 20) +
+                           " MiB free");
+      if (kv_bytes_ > 0) {
+        check(cudaMalloc(reinterpret_cast<void**>(&kv_k_), kv_bytes_ / 2), "cudaMalloc (KV cache K)", where_);
+        check(cudaMalloc(reinterpret_cast<void**>(&kv_v_), kv_bytes_ / 2), "cudaMalloc (KV cache V)", where_);
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CudaRank() override { release(); }
+
+  void bind_thread() override { check(cudaSetDevice(device_), "cudaSetDevice", where_); }
+  std::uint64_t kv_bytes() const override { return kv_bytes_; }
+
+  float* buffer(Buf id, std::size_t n) override {
+    return static_cast<float*>(grow(bufs_[static_cast<std::size_t>(id)], n * sizeof(float), "buffer"));
+  }
+
+  void set_batch(const BatchLayout& b) override {
+    free_deferred();
+    // Sections at fixed offsets while the capacities hold, so that a graph
+    // captured for a batch size reads the next step's layout at the same
+    // addresses: tokens, pos, seq, slot [rows_cap] then the block table
+    // [seq_cap][bt_cap].
+    const bool grew = b.n_rows > rows_cap_ || b.n_seq > seq_cap_ || b.max_blocks > bt_cap_;
+    if (grew) {
+      rows_cap_ = std::max({b.n_rows, 2 * rows_cap_, spec_.max_rows > 0 ? std::min(spec_.max_rows, 4096) : 1});
+      seq_cap_ = std::max({b.n_seq, 2 * seq_cap_, 64});
+      bt_cap_ = std::max({b.max_blocks, 2 * bt_cap_, 16});
+      ++generation_;  // new offsets: captured graphs read the old ones
+    }
+    const std::size_t ints = 4 * static_cast<std::size_t>(rows_cap_) + static_cast<std::size_t>(seq_cap_) * bt_cap_;
+    layout_dev_ = static_cast<int*>(grow(layout_buf_, ints * sizeof(int), "batch layout"));
+    host_layout_.assign(ints, -1);
+    const auto R = static_cast<std::size_t>(rows_cap_);
+    std::copy(b.tokens.begin(), b.tokens.end(), host_layout_.begin());
+    std::copy(b.pos.begin(), b.pos.end(), host_layout_.begin() + static_cast<std::ptrdiff_t>(R));
+    std::copy(b.seq.begin(), b.seq.end(), host_layout_.begin() + static_cast<std::ptrdiff_t>(2 * R));
+    std::copy(b.slot.begin(), b.slot.end(), host_layout_.begin() + static_cast<std::ptrdiff_t>(3 * R));
+    for (int s = 0; s < b.n_seq; ++s)
+      std::copy_n(b.block_table.begin() + static_cast<std::ptrdiff_t>(s) * b.max_blocks, b.max_blocks,
+                  host_layout_.begin() + static_cast<std::ptrdiff_t>(4 * R + static_cast<std::size_t>(s) * bt_cap_));
+    const std::size_t used = 4 * R + static_cast<std::size_t>(b.n_seq) * bt_cap_;
+    check(cudaMemcpyAsync(layout_dev_, host_layout_.data(), used * sizeof(int), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync (batch layout)", where_);
+    n_rows_ = b.n_rows;
+    decode_only_ = b.decode_only;
+    logit_rows_ = b.logit_rows;
+  }
+
+  void upload(const float* host, float* dev, std::size_t n) override {
+    if (n) check(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)", where_);
+  }
+  void download(const float* dev, float* host, std::size_t n) override {
+    if (n) check(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)", where_);
+    sync();
+  }
+
+  void embed(float* x) override {
+    MatView table{&w_.model().weights.tok_embd, 0, hp_.n_vocab, 0, hp_.n_embd};
+    check(kernels::embed_rows(cuda::device_view(*weights_, table), tokens(), n_rows_, x, stream_), "embed_rows", where_);
+  }
+  void rmsnorm(const float* x, const float* w, float* out, int rows) override {
+    check(kernels::rmsnorm_f32(x, norm(w), out, rows, hp_.n_embd, hp_.rms_eps, stream_), "rmsnorm_f32", where_);
+  }
+  void matmul(const float* x, const MatView& w, float* out, int rows) override {
+    if (rows <= 0 || w.rows <= 0) return;
+    const kernels::WeightView v = cuda::device_view(*weights_, w);
+    if (rows <= gemv_max_rows_) {
+      check(kernels::matvec(x, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_), "matvec", where_);
+      return;
+    }
+    gemm(x, v, out, rows);
+  }
+  void rope(float* v, int n_heads) override {
+    check(kernels::rope_f32(v, n_heads * hp_.head_dim, n_rows_, n_heads, hp_.head_dim, hp_.n_rot, pos(), hp_.rope_theta,
+                            stream_),
+          "rope_f32", where_);
+  }
+  void kv_write(int layer, const float* k, const float* v) override {
+    const std::size_t off = static_cast<std::size_t>(layer) * layer_floats_;
+    check(kernels::kv_write_f32(kv_k_ + off, kv_v_ + off, k, v, kvh_ * hp_.head_dim, n_rows_, kvh_, hp_.head_dim,
+                                spec_.block_tokens, slots(), stream_),
+          "kv_write_f32", where_);
+  }
+  void attention(int layer, const float* q, float* out, int nq, int q_head0, int kv_head0) override {
+    const std::size_t off = static_cast<std::size_t>(layer) * layer_floats_;
+    kernels::AttentionArgs a;
+    a.q = q;
+    a.q_ld = nq * hp_.head_dim;
+    a.out = out;
+    a.out_ld = nq * hp_.head_dim;
+    a.k_pages = kv_k_ + off;
+    a.v_pages = kv_v_ + off;
+    a.block_tables = layout_dev_ + 4 * static_cast<std::size_t>(rows_cap_);
+    a.bt_ld = bt_cap_;
+    a.row_seq = layout_dev_ + 2 * static_cast<std::size_t>(rows_cap_);
+    a.row_pos = pos();
+    a.t = n_rows_;
+    a.n_q_heads = nq;
+    a.q_head0 = q_head0;
+    a.group = hp_.n_head / hp_.n_head_kv;
+    a.kv_head0 = kv_head0;
+    a.kv_heads = kvh_;
+    a.head_dim = hp_.head_dim;
+    a.block_tokens = spec_.block_tokens;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hp_.head_dim));
+    if (decode_only_) check(kernels::attention_decode(a, stream_), "attention_decode", where_);
+    else check(kernels::attention_prefill(a, stream_), "attention_prefill", where_);
+  }
+  void silu_mul(float* g, const float* u, std::size_t n) override {
+    check(kernels::silu_mul_f32(g, u, n, stream_), "silu_mul_f32", where_);
+  }
+  void zero(float* x, std::size_t n) override {
+    if (n) check(cudaMemsetAsync(x, 0, n * sizeof(float), stream_), "cudaMemsetAsync", where_);
+  }
+  void add(float* x, const float* y, std::size_t n) override { check(kernels::add_f32(x, y, n, stream_), "add_f32", where_); }
+  void all_reduce(float* x, std::size_t n) override {
+    if (spec_.tp > 1 && n) comm_->all_reduce(spec_.rank, x, n, stream_);
+  }
+  void gather_logit_rows(const float* x, float* out) override {
+    const std::size_t E = static_cast<std::size_t>(hp_.n_embd);
+    for (std::size_t i = 0; i < logit_rows_.size(); ++i)
+      check(cudaMemcpyAsync(out + i * E, x + static_cast<std::size_t>(logit_rows_[i]) * E, E * sizeof(float),
+                            cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync (logit rows)", where_);
+  }
+  void abort() noexcept override {
+    if (comm_) comm_->abort();
+  }
+
+  void run(int graph_key, const std::function<void()>& ops) override {
+    if (graph_key < 0 || !graphs_on_ ||
+        std::find(graph_batches_.begin(), graph_batches_.end(), graph_key) == graph_batches_.end()) {
+      ops();
+      return;
+    }
+    if (graph_generation_ != generation_) {
+      drop_graphs();
+      graph_generation_ = generation_;
+    }
+    auto it = graphs_.find(graph_key);
+    if (it == graphs_.end()) {
+      // Capture on first use; the capture itself runs nothing, the launch
+      // below does. Buffers that grow during capture bump the generation:
+      // the graph is then kept only until the next run.
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture", where_);
+      capturing_ = true;
+      cudaGraph_t graph = nullptr;
+      try {
+        ops();
+      } catch (...) {
+        capturing_ = false;
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        throw;
+      }
+      capturing_ = false;
+      check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture", where_);
+      cudaGraphExec_t exec = nullptr;
+      cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      check(e, "cudaGraphInstantiate", where_);
+      it = graphs_.emplace(graph_key, exec).first;
+      ++captures_;
+    }
+    check(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch", where_);
+  }
+  void sync() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", where_); }
+
+ private:
+  static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
+  // Q8_0 matrices go to cuBLAS through dequantised tiles of at most this many bytes.
+  static constexpr std::size_t kTileBytes = std::size_t{64} << 20;
+
+  const int* tokens() const { return layout_dev_; }
+  const int* pos() const { return layout_dev_ + rows_cap_; }
+  const int* slots() const { return layout_dev_ + 3 * static_cast<std::size_t>(rows_cap_); }
+
+  const float* norm(const float* host) const {
+    const float* d = weights_->vec(host);
+    if (!d) throw BackendError(where_ + ": a norm vector that is not resident on the device");
+    return d;
+  }
+
+  /// Grows `b` to at least `bytes` (doubling); old memory is freed once the
+  /// stream is idle (deferred while a graph is being captured).
+  void* grow(DevBuf& b, std::size_t bytes, const char* what) {
+    if (b.cap >= bytes && b.p) return b.p;
+    const std::size_t cap = std::max(bytes, 2 * b.cap);
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<std::size_t>(cap, 16)), (std::string("cudaMalloc (") + what + ")").c_str(), where_);
+    if (b.p) {
+      if (capturing_) {
+        deferred_.push_back(b.p);
+      } else {
+        check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", where_);
+        cudaFree(b.p);
+      }
+    }
+    b.p = p;
+    b.cap = cap;
+    ++generation_;
+    return p;
+  }
+
+  void free_deferred() {
+    if (deferred_.empty()) return;
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", where_);
+    for (void* p : deferred_) cudaFree(p);
+    deferred_.clear();
+  }
+
+  /// out[rows][v.rows] = x . W^T with cuBLAS. Row-major out is the
+  /// column-major (v.rows x rows) matrix C = W_view^T' ... i.e. C = op(A) B
+  /// with A the view read column-major (k x n, lda = ld) transposed, B = x
+  /// column-major (k x rows, ldb = k).
+  void gemm(const float* x, const kernels::WeightView& v, float* out, int rows) {
+    const int n = static_cast<int>(v.rows), k = static_cast<int>(v.cols);
+    const auto lda = static_cast<int>(v.ld);
+    const float one = 1.0f, zero = 0.0f;
+    const std::size_t first = static_cast<std::size_t>(v.r0 * v.ld + v.c0);
+    switch (v.dtype) {
+      case kernels::WeightDType::f32:
+        check(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &one, static_cast<const float*>(v.data) + first,
+                          lda, x, k, &zero, out, n),
+              "cublasSgemm", where_);
+        return;
+      case kernels::WeightDType::f16:
+      case kernels::WeightDType::bf16: {
+        const bool bf = v.dtype == kernels::WeightDType::bf16;
+        const cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_16F;
+        void* xh = convert_activations(x, static_cast<std::size_t>(rows) * k, bf ? kernels::HalfType::bf16 : kernels::HalfType::f16);
+        check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &one,
+                           static_cast<const std::uint16_t*>(v.data) + first, dt, lda, xh, dt, k, &zero, out, CUDA_R_32F,
+                           n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmEx", where_);
+        return;
+      }
+      case kernels::WeightDType::q8_0: {
+        void* xh = convert_activations(x, static_cast<std::size_t>(rows) * k, kernels::HalfType::bf16);
+        const std::int64_t tile_rows =
+            std::max<std::int64_t>(1, std::min<std::int64_t>(n, static_cast<std::int64_t>(kTileBytes / (2 * static_cast<std::size_t>(k)))));
+        void* tile = grow(tile_buf_, static_cast<std::size_t>(tile_rows) * k * 2, "dequantised tile");
+        for (std::int64_t r0 = 0; r0 < n; r0 += tile_rows) {
+          const int nr = static_cast<int>(std::min<std::int64_t>(tile_rows, n - r0));
+          check(kernels::dequant_tile(v, r0, nr, tile, kernels::HalfType::bf16, stream_), "dequant_tile", where_);
+          check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, rows, k, &one, tile, CUDA_R_16BF, k, xh, CUDA_R_16BF,
+                             k, &zero, out + r0, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "cublasGemmEx (Q8_0 tile)", where_);
+        }
+        return;
+      }
+    }
+  }
+
+  void* convert_activations(const float* x, std::size_t n, kernels::HalfType to) {
+    void* xh = grow(half_buf_, n * 2, "f16/bf16 activations");
+    check(kernels::convert_f32(x, xh, to, n, stream_), "convert_f32", where_);
+    return xh;
+  }
+
+  void drop_graphs() noexcept {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
+
+  void release() noexcept {
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    drop_graphs();
+    for (auto& b : bufs_)
+      if (b.p) cudaFree(b.p);
+    for (DevBuf* b : {&layout_buf_, &half_buf_, &tile_buf_})
+      if (b->p) cudaFree(b->p);
+    for (void* p : deferred_) cudaFree(p);
+    deferred_.clear();
+    if (kv_k_) cudaFree(kv_k_);
+    if (kv_v_) cudaFree(kv_v_);
+    if (cublas_) cublasDestroy(cublas_);
+    if (cublas_ws_) cudaFree(cublas_ws_);
+    if (stream_) cudaStreamDestroy(stream_);
+    kv_k_ = kv_v_ = nullptr;
+    cublas_ = nullptr;
+    cublas_ws_ = nullptr;
+    stream_ = nullptr;
+    for (auto& b : bufs_) b = {};
+    layout_buf_ = half_buf_ = tile_buf_ = {};
+    cudaGetLastError();
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+
+  const WeightStore& w_;
+  const model::HParams& hp_;
+  RankSpec spec_;
+  int device_;
+  std::string where_;
+  std::shared_ptr<StageComm> comm_;
+  std::shared_ptr<cuda::DeviceWeights> weights_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* cublas_ws_ = nullptr;
+  int gemv_max_rows_ = 8;
+
+  int kvh_ = 0;
+  std::size_t layer_floats_ = 0;
+  std::uint64_t kv_bytes_ = 0;
+  float* kv_k_ = nullptr;
+  float* kv_v_ = nullptr;
+
+  std::array<DevBuf, static_cast<std::size_t>(Buf::count)> bufs_{};
+  DevBuf layout_buf_, half_buf_, tile_buf_;
+  std::vector<void*> deferred_;
+  int* layout_dev_ = nullptr;
+  std::vector<int> host_layout_;
+  int rows_cap_ = 0, seq_cap_ = 0, bt_cap_ = 0;
+  int n_rows_ = 0;
+  bool decode_only_ = false;
+  std::vector<int> logit_rows_;
+
+  bool graphs_on_ = false;
+  bool capturing_ = false;
+  std::vector<int> graph_batches_;
+  std::map<int, cudaGraphExec_t> graphs_;
+  std::uint64_t generation_ = 0, graph_generation_ = 0;
+  std::uint64_t captures_ = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(CudaBackendOptions opts) : opts_(std::move(opts)) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+      cudaError_t e = cudaGetLastError();
+      throw BackendError(std::string("cuda backend: no CUDA device visible (") + cudaGetErrorString(e) + ")");
+    }
+    n_devices_ = count;
+  }
+  std::string name() const override { return "cuda"; }
+
+  std::vector<std::unique_ptr<RankBackend>> make_stage(const WeightStore& weights,
+                                                       const std::vector<RankSpec>& specs) override {
+    if (specs.empty()) throw InputError("cuda backend: a stage has at least one rank");
+    std::vector<int> devices;
+    for (const RankSpec& s : specs) {
+      const int d = s.gpu < 0 ? 0 : s.gpu;
+      if (d >= n_devices_)
+        throw InputError("cuda backend: stage " + std::to_string(s.stage) + " rank " + std::to_string(s.rank) +
+                         " asks for cuda:" + std::to_string(d) + ", " + std::to_string(n_devices_) + " visible");
+      devices.push_back(d);
+    }
+    std::shared_ptr<StageComm> comm;
+    if (specs.size() > 1) {
+      std::vector<int> sorted = devices;
+      std::sort(sorted.begin(), sorted.end());
+      const bool one_gpu = sorted.front() == sorted.back();
+      const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+      if (one_gpu) comm = std::make_shared<SameGpuComm>(static_cast<int>(specs.size()), devices[0]);
+      else if (distinct) comm = std::make_shared<NcclStageComm>(devices);
+      else
+        throw InputError("cuda backend: stage " + std::to_string(specs[0].stage) +
+                         " places several ranks on some GPUs but not all on one (supported: distinct GPUs, or one GPU)");
+    }
+    std::vector<std::unique_ptr<RankBackend>> ranks;
+    for (std::size_t r = 0; r < specs.size(); ++r)
+      ranks.push_back(std::make_unique<CudaRank>(weights, specs[r], devices[r], comm, opts_));
+    return ranks;
+  }
+
+ private:
+  CudaBackendOptions opts_;
+  int n_devices_ = 0;
+};
+
+}  // namespace
+
+Backend& cuda_backend() {
+  static CudaBackend b(CudaBackendOptions::from_env());
+  return b;
+}
+
+double cuda_nccl_pool_create_ms() {
+  try {
+    return comm::NcclPool::instance().create_ms();
+  } catch (const Error&) {
+    return 0.0;
+  }
+}
+
+}  // namespace ftp::engine

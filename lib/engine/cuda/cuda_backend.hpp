@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/rank_backend.hpp"
+
+/// The CUDA backend of the real engine (ARCHITECTURE.md, "Backend"): each
+/// tensor-parallel rank runs on one CUDA device with its own stream, cuBLAS
+/// handle, buffers and KV pages in device memory.
+///
+/// * Weights: uploaded once per device (plain cudaMalloc per tensor, never
+///   trimmed) in their stored dtype: the resident layout. Every domain of
+///   every gear on that device views the same copy (only the views change);
+///   the copy lives while any rank of any domain uses it.
+/// * KV pages: one allocation per rank ([layer][block][kv_head][slot][dim],
+///   float32, as engine::KvStore); creation fails with a BackendError naming
+///   the device when they do not fit in its free memory.
+/// * matmul: kernels::matvec (weights converted in registers) up to
+///   `gemv_max_rows` rows; cuBLAS beyond (F32 sgemm; F16/BF16 cublasGemmEx
+///   with float32 compute after converting the activations; Q8_0 through
+///   dequantised BF16 tiles).
+/// * all_reduce: NCCL (comm::NcclPool: one communicator over the local
+///   devices, split per device set and reused) when a stage's ranks are on
+///   distinct GPUs; a same-GPU communicator (kernels::sum_buffers_f32, events
+///   and a host barrier) when all its ranks share one GPU, so TP > 1 runs
+///   on a single GPU. Mixed placements are rejected.
+/// * CUDA graphs: decode batches whose row count is in `graph_batches` are
+///   captured on first use and replayed afterwards; graphs are dropped when
+///   a buffer grows. Stages of several ranks on one GPU run eagerly (their
+///   all-reduce waits on a host barrier).
+/// * Errors: every CUDA, cuBLAS and NCCL status is checked and thrown as
+///   ftp::BackendError naming the call, the device and the rank; nothing
+///   aborts the process.
+namespace ftp::engine {
+
+struct CudaBackendOptions {
+  /// Decode batch sizes (rows) run as CUDA graphs. Default 1..32; from
+  /// FTP_CUDA_GRAPHS ("off", "1-32", "1,2,4,8") when set.
+  std::vector<int> graph_batches;
+  /// Largest row count that takes the GEMV kernels; FTP_GEMV_MAX_ROWS.
+  int gemv_max_rows = 8;
+  /// Options from the environment (the defaults above where unset).
+  static CudaBackendOptions from_env();
+};
+
+// cuda_backend() (engine/rank_backend.hpp): the process's CUDA backend,
+// options from the environment; ftp::BackendError when no GPU is visible.
+
+/// True when this build has the CUDA backend.
+bool cuda_backend_built() noexcept;
+
+/// Milliseconds the NCCL pool took to create its communicators (0 before
+/// first use or without NCCL devices).
+double cuda_nccl_pool_create_ms();
+
+}  // namespace ftp::engine

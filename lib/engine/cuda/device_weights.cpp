@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/cuda/device_weights.hpp"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+
+#include "core/error.hpp"
+#include "engine/cuda/cuda_check.hpp"
+
+namespace ftp::engine::cuda {
+namespace {
+
+std::mutex g_registry_mu;
+std::map<std::pair<const WeightStore*, int>, std::weak_ptr<DeviceWeights>> g_registry;
+
+kernels::WeightDType kernel_dtype(model::DType d) {
+  switch (d) {
+    case model::DType::f32: return kernels::WeightDType::f32;
+    case model::DType::f16: return kernels::WeightDType::f16;
+    case model::DType::bf16: return kernels::WeightDType::bf16;
+    case model::DType::q8_0: return kernels::WeightDType::q8_0;
+  }
+  return kernels::WeightDType::f32;
+}
+
+}  // namespace
+
+std::shared_ptr<DeviceWeights> DeviceWeights::get(const WeightStore& w, int device) {
+  std::lock_guard lk(g_registry_mu);
+  auto& slot = g_registry[{&w, device}];
+  if (auto sp = slot.lock()) return sp;
+  std::shared_ptr<DeviceWeights> sp(new DeviceWeights(w, device));
+  slot = sp;
+  return sp;
+}
+
+DeviceWeights::DeviceWeights(const WeightStore& w, int device) : w_(w), device_(device) {}
+
+DeviceWeights::~DeviceWeights() {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device_);
+  for (auto& [host, dev] : dev_) cudaFree(dev);
+  if (prev >= 0) cudaSetDevice(prev);
+  std::lock_guard lk(g_registry_mu);
+  auto it = g_registry.find({&w_, device_});
+  if (it != g_registry.end() && it->second.expired()) g_registry.erase(it);
+}
+
+void DeviceWeights::upload(const model::TensorView* t) {
+  if (!t || t->empty() || dev_.count(t)) return;
+  const std::string where = "cuda:" + std::to_string(device_) + " weights";
+  void* d = nullptr;
+  cudaError_t e = cudaMalloc(&d, t->bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    std::size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    throw BackendError(where + ": cudaMalloc of tensor " + t->name + " (" + std::to_string(t->bytes) + " bytes, " +
+                       std::to_string(free_b) + " free): " + cudaGetErrorName(e));
+  }
+  e = cudaMemcpy(d, t->data, t->bytes, cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    cudaFree(d);
+    check(e, "cudaMemcpy", where + " tensor " + t->name);
+  }
+  dev_[t] = d;
+  bytes_ += t->bytes;
+}
+
+void DeviceWeights::upload_vec(const float* host, std::size_t n, const char* what) {
+  if (!host || dev_.count(host)) return;
+  const std::string where = "cuda:" + std::to_string(device_) + " weights " + what;
+  void* d = nullptr;
+  check(cudaMalloc(&d, n * sizeof(float)), "cudaMalloc", where);
+  cudaError_t e = cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    cudaFree(d);
+    check(e, "cudaMemcpy", where);
+  }
+  dev_[host] = d;
+  bytes_ += n * sizeof(float);
+}
+
+void DeviceWeights::ensure(int first, int n, bool embedding, bool output) {
+  std::lock_guard lk(mu_);
+  DeviceGuard guard(device_, "cuda:" + std::to_string(device_) + " weights");
+  auto t0 = std::chrono::steady_clock::now();
+  const model::Model& m = w_.model();
+  const auto E = static_cast<std::size_t>(w_.hparams().n_embd);
+  for (int L = first; L < first + n; ++L) {
+    for (const model::TensorView* t : m.weights.layers[static_cast<std::size_t>(L)].tensors())
+      if (t != &m.weights.layers[static_cast<std::size_t>(L)].attn_norm &&
+          t != &m.weights.layers[static_cast<std::size_t>(L)].ffn_norm)
+        upload(t);
+    // The norms as the store converted them to float32 (any tp/rank: the same vectors).
+    const RankLayerView v = w_.layer(L, 1, 0);
+    upload_vec(v.attn_norm, E, "attn_norm");
+    upload_vec(v.ffn_norm, E, "ffn_norm");
+  }
+  if (embedding) upload(&m.weights.tok_embd);
+  if (output) {
+    upload(w_.output().t);
+    upload_vec(w_.output_norm(), E, "output_norm");
+  }
+  upload_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+const void* DeviceWeights::tensor(const model::TensorView* t) const {
+  std::lock_guard lk(mu_);
+  auto it = dev_.find(t);
+  return it == dev_.end() ? nullptr : it->second;
+}
+
+const float* DeviceWeights::vec(const float* host) const {
+  std::lock_guard lk(mu_);
+  auto it = dev_.find(host);
+  return it == dev_.end() ? nullptr : static_cast<const float*>(it->second);
+}
+
+std::uint64_t DeviceWeights::bytes() const {
+  std::lock_guard lk(mu_);
+  return bytes_;
+}
+
+double DeviceWeights::upload_s() const {
+  std::lock_guard lk(mu_);
+  return upload_s_;
+}
+
+kernels::WeightView device_view(const DeviceWeights& dw, const MatView& m) {
+  const void* d = dw.tensor(m.t);
+  if (!d) throw BackendError("cuda backend: tensor " + (m.t ? m.t->name : std::string("?")) + " is not resident on the device");
+  kernels::WeightView v;
+  v.data = d;
+  v.dtype = kernel_dtype(m.t->dtype);
+  v.ld = m.t->cols;
+  v.r0 = m.r0;
+  v.rows = m.rows;
+  v.c0 = m.c0;
+  v.cols = m.cols;
+  return v;
+}
+
+}  // namespace ftp::engine::cuda

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "engine/weight_store.hpp"
+#include "kernels/weight_view.cuh"
+
+namespace ftp::engine::cuda {
+
+/// The resident copy of a WeightStore's tensors on one CUDA device: each
+/// tensor in its stored dtype in its own plain cudaMalloc allocation (never
+/// trimmed, never managed memory), uploaded once, then viewed by every
+/// domain of every gear on that device: a rank's MatView (a row or column
+/// range of a tensor) becomes a kernels::WeightView of the same range of
+/// the device copy. Shared by the ranks that use it; freed with the last.
+class DeviceWeights {
+ public:
+  /// The copy of `w` on `device`, made (empty) on first request.
+  static std::shared_ptr<DeviceWeights> get(const WeightStore& w, int device);
+  ~DeviceWeights();
+  DeviceWeights(const DeviceWeights&) = delete;
+  DeviceWeights& operator=(const DeviceWeights&) = delete;
+
+  /// Uploads what a stage needs that is not resident yet: the matrices and
+  /// norm vectors of layers [first, first + n), the token embedding
+  /// (`embedding`), the output norm and classifier (`output`).
+  /// Throws ftp::BackendError (out of device memory names the tensor).
+  void ensure(int first, int n, bool embedding, bool output);
+
+  /// Device address of a resident tensor's data, or null.
+  const void* tensor(const model::TensorView* t) const;
+  /// Device copy of a float vector of the store (norm weights), or null.
+  const float* vec(const float* host) const;
+
+  /// Bytes resident on the device; seconds spent uploading so far.
+  std::uint64_t bytes() const;
+  double upload_s() const;
+
+ private:
+  DeviceWeights(const WeightStore& w, int device);
+  void upload(const model::TensorView* t);
+  void upload_vec(const float* host, std::size_t n, const char* what);
+
+  const WeightStore& w_;
+  int device_;
+  mutable std::mutex mu_;
+  std::unordered_map<const void*, void*> dev_;  // host tensor view / vector -> device copy
+  std::uint64_t bytes_ = 0;
+  double upload_s_ = 0;
+};
+
+/// A MatView of the store as a view of the device copy (its tensor must be
+/// resident: ensure()). Throws ftp::BackendError otherwise.
+kernels::WeightView device_view(const DeviceWeights& dw, const MatView& m);
+
+}  // namespace ftp::engine::cuda
