@@ -579,6 +579,10 @@ Backend& cuda_backend() {
   return b;
 }
 
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
 double cuda_nccl_pool_create_ms() {
   try {
     return comm::NcclPool::instance().create_ms();

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ struct CudaBackendOptions {
 
 // cuda_backend() (engine/rank_backend.hpp): the process's CUDA backend,
 // options from the environment; ftp::BackendError when no GPU is visible.
+
+/// A CUDA backend with these options (tests compare settings side by side).
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options);
 
 /// True when this build has the CUDA backend.
 bool cuda_backend_built() noexcept;

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+// The engine on the CUDA backend against the CPU backend and the goldens:
+// stories260K greedy tokens at TP 1 and at TP 2 with both ranks on one GPU
+// (graphs on and off), logits of synthetic models in F32/F16/BF16/Q8_0 for
+// a prefill batch (cuBLAS path) and decode batches (GEMV, graphs), several
+// sequences at once, and a domain of another gear built beside a running
+// one. Plain main: exit 77 (skip) without a GPU or without the data.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "backend/gpu.hpp"
+#include "comm/nccl.hpp"
+#include "engine/cuda/cuda_backend.hpp"
+#include "engine/domain.hpp"
+#include "engine/executor.hpp"
+#include "engine/sampler.hpp"
+#include "engine/weight_store.hpp"
+#include "model/model.hpp"
+#include "synthetic_gguf.hpp"
+#include "test_data.hpp"
+
+using namespace ftp::engine;
+using ftp::model::DType;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  std::printf("%-4s %s\n", ok ? "ok" : "FAIL", what.c_str());
+  if (!ok) ++failures;
+}
+
+double nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+std::vector<int> golden_ids() {
+  std::ifstream f(ftp::test::stories260k("golden_greedy_t0_steps256_token_ids.txt"));
+  std::string line, last;
+  while (std::getline(f, line))
+    if (!line.empty() && line[0] != '#') last = line;
+  std::istringstream ss(last);
+  std::vector<int> ids;
+  for (int t; ss >> t;) ids.push_back(t);
+  return ids;
+}
+
+/// Greedy generation of one sequence through an executor: the prompt as one
+/// chunk, then one token per step.
+std::vector<int> greedy(Executor& ex, std::vector<int> prompt, int steps) {
+  const int B = ex.block_tokens();
+  std::vector<int> blocks;
+  for (int i = 0; i < (static_cast<int>(prompt.size()) + steps + B - 1) / B; ++i) blocks.push_back(i);
+  std::vector<int> out;
+  SeqChunk c{&blocks, 0, prompt, true};
+  for (int s = 0; s < steps; ++s) {
+    auto logits = ex.forward({c}, 1);
+    const int t = argmax(logits.at(0));
+    out.push_back(t);
+    c.start_pos += static_cast<int>(c.tokens.size());
+    c.tokens = {t};
+  }
+  return out;
+}
+
+StageLayout stage(int n_layer, int tp, std::vector<int> gpus) {
+  StageLayout l;
+  l.first_layer = 0;
+  l.n_layers = n_layer;
+  l.tp = tp;
+  l.gpus = std::move(gpus);
+  return l;
+}
+
+void stories260k_goldens() {
+  const std::string path = ftp::test::stories260k("stories260K.bin");
+  if (!std::filesystem::exists(path)) {
+    std::printf("skip stories260K goldens: %s not found (set FTP_TEST_DATA)\n", path.c_str());
+    return;
+  }
+  ftp::model::Model m = ftp::model::load_model(path);
+  WeightStore store(m);
+  const auto golden = golden_ids();
+  const int n_layer = m.hparams.n_layer;
+  for (const char* graphs : {"1-32", "off"}) {
+    CudaBackendOptions opts;
+    if (std::string(graphs) != "off")
+      for (int b = 1; b <= 32; ++b) opts.graph_batches.push_back(b);
+    auto cuda = make_cuda_backend(opts);
+    for (auto gpus : {std::vector<int>{0}, std::vector<int>{0, 0}}) {
+      Executor ex(store, {stage(n_layer, static_cast<int>(gpus.size()), gpus)}, 32, 16, cuda.get(), 64);
+      auto t0 = std::chrono::steady_clock::now();
+      auto got = greedy(ex, {1}, 256);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::size_t same = 0;
+      while (same < got.size() && same < golden.size() && got[same] == golden[same]) ++same;
+      check(same == golden.size(), "stories260K golden 256 greedy tokens, TP " + std::to_string(gpus.size()) +
+                                       " on cuda:0, graphs " + graphs + " (" + std::to_string(same) +
+                                       " equal, " + std::to_string(static_cast<int>(256 / s)) + " tokens/s)");
+    }
+  }
+}
+
+/// Logits of the CUDA backend against the CPU backend for one prefill of 3
+/// sequences (21 rows: cuBLAS) and then decode steps of the 3 (GEMV; graphs).
+void synthetic_logits(Backend& cuda, const std::filesystem::path& dir) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::q8_0}) {
+    ftp::testing::SyntheticShape s;
+    s.n_layer = 3;
+    s.n_embd = 256;
+    s.n_ff = 512;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_vocab = 700;
+    s.n_ctx = 256;
+    s.dtype = dt;
+    s.seed = 11;
+    s.stddev = 0.05f;
+    const std::string file = (dir / (std::string("synthetic-") + ftp::model::dtype_name(dt) + ".gguf")).string();
+    ftp::testing::write_synthetic_gguf(file, s);
+    ftp::model::Model m = ftp::model::load_model(file);
+    WeightStore store(m);
+    const double limit = dt == DType::f32 ? 1e-6 : 1e-3;
+    for (auto gpus : {std::vector<int>{0}, std::vector<int>{0, 0}}) {
+      const int tp = static_cast<int>(gpus.size());
+      Executor cpu(store, {stage(s.n_layer, tp, {})}, 64, 16, nullptr, 64);
+      Executor gpu(store, {stage(s.n_layer, tp, gpus)}, 64, 16, &cuda, 64);
+      std::vector<std::vector<int>> blocks = {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}};
+      std::vector<SeqChunk> chunks = {{&blocks[0], 0, {1, 5, 9, 13, 17, 21, 25, 29}, true},
+                                      {&blocks[1], 0, {2, 4, 6}, true},
+                                      {&blocks[2], 0, {3, 300, 301, 302, 303, 304, 305, 306, 307, 308}, true}};
+      double worst = 0;
+      for (int step = 0; step < 6; ++step) {
+        auto a = cpu.forward(chunks, 1), b = gpu.forward(chunks, 1);
+        for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, nmse(b[i], a[i]));
+        for (std::size_t i = 0; i < chunks.size(); ++i) {
+          chunks[i].start_pos += static_cast<int>(chunks[i].tokens.size());
+          chunks[i].tokens = {argmax(a[i])};
+        }
+      }
+      char line[256];
+      std::snprintf(line, sizeof(line), "synthetic %s TP %zu on cuda:0: logits vs CPU, prefill 21 rows + 5 decode steps of 3: nmse %.3g (limit %.0e)",
+                    ftp::model::dtype_name(dt), gpus.size(), worst, limit);
+      check(worst <= limit, line);
+    }
+  }
+}
+
+/// A domain of TP 2 (both ranks on cuda:0) built while a TP 1 domain of the
+/// same weights serves: the weights are resident, only views, KV and
+/// buffers are made.
+void another_gear(Backend& cuda, const std::filesystem::path& dir) {
+  ftp::testing::SyntheticShape s;
+  s.n_layer = 4;
+  s.n_embd = 512;
+  s.n_ff = 1024;
+  s.n_head = 8;
+  s.n_head_kv = 8;
+  s.n_vocab = 1000;
+  s.dtype = DType::bf16;
+  const std::string file = (dir / "gear.gguf").string();
+  ftp::testing::write_synthetic_gguf(file, s);
+  ftp::model::Model m = ftp::model::load_model(file);
+  WeightStore store(m);
+  auto t0 = std::chrono::steady_clock::now();
+  Executor first(store, {stage(s.n_layer, 1, {0})}, 64, 16, &cuda, 64);
+  const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  t0 = std::chrono::steady_clock::now();
+  Executor second(store, {stage(s.n_layer, 2, {0, 0})}, 64, 16, &cuda, 64);
+  const double second_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("info domain build on cuda:0: first (uploads weights) %.1f ms, another gear (TP 2, weights resident) %.1f ms\n",
+              first_ms, second_ms);
+  auto a = greedy(first, {1, 2, 3}, 8), b = greedy(second, {1, 2, 3}, 8);
+  check(a == b, "TP 1 and TP 2 domains on shared resident weights: the same greedy tokens");
+}
+
+}  // namespace
+
+int main() {
+  std::vector<ftp::backend::GpuInfo> gpus;
+  try {
+    gpus = ftp::backend::discover_gpus();
+  } catch (const std::exception& e) {
+    std::printf("FAIL: discover_gpus: %s\n", e.what());
+    return 1;
+  }
+  if (gpus.empty()) {
+    std::printf("SKIP: no GPU found (built with CUDA: %s; %s)\n", ftp::backend::cuda_built() ? "yes" : "no",
+                ftp::backend::gpu_runtime_status().c_str());
+    return 77;
+  }
+  const auto dir = std::filesystem::temp_directory_path() / ("ftp-cuda-engine-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  int rc = 0;
+  try {
+    Backend& cuda = cuda_backend();
+    stories260k_goldens();
+    synthetic_logits(cuda, dir);
+    another_gear(cuda, dir);
+    if (gpus.size() > 1) {
+      std::vector<int> all;
+      for (const auto& g : gpus) all.push_back(g.index);
+      ftp::comm::NcclPool& pool = ftp::comm::NcclPool::instance();
+      std::printf("info nccl pool over %d GPUs: created in %.1f ms\n", pool.n_devices(), pool.create_ms());
+    }
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    rc = 1;
+  }
+  std::filesystem::remove_all(dir);
+  if (rc) return rc;
+  std::printf("%s: %d failure(s)\n", failures ? "FAIL" : "ok", failures);
+  return failures == 0 ? 0 : 1;
+}
