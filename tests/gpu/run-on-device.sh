@@ -1,0 +1,55 @@
+#!/bin/bash
+# The prepared device check of the CUDA backend (issue 7): on a machine with a
+# GPU and the CUDA toolkit (e.g. the lent H200), runs the gpu suite's programs
+# and the decode benchmark from a pack made by tests/gpu/pack-for-device.sh,
+# and prints everything the issue note needs. Under 8 minutes on an H200
+# (the 8 B model is written, loaded and uploaded once: ~2-3 minutes of it).
+#
+# usage: tests/gpu/run-on-device.sh [PACK_DIR] [--quick]
+#   PACK_DIR  default .device; --quick: the benchmark on the tiny shape only.
+# Logs go to $OUT (the device tool's output folder) when it is set.
+set -u
+pack=${1:-.device}
+quick=0; [ "${2:-}" = --quick ] && quick=1
+log_dir=${OUT:-$(mktemp -d)}
+work=/tmp/ftp-gpu
+rm -rf "$work"; mkdir -p "$work"
+tar -C "$work" -xzf "$pack/ftp-gpu.tar.gz" || { echo "run-on-device: cannot unpack $pack/ftp-gpu.tar.gz"; exit 1; }
+
+# The CUDA libraries of this machine: the toolkit, the loader cache, or the
+# NVIDIA Python wheels (cuBLAS, NCCL) that PyTorch images carry.
+libdirs=$work/lib
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  found=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
+  if [ -z "$found" ]; then
+    found=$(find /usr/local/cuda*/ /usr/local/lib /usr/lib /opt \
+              $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+              -name "$lib" 2>/dev/null | head -1)
+  fi
+  if [ -z "$found" ]; then echo "run-on-device: $lib not found on this machine"; exit 1; fi
+  libdirs=$libdirs:$(dirname "$found")
+  echo "using $found"
+done
+export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export FTP_TEST_DATA=$work/data
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null
+
+pass=0; fail=0; skip=0
+run() {  # NAME TIMEOUT CMD...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name"
+  local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee "$log_dir/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc in $((SECONDS - t0)) s"
+  case $rc in 0) pass=$((pass + 1)) ;; 77) skip=$((skip + 1)) ;; *) fail=$((fail + 1)) ;; esac
+}
+run gpu 120 "$work/bin/test-gpu"
+run gpu-kernels 180 "$work/bin/test-kernels"
+run gpu-engine 240 "$work/bin/test-cuda-engine"
+run gpu-bench-tiny 120 "$work/bin/gpu-bench" --shape tiny --steps 4 --prompt 8
+if [ $quick -eq 0 ]; then
+  run gpu-bench-8b 420 "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32
+fi
+echo "run-on-device: $pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]
