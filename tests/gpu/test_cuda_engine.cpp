@@ -118,6 +118,51 @@ void stories260k_goldens() {
   }
 }
 
+/// Runs requests through a domain (continuous batching, chunked prefill,
+/// paged KV) until idle; returns each request's tokens.
+std::vector<std::vector<int>> serve(const WeightStore& store, DomainConfig cfg, const std::vector<std::vector<int>>& prompts,
+                                    int max_tokens) {
+  Domain d(store, cfg);
+  std::vector<std::vector<int>> out(prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt = prompts[i];
+    r.max_tokens = max_tokens;
+    r.on_event = [&out, i](const GenerationEvent& e) {
+      if (e.token >= 0) out[i].push_back(e.token);
+      if (e.finish_reason == "error") std::printf("     request %zu failed: %s\n", i, e.error.c_str());
+    };
+    d.submit(std::move(r));
+  }
+  for (int guard = 0; !d.idle() && guard < 100000; ++guard) d.step();
+  return out;
+}
+
+/// The scheduler unchanged on the CUDA backend: 6 requests of different
+/// prompt lengths batched together (prefill chunks beside decode rows),
+/// the same tokens as the CPU backend's domain.
+void stories260k_domain(Backend& cuda) {
+  const std::string path = ftp::test::stories260k("stories260K.bin");
+  if (!std::filesystem::exists(path)) return;
+  ftp::model::Model m = ftp::model::load_model(path);
+  WeightStore store(m);
+  const std::vector<std::vector<int>> prompts = {{1}, {1, 403, 407}, {1, 261, 378, 432, 383, 286, 261, 376, 298},
+                                                 {1, 300}, {1, 403, 407, 261, 378}, {1, 500, 20, 33}};
+  DomainConfig cpu_cfg;
+  cpu_cfg.max_batched_tokens = 8;  // chunked prefill: long prompts take several steps
+  const auto want = serve(store, cpu_cfg, prompts, 48);
+  for (int tp : {1, 2}) {
+    DomainConfig cfg = cpu_cfg;
+    cfg.backend = &cuda;
+    StageLayout l = stage(m.hparams.n_layer, tp, std::vector<int>(static_cast<std::size_t>(tp), 0));
+    cfg.stages = {l};
+    const auto got = serve(store, cfg, prompts, 48);
+    check(got == want, "stories260K domain on cuda:0 TP " + std::to_string(tp) +
+                           ": 6 requests batched (chunked prefill), the CPU domain's tokens");
+  }
+}
+
 /// Logits of the CUDA backend against the CPU backend for one prefill of 3
 /// sequences (21 rows: cuBLAS) and then decode steps of the 3 (GEMV; graphs).
 void synthetic_logits(Backend& cuda, const std::filesystem::path& dir) {
@@ -212,6 +257,7 @@ int main() {
   try {
     Backend& cuda = cuda_backend();
     stories260k_goldens();
+    stories260k_domain(cuda);
     synthetic_logits(cuda, dir);
     another_gear(cuda, dir);
     if (gpus.size() > 1) {
