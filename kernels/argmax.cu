@@ -8,7 +8,7 @@ namespace {
 // (value, index) better: larger value, or the same value at a lower index.
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
 
-__global__ void argmax_kernel(const float* __restrict__ x, int n, int* out) {
+__global__ void __launch_bounds__(1024) argmax_kernel(const float* __restrict__ x, int n, int* out) {
   __shared__ float sv[32];
   __shared__ int si[32];
   const float* row = x + static_cast<std::int64_t>(blockIdx.x) * n;

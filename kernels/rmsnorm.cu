@@ -5,7 +5,7 @@
 namespace ftp::kernels {
 namespace {
 
-__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* out, int n, float eps) {
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* out, int n, float eps) {
   __shared__ float red[32];
   const float* xr = x + static_cast<std::int64_t>(blockIdx.x) * n;
   float* orow = out + static_cast<std::int64_t>(blockIdx.x) * n;
