@@ -60,13 +60,28 @@ __device__ __forceinline__ const void* row_base(const WeightView& w, std::int64_
   else return static_cast<const std::uint16_t*>(w.data) + e;
 }
 
-/// One warp: R rows x up to T tokens (nt of them), whole rows.
+/// The targets of one launch: warps [first_warp[j], first_warp[j + 1]) of
+/// the grid compute target j.
+struct Targets {
+  MatvecTarget t[kMaxMatvecTargets];
+  std::int64_t first_warp[kMaxMatvecTargets + 1];
+  int n;
+};
+
+/// One warp: R rows x up to T tokens (nt of them), whole rows, of the
+/// target its index falls in.
 template <WeightDType D, int R, int T>
-__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, WeightView w,
-                                                              float* __restrict__ out, int out_ld, int t) {
+__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, Targets ts, int t) {
   constexpr int E = lane_elems<D>();
   const int lane = threadIdx.x & 31;
-  const std::int64_t row0 = (static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
+  const std::int64_t gw = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  int j = 0;
+  while (j + 1 < ts.n && gw >= ts.first_warp[j + 1]) ++j;
+  if (gw >= ts.first_warp[ts.n]) return;
+  const WeightView w = ts.t[j].w;
+  float* __restrict__ out = ts.t[j].out;
+  const int out_ld = ts.t[j].out_ld;
+  const std::int64_t row0 = (gw - ts.first_warp[j]) * R;
   if (row0 >= w.rows) return;
   const int u0 = blockIdx.y * T;
   const int nt = min(T, t - u0);
@@ -145,51 +160,86 @@ bool vector_path_ok(const float* x, int x_ld, const WeightView& w) {
 }
 
 template <WeightDType D, int R, int T>
-void launch(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t, cudaStream_t stream) {
-  const std::int64_t warps = (w.rows + R - 1) / R;
+void launch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, cudaStream_t stream) {
+  Targets ts{};
+  ts.n = n;
+  for (int j = 0; j < n; ++j) {
+    ts.t[j] = targets[j];
+    ts.first_warp[j + 1] = ts.first_warp[j] + (targets[j].w.rows + R - 1) / R;
+  }
+  const std::int64_t warps = ts.first_warp[n];
   const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps), static_cast<unsigned>((t + T - 1) / T));
-  matvec_kernel<D, R, T><<<grid, kWarps * 32, 0, stream>>>(x, x_ld, w, out, out_ld, t);
+  matvec_kernel<D, R, T><<<grid, kWarps * 32, 0, stream>>>(x, x_ld, ts, t);
 }
 
 template <WeightDType D>
-void dispatch(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t, int sms,
-              cudaStream_t stream) {
+void dispatch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, int sms, cudaStream_t stream) {
   // Two rows per warp reuse each activation load twice; only where that
   // still leaves >= 16 warps per multiprocessor to keep loads in flight.
-  const bool two = t >= 2 && w.rows / 2 >= static_cast<std::int64_t>(sms) * 16;
-  if (t == 1) return launch<D, 1, 1>(x, x_ld, w, out, out_ld, t, stream);
-  if (t == 2) return two ? launch<D, 2, 2>(x, x_ld, w, out, out_ld, t, stream) : launch<D, 1, 2>(x, x_ld, w, out, out_ld, t, stream);
-  if (t <= 4) return two ? launch<D, 2, 4>(x, x_ld, w, out, out_ld, t, stream) : launch<D, 1, 4>(x, x_ld, w, out, out_ld, t, stream);
-  return two ? launch<D, 2, 8>(x, x_ld, w, out, out_ld, t, stream) : launch<D, 1, 8>(x, x_ld, w, out, out_ld, t, stream);
+  std::int64_t rows = 0;
+  for (int j = 0; j < n; ++j) rows += targets[j].w.rows;
+  const bool two = t >= 2 && rows / 2 >= static_cast<std::int64_t>(sms) * 16;
+  if (t == 1) return launch<D, 1, 1>(x, x_ld, targets, n, t, stream);
+  if (t == 2) return two ? launch<D, 2, 2>(x, x_ld, targets, n, t, stream) : launch<D, 1, 2>(x, x_ld, targets, n, t, stream);
+  if (t <= 4) return two ? launch<D, 2, 4>(x, x_ld, targets, n, t, stream) : launch<D, 1, 4>(x, x_ld, targets, n, t, stream);
+  return two ? launch<D, 2, 8>(x, x_ld, targets, n, t, stream) : launch<D, 1, 8>(x, x_ld, targets, n, t, stream);
+}
+
+bool vector_ok(const float* x, int x_ld, const WeightView& w) {
+  switch (w.dtype) {
+    case WeightDType::f32: return vector_path_ok<WeightDType::f32>(x, x_ld, w);
+    case WeightDType::f16: return vector_path_ok<WeightDType::f16>(x, x_ld, w);
+    case WeightDType::bf16: return vector_path_ok<WeightDType::bf16>(x, x_ld, w);
+    case WeightDType::q8_0: return vector_path_ok<WeightDType::q8_0>(x, x_ld, w);
+  }
+  return false;
 }
 
 }  // namespace
 
+cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, int n_targets, int t,
+                         cudaStream_t stream) {
+  if (n_targets < 1 || n_targets > kMaxMatvecTargets) return cudaErrorInvalidValue;
+  if (t <= 0) return cudaSuccess;
+  const std::int64_t cols = targets[0].w.cols;
+  bool together = true;
+  for (int j = 0; j < n_targets; ++j) {
+    const WeightView& w = targets[j].w;
+    if (w.cols != cols || w.rows < 0) return cudaErrorInvalidValue;
+    together = together && w.rows > 0 && w.dtype == targets[0].w.dtype && vector_ok(x, x_ld, w);
+  }
+  if (cols <= 0) return cudaErrorInvalidValue;
+  if (!together) {
+    // Scalar path (or mixed dtypes): one launch per target.
+    for (int j = 0; j < n_targets; ++j) {
+      const WeightView& w = targets[j].w;
+      if (w.rows == 0) continue;
+      if (n_targets > 1) {
+        if (cudaError_t e = matvec_multi(x, x_ld, &targets[j], 1, t, stream); e != cudaSuccess) return e;
+        continue;
+      }
+      const dim3 grid(static_cast<unsigned>((w.rows + kWarps - 1) / kWarps), static_cast<unsigned>((t + kMaxT - 1) / kMaxT));
+      matvec_scalar_kernel<<<grid, kWarps * 32, 0, stream>>>(x, x_ld, w, targets[j].out, targets[j].out_ld, t);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }
+  int sms = 0;
+  if (cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
+  switch (targets[0].w.dtype) {
+    case WeightDType::f32: dispatch<WeightDType::f32>(x, x_ld, targets, n_targets, t, sms, stream); break;
+    case WeightDType::f16: dispatch<WeightDType::f16>(x, x_ld, targets, n_targets, t, sms, stream); break;
+    case WeightDType::bf16: dispatch<WeightDType::bf16>(x, x_ld, targets, n_targets, t, sms, stream); break;
+    case WeightDType::q8_0: dispatch<WeightDType::q8_0>(x, x_ld, targets, n_targets, t, sms, stream); break;
+  }
+  return cudaGetLastError();
+}
+
 cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
                    cudaStream_t stream) {
   if (t <= 0 || w.rows <= 0) return cudaSuccess;
-  if (w.cols <= 0) return cudaErrorInvalidValue;
-  int sms = 0;
-  if (cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
-  bool vec = false;
-  switch (w.dtype) {
-    case WeightDType::f32: vec = vector_path_ok<WeightDType::f32>(x, x_ld, w); break;
-    case WeightDType::f16: vec = vector_path_ok<WeightDType::f16>(x, x_ld, w); break;
-    case WeightDType::bf16: vec = vector_path_ok<WeightDType::bf16>(x, x_ld, w); break;
-    case WeightDType::q8_0: vec = vector_path_ok<WeightDType::q8_0>(x, x_ld, w); break;
-  }
-  if (!vec) {
-    const dim3 grid(static_cast<unsigned>((w.rows + kWarps - 1) / kWarps), static_cast<unsigned>((t + kMaxT - 1) / kMaxT));
-    matvec_scalar_kernel<<<grid, kWarps * 32, 0, stream>>>(x, x_ld, w, out, out_ld, t);
-    return cudaGetLastError();
-  }
-  switch (w.dtype) {
-    case WeightDType::f32: dispatch<WeightDType::f32>(x, x_ld, w, out, out_ld, t, sms, stream); break;
-    case WeightDType::f16: dispatch<WeightDType::f16>(x, x_ld, w, out, out_ld, t, sms, stream); break;
-    case WeightDType::bf16: dispatch<WeightDType::bf16>(x, x_ld, w, out, out_ld, t, sms, stream); break;
-    case WeightDType::q8_0: dispatch<WeightDType::q8_0>(x, x_ld, w, out, out_ld, t, sms, stream); break;
-  }
-  return cudaGetLastError();
+  const MatvecTarget target{w, out, out_ld};
+  return matvec_multi(x, x_ld, &target, 1, t, stream);
 }
 
 }  // namespace ftp::kernels

@@ -21,4 +21,24 @@ namespace ftp::kernels {
 cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
                    cudaStream_t stream);
 
+/// Most targets of one matvec_multi launch.
+constexpr int kMaxMatvecTargets = 4;
+
+/// One product of matvec_multi: out[u][i] = x[u] . w[i], rows of out_ld.
+struct MatvecTarget {
+  WeightView w;
+  float* out = nullptr;
+  int out_ld = 0;
+};
+
+/// Several products of the same activations x in one launch (the q, k and v
+/// projections; gate and up): the targets' warps share one grid, so small
+/// matrices (k, v of grouped-query attention) ride along with large ones
+/// instead of leaving the device half idle, and one launch replaces three.
+/// Every target needs the same cols; targets of one dtype whose views allow
+/// vector loads share a launch, others take one launch each. At most
+/// kMaxMatvecTargets. Results equal matvec's for each target.
+cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, int n_targets, int t,
+                         cudaStream_t stream);
+
 }  // namespace ftp::kernels

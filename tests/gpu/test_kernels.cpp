@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -277,6 +278,45 @@ void test_matvec() {
   }
 }
 
+/// q, k, v of one activation in one launch: row ranges of three tensors
+/// (the small ones share the grid with the large one), each against the
+/// reference, for every dtype and batch size.
+void test_matvec_multi() {
+  const std::int64_t C = 256;
+  const std::int64_t R[3] = {512, 128, 128};
+  for (DType dt : kDTypes) {
+    std::vector<Tensor> w;
+    std::vector<std::unique_ptr<Dev<std::uint8_t>>> dw;
+    for (std::int64_t r : R) {
+      w.push_back(make_tensor(dt, r, C));
+      dw.push_back(std::make_unique<Dev<std::uint8_t>>(w.back().bytes));
+    }
+    for (int t : {1, 5}) {
+      auto x = randn(static_cast<std::size_t>(t) * C);
+      Dev<float> dx(x);
+      std::vector<std::unique_ptr<Dev<float>>> outs;
+      k::MatvecTarget targets[3];
+      for (int j = 0; j < 3; ++j) {
+        // Rank 1 of TP 2: the second half of each tensor's rows.
+        const std::int64_t rows = R[j] / 2;
+        outs.push_back(std::make_unique<Dev<float>>(static_cast<std::size_t>(t) * rows));
+        targets[j] = {k::WeightView{dw[j]->p(), kdt(dt), C, rows, rows, 0, C}, outs.back()->p(), static_cast<int>(rows)};
+      }
+      done(k::matvec_multi(dx.p(), static_cast<int>(C), targets, 3, t, nullptr), "matvec_multi");
+      double worst = 0;
+      for (int j = 0; j < 3; ++j) {
+        const std::int64_t rows = R[j] / 2;
+        std::vector<float> want(static_cast<std::size_t>(t) * rows);
+        ftp::engine::MatView mv{&w[j].view, rows, rows, 0, C};
+        ftp::engine::ops::matmul_reference(x.data(), mv, want.data(), t);
+        worst = std::max(worst, nmse(outs[j]->get(), want));
+      }
+      report(std::string("matvec_multi ") + ftp::model::dtype_name(dt) + " q,k,v rows of rank 1 t=" + std::to_string(t),
+             worst, 1e-6);
+    }
+  }
+}
+
 void test_dequant() {
   const std::int64_t R = 64, C = 256;
   for (DType dt : {DType::q8_0, DType::f16, DType::bf16, DType::f32}) {
@@ -537,6 +577,7 @@ int main() {
     test_rope();
     test_elementwise();
     test_matvec();
+    test_matvec_multi();
     test_dequant();
     test_argmax_and_sampling();
     for (int hd : {8, 64, 128, 256}) test_attention(hd);

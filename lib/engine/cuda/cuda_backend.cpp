@@ -210,10 +210,12 @@ class CudaRank final : public RankBackend {
   std::uint64_t kv_bytes() const override { return kv_bytes_; }
 
   float* buffer(Buf id, std::size_t n) override {
+    flush();
     return static_cast<float*>(grow(bufs_[static_cast<std::size_t>(id)], n * sizeof(float), "buffer"));
   }
 
   void set_batch(const BatchLayout& b) override {
+    flush();
     free_deferred();
     // Sections at fixed offsets while the capacities hold, so that a graph
     // captured for a batch size reads the next step's layout at the same
@@ -246,41 +248,57 @@ class CudaRank final : public RankBackend {
   }
 
   void upload(const float* host, float* dev, std::size_t n) override {
+    flush();
     if (n) check(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)", where_);
   }
   void download(const float* dev, float* host, std::size_t n) override {
+    flush();
     if (n) check(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)", where_);
     sync();
   }
 
   void embed(float* x) override {
+    flush();
     MatView table{&w_.model().weights.tok_embd, 0, hp_.n_vocab, 0, hp_.n_embd};
     check(kernels::embed_rows(cuda::device_view(*weights_, table), tokens(), n_rows_, x, stream_), "embed_rows", where_);
   }
   void rmsnorm(const float* x, const float* w, float* out, int rows) override {
+    flush();
     check(kernels::rmsnorm_f32(x, norm(w), out, rows, hp_.n_embd, hp_.rms_eps, stream_), "rmsnorm_f32", where_);
   }
   void matmul(const float* x, const MatView& w, float* out, int rows) override {
     if (rows <= 0 || w.rows <= 0) return;
     const kernels::WeightView v = cuda::device_view(*weights_, w);
     if (rows <= gemv_max_rows_) {
-      check(kernels::matvec(x, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_), "matvec", where_);
+      // Deferred: consecutive products of the same activations (q, k, v;
+      // gate, up) go out as one launch (kernels::matvec_multi).
+      bool joins = pending_.n > 0 && pending_.n < kernels::kMaxMatvecTargets && pending_.x == x &&
+                   pending_.rows == rows && pending_.t[0].w.cols == v.cols;
+      for (int j = 0; joins && j < pending_.n; ++j) joins = pending_.t[j].out != out;
+      if (!joins) flush();
+      pending_.x = x;
+      pending_.rows = rows;
+      pending_.t[pending_.n++] = kernels::MatvecTarget{v, out, static_cast<int>(w.rows)};
       return;
     }
+    flush();
     gemm(x, v, out, rows);
   }
   void rope(float* v, int n_heads) override {
+    flush();
     check(kernels::rope_f32(v, n_heads * hp_.head_dim, n_rows_, n_heads, hp_.head_dim, hp_.n_rot, pos(), hp_.rope_theta,
                             stream_),
           "rope_f32", where_);
   }
   void kv_write(int layer, const float* k, const float* v) override {
+    flush();
     const std::size_t off = static_cast<std::size_t>(layer) * layer_floats_;
     check(kernels::kv_write_f32(kv_k_ + off, kv_v_ + off, k, v, kvh_ * hp_.head_dim, n_rows_, kvh_, hp_.head_dim,
                                 spec_.block_tokens, slots(), stream_),
           "kv_write_f32", where_);
   }
   void attention(int layer, const float* q, float* out, int nq, int q_head0, int kv_head0) override {
+    flush();
     const std::size_t off = static_cast<std::size_t>(layer) * layer_floats_;
     kernels::AttentionArgs a;
     a.q = q;
@@ -306,16 +324,23 @@ class CudaRank final : public RankBackend {
     else check(kernels::attention_prefill(a, stream_), "attention_prefill", where_);
   }
   void silu_mul(float* g, const float* u, std::size_t n) override {
+    flush();
     check(kernels::silu_mul_f32(g, u, n, stream_), "silu_mul_f32", where_);
   }
   void zero(float* x, std::size_t n) override {
+    flush();
     if (n) check(cudaMemsetAsync(x, 0, n * sizeof(float), stream_), "cudaMemsetAsync", where_);
   }
-  void add(float* x, const float* y, std::size_t n) override { check(kernels::add_f32(x, y, n, stream_), "add_f32", where_); }
+  void add(float* x, const float* y, std::size_t n) override {
+    flush();
+    check(kernels::add_f32(x, y, n, stream_), "add_f32", where_);
+  }
   void all_reduce(float* x, std::size_t n) override {
+    flush();
     if (spec_.tp > 1 && n) comm_->all_reduce(spec_.rank, x, n, stream_);
   }
   void gather_logit_rows(const float* x, float* out) override {
+    flush();
     const std::size_t E = static_cast<std::size_t>(hp_.n_embd);
     for (std::size_t i = 0; i < logit_rows_.size(); ++i)
       check(cudaMemcpyAsync(out + i * E, x + static_cast<std::size_t>(logit_rows_[i]) * E, E * sizeof(float),
@@ -327,9 +352,16 @@ class CudaRank final : public RankBackend {
   }
 
   void run(int graph_key, const std::function<void()>& ops) override {
+    flush();
     if (graph_key < 0 || !graphs_on_ ||
         std::find(graph_batches_.begin(), graph_batches_.end(), graph_key) == graph_batches_.end()) {
-      ops();
+      try {
+        ops();
+        flush();
+      } catch (...) {
+        pending_.n = 0;
+        throw;
+      }
       return;
     }
     if (graph_generation_ != generation_) {
@@ -346,7 +378,9 @@ class CudaRank final : public RankBackend {
       cudaGraph_t graph = nullptr;
       try {
         ops();
+        flush();  // inside the capture: the deferred products belong to the graph
       } catch (...) {
+        pending_.n = 0;
         capturing_ = false;
         cudaStreamEndCapture(stream_, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -364,12 +398,24 @@ class CudaRank final : public RankBackend {
     }
     check(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch", where_);
   }
-  void sync() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", where_); }
+  void sync() override {
+    flush();
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", where_);
+  }
 
  private:
   static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
   // Q8_0 matrices go to cuBLAS through dequantised tiles of at most this many bytes.
   static constexpr std::size_t kTileBytes = std::size_t{64} << 20;
+
+  /// Launches the deferred matrix-vector products.
+  void flush() {
+    if (pending_.n == 0) return;
+    const int n = pending_.n;
+    pending_.n = 0;
+    check(kernels::matvec_multi(pending_.x, static_cast<int>(pending_.t[0].w.cols), pending_.t, n, pending_.rows, stream_),
+          "matvec", where_);
+  }
 
   const int* tokens() const { return layout_dev_; }
   const int* pos() const { return layout_dev_ + rows_cap_; }
@@ -517,6 +563,13 @@ class CudaRank final : public RankBackend {
   int n_rows_ = 0;
   bool decode_only_ = false;
   std::vector<int> logit_rows_;
+
+  struct Pending {
+    const float* x = nullptr;
+    int rows = 0;
+    int n = 0;
+    kernels::MatvecTarget t[kernels::kMaxMatvecTargets];
+  } pending_;
 
   bool graphs_on_ = false;
   bool capturing_ = false;
