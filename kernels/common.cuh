@@ -55,6 +55,20 @@ __device__ __forceinline__ float load_weight(const void* base, WeightDType dt, s
   return 0.0f;
 }
 
+/// RoPE of the adjacent pair (v[0], v[1]) at dimension i of n_rot, position p:
+/// angle = p x theta^(-i / n_rot), computed in float as engine::ops::rope.
+/// Reads both values before writing (out0/out1 may be v / v + 1).
+__device__ __forceinline__ void rope_rotate(const float* v, float p, int i, int n_rot, float theta, float* out0,
+                                            float* out1) {
+  const float freq = 1.0f / powf(theta, static_cast<float>(i) / static_cast<float>(n_rot));
+  const float a = p * freq;
+  float s, c;
+  sincosf(a, &s, &c);
+  const float v0 = v[0], v1 = v[1];
+  *out0 = v0 * c - v1 * s;
+  *out1 = v0 * s + v1 * c;
+}
+
 /// float32 -> f16 / bf16, round to nearest even.
 template <class H>
 __device__ __forceinline__ H to_half(float x);

@@ -12,15 +12,8 @@ __global__ void rope_kernel(float* v, int ld, int n_heads, int head_dim, int n_r
   float* row = v + static_cast<std::int64_t>(r) * ld;
   for (int e = threadIdx.x; e < n_heads * pairs; e += blockDim.x) {
     const int h = e / pairs, i = 2 * (e % pairs);
-    // As the CPU: freq = 1 / theta^(i / n_rot), angle = pos x freq, in float.
-    const float freq = 1.0f / powf(theta, static_cast<float>(i) / static_cast<float>(n_rot));
-    const float a = p * freq;
-    float s, c;
-    sincosf(a, &s, &c);
     float* q = row + h * head_dim + i;
-    const float v0 = q[0], v1 = q[1];
-    q[0] = v0 * c - v1 * s;
-    q[1] = v0 * s + v1 * c;
+    detail::rope_rotate(q, p, i, n_rot, theta, &q[0], &q[1]);
   }
 }
 

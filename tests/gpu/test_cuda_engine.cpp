@@ -99,9 +99,10 @@ void stories260k_goldens() {
   WeightStore store(m);
   const auto golden = golden_ids();
   const int n_layer = m.hparams.n_layer;
-  for (const char* graphs : {"1-32", "off"}) {
+  for (const char* graphs : {"1-32 and fusion", "off and no fusion"}) {
     CudaBackendOptions opts;
-    if (std::string(graphs) != "off")
+    opts.fuse = graphs[0] == '1';
+    if (opts.fuse)
       for (int b = 1; b <= 32; ++b) opts.graph_batches.push_back(b);
     auto cuda = make_cuda_backend(opts);
     for (auto gpus : {std::vector<int>{0}, std::vector<int>{0, 0}}) {

@@ -24,6 +24,7 @@
 #include "engine/ops.hpp"
 #include "engine/sampler.hpp"
 #include "kernels/add.cuh"
+#include "kernels/add_rmsnorm.cuh"
 #include "kernels/argmax.cuh"
 #include "kernels/attention_decode.cuh"
 #include "kernels/attention_prefill.cuh"
@@ -34,6 +35,7 @@
 #include "kernels/matvec.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/rope_kv_write.cuh"
 #include "kernels/sample.cuh"
 #include "kernels/silu_mul.cuh"
 #include "kernels/sum_buffers.cuh"
@@ -187,6 +189,58 @@ void test_rmsnorm() {
     for (int r = 0; r < t; ++r) ftp::engine::ops::rmsnorm(&x[r * n], w.data(), &want[r * n], n, 1e-5f);
     report("rmsnorm_f32 n=" + std::to_string(n), nmse(dout.get(), want), 1e-6);
   }
+}
+
+void test_add_rmsnorm() {
+  const int t = 3, n = 4096;
+  auto x = randn(static_cast<std::size_t>(t) * n), y = randn(x.size()), w = randn(n);
+  Dev<float> dx(x), dy(y), dw(w), dout(x.size());
+  done(k::add_rmsnorm_f32(dx.p(), dy.p(), dw.p(), dout.p(), t, n, 1e-5f, nullptr), "add_rmsnorm_f32");
+  std::vector<float> sum(x.size()), want(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + y[i];
+  for (int r = 0; r < t; ++r) ftp::engine::ops::rmsnorm(&sum[r * n], w.data(), &want[r * n], n, 1e-5f);
+  report("add_rmsnorm_f32 n=4096: the normed sum", nmse(dout.get(), want), 1e-6);
+  std::vector<float> got_sum = dx.get();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < sum.size(); ++i) bad += got_sum[i] != sum[i];
+  report_exact("add_rmsnorm_f32 n=4096: x holds the sum", bad, sum.size());
+}
+
+/// rope of q and k and the KV write in one launch, against ops::rope and
+/// KvStore's layout; n_rot < head_dim leaves dimensions unrotated.
+void test_rope_kv_write() {
+  const int nq = 4, nkv = 2, hd = 16, n_rot = 12, B = 4, n_blocks = 6;
+  std::vector<int> pos = {0, 5, 6, 300}, slots = {9, 2, 3, 20};
+  const int t = static_cast<int>(pos.size());
+  auto q = randn(static_cast<std::size_t>(t) * nq * hd), kx = randn(static_cast<std::size_t>(t) * nkv * hd),
+       vx = randn(static_cast<std::size_t>(t) * nkv * hd);
+  const std::size_t page_floats = static_cast<std::size_t>(n_blocks) * nkv * B * hd;
+  Dev<float> dq(q), dk(kx), dv(vx), dkp(page_floats), dvp(page_floats);
+  Dev<int> dpos(pos), dslots(slots);
+  cu(cudaMemset(dkp.p(), 0, page_floats * 4), "memset");
+  cu(cudaMemset(dvp.p(), 0, page_floats * 4), "memset");
+  done(k::rope_kv_write_f32(dq.p(), nq, dk.p(), dv.p(), nkv, t, hd, n_rot, dpos.p(), 10000.0f, dkp.p(), dvp.p(), B,
+                            dslots.p(), nullptr),
+       "rope_kv_write_f32");
+  std::vector<float> wq = q, wk = kx, wkp(page_floats, 0.0f), wvp(page_floats, 0.0f);
+  for (int r = 0; r < t; ++r) {
+    ftp::engine::ops::rope(&wq[static_cast<std::size_t>(r) * nq * hd], nq, hd, n_rot, pos[r], 10000.0f);
+    ftp::engine::ops::rope(&wk[static_cast<std::size_t>(r) * nkv * hd], nkv, hd, n_rot, pos[r], 10000.0f);
+    const int blk = slots[r] / B, slot = slots[r] % B;
+    for (int h = 0; h < nkv; ++h)
+      for (int d = 0; d < hd; ++d) {
+        const std::size_t dst = ((static_cast<std::size_t>(blk) * nkv + h) * B + slot) * hd + d;
+        wkp[dst] = wk[(static_cast<std::size_t>(r) * nkv + h) * hd + d];
+        wvp[dst] = vx[(static_cast<std::size_t>(r) * nkv + h) * hd + d];
+      }
+  }
+  report("rope_kv_write_f32: q rotated", nmse(dq.get(), wq), 1e-6);
+  report("rope_kv_write_f32: k rotated", nmse(dk.get(), wk), 1e-6);
+  report("rope_kv_write_f32: K pages", nmse(dkp.get(), wkp), 1e-6);
+  std::vector<float> gv = dvp.get();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < page_floats; ++i) bad += gv[i] != wvp[i];
+  report_exact("rope_kv_write_f32: V pages", bad, page_floats);
 }
 
 void test_rope() {
@@ -575,6 +629,8 @@ int main() {
     test_embed();
     test_rmsnorm();
     test_rope();
+    test_add_rmsnorm();
+    test_rope_kv_write();
     test_elementwise();
     test_matvec();
     test_matvec_multi();

@@ -23,6 +23,7 @@
 #include "engine/cuda/cuda_check.hpp"
 #include "engine/cuda/device_weights.hpp"
 #include "kernels/add.cuh"
+#include "kernels/add_rmsnorm.cuh"
 #include "kernels/attention_decode.cuh"
 #include "kernels/attention_prefill.cuh"
 #include "kernels/convert.cuh"
@@ -32,6 +33,7 @@
 #include "kernels/matvec.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/rope_kv_write.cuh"
 #include "kernels/silu_mul.cuh"
 #include "kernels/sum_buffers.cuh"
 
@@ -68,6 +70,7 @@ CudaBackendOptions CudaBackendOptions::from_env() {
   CudaBackendOptions o;
   const char* g = std::getenv("FTP_CUDA_GRAPHS");
   o.graph_batches = parse_graph_batches(g && *g ? g : "1-32");
+  if (const char* f = std::getenv("FTP_CUDA_FUSE"); f && *f) o.fuse = std::string(f) != "0" && std::string(f) != "off";
   if (const char* m = std::getenv("FTP_GEMV_MAX_ROWS"); m && *m) {
     try {
       o.gemv_max_rows = std::stoi(m);
@@ -174,6 +177,7 @@ class CudaRank final : public RankBackend {
     graphs_on_ = !opts.graph_batches.empty() && (spec.tp == 1 || comm_->graph_safe());
     for (int b : opts.graph_batches) graph_batches_.push_back(b);
     gemv_max_rows_ = opts.gemv_max_rows;
+    fuse_ = opts.fuse;
     cuda::DeviceGuard guard(device, where_);
     try {
       weights_ = cuda::DeviceWeights::get(w, device);
@@ -263,6 +267,14 @@ class CudaRank final : public RankBackend {
     check(kernels::embed_rows(cuda::device_view(*weights_, table), tokens(), n_rows_, x, stream_), "embed_rows", where_);
   }
   void rmsnorm(const float* x, const float* w, float* out, int rows) override {
+    if (add_.x && add_.x == x && add_.n == static_cast<std::size_t>(rows) * hp_.n_embd && out != add_.x && out != add_.y) {
+      float* ax = add_.x;
+      const float* ay = add_.y;
+      add_ = {};
+      check(kernels::add_rmsnorm_f32(ax, ay, norm(w), out, rows, hp_.n_embd, hp_.rms_eps, stream_), "add_rmsnorm_f32",
+            where_);
+      return;
+    }
     flush();
     check(kernels::rmsnorm_f32(x, norm(w), out, rows, hp_.n_embd, hp_.rms_eps, stream_), "rmsnorm_f32", where_);
   }
@@ -272,10 +284,15 @@ class CudaRank final : public RankBackend {
     if (rows <= gemv_max_rows_) {
       // Deferred: consecutive products of the same activations (q, k, v;
       // gate, up) go out as one launch (kernels::matvec_multi).
-      bool joins = pending_.n > 0 && pending_.n < kernels::kMaxMatvecTargets && pending_.x == x &&
+      bool joins = fuse_ && pending_.n > 0 && pending_.n < kernels::kMaxMatvecTargets && pending_.x == x &&
                    pending_.rows == rows && pending_.t[0].w.cols == v.cols;
       for (int j = 0; joins && j < pending_.n; ++j) joins = pending_.t[j].out != out;
       if (!joins) flush();
+      if (!fuse_) {
+        check(kernels::matvec(x, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_), "matvec",
+              where_);
+        return;
+      }
       pending_.x = x;
       pending_.rows = rows;
       pending_.t[pending_.n++] = kernels::MatvecTarget{v, out, static_cast<int>(w.rows)};
@@ -285,14 +302,35 @@ class CudaRank final : public RankBackend {
     gemm(x, v, out, rows);
   }
   void rope(float* v, int n_heads) override {
+    // Deferred: q then k, joined by the KV write of k (rope_kv_write_f32).
+    if (fuse_ && rope_n_ == 1 && rope_[0].v != v) {
+      rope_[rope_n_++] = {v, n_heads};
+      return;
+    }
     flush();
+    if (fuse_) {
+      rope_[0] = {v, n_heads};
+      rope_n_ = 1;
+      return;
+    }
+    rope_now(v, n_heads);
+  }
+  void rope_now(float* v, int n_heads) {
     check(kernels::rope_f32(v, n_heads * hp_.head_dim, n_rows_, n_heads, hp_.head_dim, hp_.n_rot, pos(), hp_.rope_theta,
                             stream_),
           "rope_f32", where_);
   }
   void kv_write(int layer, const float* k, const float* v) override {
-    flush();
     const std::size_t off = static_cast<std::size_t>(layer) * layer_floats_;
+    if (rope_n_ == 2 && rope_[1].v == k && rope_[1].n_heads == kvh_ && rope_[0].v != v && rope_[1].v != v) {
+      rope_n_ = 0;
+      check(kernels::rope_kv_write_f32(rope_[0].v, rope_[0].n_heads, rope_[1].v, v, kvh_, n_rows_, hp_.head_dim,
+                                       hp_.n_rot, pos(), hp_.rope_theta, kv_k_ + off, kv_v_ + off, spec_.block_tokens,
+                                       slots(), stream_),
+            "rope_kv_write_f32", where_);
+      return;
+    }
+    flush();
     check(kernels::kv_write_f32(kv_k_ + off, kv_v_ + off, k, v, kvh_ * hp_.head_dim, n_rows_, kvh_, hp_.head_dim,
                                 spec_.block_tokens, slots(), stream_),
           "kv_write_f32", where_);
@@ -333,6 +371,10 @@ class CudaRank final : public RankBackend {
   }
   void add(float* x, const float* y, std::size_t n) override {
     flush();
+    if (fuse_) {
+      add_ = {x, y, n};  // deferred: the RMSNorm that follows reads x
+      return;
+    }
     check(kernels::add_f32(x, y, n, stream_), "add_f32", where_);
   }
   void all_reduce(float* x, std::size_t n) override {
@@ -359,7 +401,7 @@ class CudaRank final : public RankBackend {
         ops();
         flush();
       } catch (...) {
-        pending_.n = 0;
+        drop_deferred();
         throw;
       }
       return;
@@ -380,7 +422,7 @@ class CudaRank final : public RankBackend {
         ops();
         flush();  // inside the capture: the deferred products belong to the graph
       } catch (...) {
-        pending_.n = 0;
+        drop_deferred();
         capturing_ = false;
         cudaStreamEndCapture(stream_, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -408,13 +450,32 @@ class CudaRank final : public RankBackend {
   // Q8_0 matrices go to cuBLAS through dequantised tiles of at most this many bytes.
   static constexpr std::size_t kTileBytes = std::size_t{64} << 20;
 
-  /// Launches the deferred matrix-vector products.
+  /// Launches what is deferred (at most one kind at a time): matrix-vector
+  /// products, a residual add, RoPEs.
   void flush() {
-    if (pending_.n == 0) return;
-    const int n = pending_.n;
+    if (pending_.n > 0) {
+      const int n = pending_.n;
+      pending_.n = 0;
+      check(kernels::matvec_multi(pending_.x, static_cast<int>(pending_.t[0].w.cols), pending_.t, n, pending_.rows,
+                                  stream_),
+            "matvec", where_);
+    }
+    if (add_.x) {
+      const Add a = add_;
+      add_ = {};
+      check(kernels::add_f32(a.x, a.y, a.n, stream_), "add_f32", where_);
+    }
+    if (rope_n_ > 0) {
+      const int n = rope_n_;
+      rope_n_ = 0;
+      for (int i = 0; i < n; ++i) rope_now(rope_[i].v, rope_[i].n_heads);
+    }
+  }
+  /// Forgets what is deferred (after a failure).
+  void drop_deferred() noexcept {
     pending_.n = 0;
-    check(kernels::matvec_multi(pending_.x, static_cast<int>(pending_.t[0].w.cols), pending_.t, n, pending_.rows, stream_),
-          "matvec", where_);
+    add_ = {};
+    rope_n_ = 0;
   }
 
   const int* tokens() const { return layout_dev_; }
@@ -570,6 +631,18 @@ class CudaRank final : public RankBackend {
     int n = 0;
     kernels::MatvecTarget t[kernels::kMaxMatvecTargets];
   } pending_;
+
+  bool fuse_ = true;
+  struct Add {
+    float* x = nullptr;
+    const float* y = nullptr;
+    std::size_t n = 0;
+  } add_;
+  struct Rope {
+    float* v = nullptr;
+    int n_heads = 0;
+  } rope_[2];
+  int rope_n_ = 0;
 
   bool graphs_on_ = false;
   bool capturing_ = false;

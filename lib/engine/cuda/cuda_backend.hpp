@@ -27,6 +27,8 @@
 ///   distinct GPUs; a same-GPU communicator (kernels::sum_buffers_f32, events
 ///   and a host barrier) when all its ranks share one GPU, so TP > 1 runs
 ///   on a single GPU. Mixed placements are rejected.
+/// * Fusion (CudaBackendOptions::fuse): calls are deferred until the next
+///   one shows whether they combine (see the option); results are the same.
 /// * CUDA graphs: decode batches whose row count is in `graph_batches` are
 ///   captured on first use and replayed afterwards; graphs are dropped when
 ///   a buffer grows. Stages of several ranks on one GPU run eagerly (their
@@ -42,6 +44,11 @@ struct CudaBackendOptions {
   std::vector<int> graph_batches;
   /// Largest row count that takes the GEMV kernels; FTP_GEMV_MAX_ROWS.
   int gemv_max_rows = 8;
+  /// Fewer launches with the same arithmetic: consecutive GEMV products of
+  /// one input in one launch (q, k, v; gate, up), a residual add with the
+  /// RMSNorm that reads its sum, the RoPE of q and k with the KV write.
+  /// FTP_CUDA_FUSE=0 turns it off (for A/B runs).
+  bool fuse = true;
   /// Options from the environment (the defaults above where unset).
   static CudaBackendOptions from_env();
 };

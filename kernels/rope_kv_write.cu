@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common.cuh"
+#include "rope_kv_write.cuh"
+
+namespace ftp::kernels {
+namespace {
+
+__global__ void rope_kv_kernel(float* q, int nq, float* k, const float* __restrict__ v, int nkv, int hd, int n_rot,
+                               const int* __restrict__ pos, float theta, float* k_pages, float* v_pages, int block_tokens,
+                               const int* __restrict__ slots) {
+  const int r = blockIdx.x, pairs = n_rot / 2;
+  const float p = static_cast<float>(pos[r]);
+  const int s = slots[r], blk = s / block_tokens, slot = s % block_tokens;
+  auto page = [&](int h, int d) {
+    return ((static_cast<std::int64_t>(blk) * nkv + h) * block_tokens + slot) * hd + d;
+  };
+  float* qr = q + static_cast<std::int64_t>(r) * nq * hd;
+  float* kr = k + static_cast<std::int64_t>(r) * nkv * hd;
+  const float* vr = v + static_cast<std::int64_t>(r) * nkv * hd;
+  for (int e = threadIdx.x; e < nq * pairs; e += blockDim.x) {
+    const int h = e / pairs, i = 2 * (e % pairs);
+    float* x = qr + h * hd + i;
+    detail::rope_rotate(x, p, i, n_rot, theta, &x[0], &x[1]);
+  }
+  for (int e = threadIdx.x; e < nkv * pairs; e += blockDim.x) {
+    const int h = e / pairs, i = 2 * (e % pairs);
+    float* x = kr + h * hd + i;
+    float a, b;
+    detail::rope_rotate(x, p, i, n_rot, theta, &a, &b);
+    x[0] = a, x[1] = b;
+    k_pages[page(h, i)] = a;
+    k_pages[page(h, i + 1)] = b;
+  }
+  // Dimensions past the rotated pairs, and all of v.
+  const int rest = hd - 2 * pairs;
+  for (int e = threadIdx.x; e < nkv * rest; e += blockDim.x) {
+    const int h = e / rest, d = 2 * pairs + e % rest;
+    k_pages[page(h, d)] = kr[h * hd + d];
+  }
+  for (int e = threadIdx.x; e < nkv * hd; e += blockDim.x) v_pages[page(e / hd, e % hd)] = vr[e];
+}
+
+}  // namespace
+
+cudaError_t rope_kv_write_f32(float* q, int n_q_heads, float* k, const float* v, int kv_heads, int t, int head_dim,
+                              int n_rot, const int* pos, float theta, float* k_pages, float* v_pages, int block_tokens,
+                              const int* slots, cudaStream_t stream) {
+  if (t <= 0) return cudaSuccess;
+  if (n_rot > head_dim || block_tokens <= 0 || head_dim <= 0) return cudaErrorInvalidValue;
+  rope_kv_kernel<<<t, 256, 0, stream>>>(q, n_q_heads, k, v, kv_heads, head_dim, n_rot < 0 ? 0 : n_rot, pos, theta,
+                                        k_pages, v_pages, block_tokens, slots);
+  return cudaGetLastError();
+}
+
+}  // namespace ftp::kernels
