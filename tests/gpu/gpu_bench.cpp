@@ -248,6 +248,11 @@ int main(int argc, char** argv) {
                       {"fraction_of_triad", bw / triad.value}, {"prefill_ms", prefill_s * 1e3}});
     }
     doc["decode"] = runs;
+    const engine::CudaGraphStats g = engine::cuda_graph_stats();
+    std::printf("cuda graphs: %llu captured, %llu captures failed (those ranks ran eagerly)\n",
+                static_cast<unsigned long long>(g.captures), static_cast<unsigned long long>(g.failures));
+    doc["graph_captures"] = g.captures;
+    doc["graph_capture_failures"] = g.failures;
     if (o.min_bw_fraction > 0 && bw1 < o.min_bw_fraction) {
       std::fprintf(stderr, "gpu-bench: batch-1 bandwidth fraction %.2f < --min-bw-fraction %.2f\n", bw1, o.min_bw_fraction);
       rc = 6;

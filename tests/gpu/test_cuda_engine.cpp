@@ -107,8 +107,14 @@ void stories260k_goldens() {
     auto cuda = make_cuda_backend(opts);
     for (auto gpus : {std::vector<int>{0}, std::vector<int>{0, 0}}) {
       Executor ex(store, {stage(n_layer, static_cast<int>(gpus.size()), gpus)}, 32, 16, cuda.get(), 64);
+      const CudaGraphStats before = cuda_graph_stats();
       auto t0 = std::chrono::steady_clock::now();
       auto got = greedy(ex, {1}, 256);
+      const CudaGraphStats after = cuda_graph_stats();
+      if (opts.fuse && gpus.size() == 1)
+        check(after.captures > before.captures && after.failures == before.failures,
+              "TP 1 decode runs as a CUDA graph (" + std::to_string(after.captures - before.captures) + " captured, " +
+                  std::to_string(after.failures - before.failures) + " failed)");
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::size_t same = 0;
       while (same < got.size() && same < golden.size() && got[same] == golden[same]) ++same;

@@ -84,6 +84,12 @@ CudaBackendOptions CudaBackendOptions::from_env() {
 bool cuda_backend_built() noexcept { return true; }
 
 namespace {
+std::atomic<std::uint64_t> g_graph_captures{0}, g_graph_failures{0};
+}  // namespace
+
+CudaGraphStats cuda_graph_stats() noexcept { return {g_graph_captures.load(), g_graph_failures.load()}; }
+
+namespace {
 
 /// The all-reduce of one stage's ranks.
 class StageComm {
@@ -412,31 +418,24 @@ class CudaRank final : public RankBackend {
     }
     auto it = graphs_.find(graph_key);
     if (it == graphs_.end()) {
-      // Capture on first use; the capture itself runs nothing, the launch
-      // below does. Buffers that grow during capture bump the generation:
-      // the graph is then kept only until the next run.
-      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture", where_);
-      capturing_ = true;
-      cudaGraph_t graph = nullptr;
-      try {
-        ops();
-        flush();  // inside the capture: the deferred products belong to the graph
-      } catch (...) {
-        drop_deferred();
-        capturing_ = false;
-        cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        cudaGetLastError();
-        throw;
+      cudaGraphExec_t exec = capture(ops);
+      if (!exec) {
+        // The capture failed (a call that cannot be captured here): this
+        // rank runs eagerly from now on, starting with this step. Nothing
+        // ran during the capture.
+        graphs_on_ = false;
+        ++g_graph_failures;
+        try {
+          ops();
+          flush();
+        } catch (...) {
+          drop_deferred();
+          throw;
+        }
+        return;
       }
-      capturing_ = false;
-      check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture", where_);
-      cudaGraphExec_t exec = nullptr;
-      cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      check(e, "cudaGraphInstantiate", where_);
       it = graphs_.emplace(graph_key, exec).first;
-      ++captures_;
+      ++g_graph_captures;
     }
     check(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch", where_);
   }
@@ -449,6 +448,38 @@ class CudaRank final : public RankBackend {
   static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
   // Q8_0 matrices go to cuBLAS through dequantised tiles of at most this many bytes.
   static constexpr std::size_t kTileBytes = std::size_t{64} << 20;
+
+  /// Captures `ops` into an executable graph (the capture runs nothing).
+  /// Buffers that grow during it bump the generation: the graph is then
+  /// kept only until the next run. Null when capturing or instantiating
+  /// failed (the error is cleared; the stream is usable).
+  cudaGraphExec_t capture(const std::function<void()>& ops) {
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    capturing_ = true;
+    cudaGraph_t graph = nullptr;
+    bool ok = true;
+    try {
+      ops();
+      flush();  // inside the capture: the deferred calls belong to the graph
+    } catch (...) {
+      drop_deferred();
+      ok = false;
+    }
+    capturing_ = false;
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (ok && e == cudaSuccess && graph) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (!ok || e != cudaSuccess || !exec) {
+      if (exec) cudaGraphExecDestroy(exec);
+      cudaGetLastError();
+      return nullptr;
+    }
+    return exec;
+  }
 
   /// Launches what is deferred (at most one kind at a time): matrix-vector
   /// products, a residual add, RoPEs.
@@ -649,7 +680,6 @@ class CudaRank final : public RankBackend {
   std::vector<int> graph_batches_;
   std::map<int, cudaGraphExec_t> graphs_;
   std::uint64_t generation_ = 0, graph_generation_ = 0;
-  std::uint64_t captures_ = 0;
 };
 
 class CudaBackend final : public Backend {

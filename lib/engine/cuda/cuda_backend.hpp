@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,14 @@ struct CudaBackendOptions {
 
 /// A CUDA backend with these options (tests compare settings side by side).
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options);
+
+/// CUDA graphs made by the ranks of this process so far, and captures that
+/// failed (that rank then runs eagerly): for tests and benchmarks.
+struct CudaGraphStats {
+  std::uint64_t captures = 0;
+  std::uint64_t failures = 0;
+};
+CudaGraphStats cuda_graph_stats() noexcept;
 
 /// True when this build has the CUDA backend.
 bool cuda_backend_built() noexcept;
