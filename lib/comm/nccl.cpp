@@ -112,8 +112,10 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 NcclPool& NcclPool::instance() {
-  static NcclPool pool;
-  return pool;
+  // Never destroyed: at process exit the CUDA runtime may already be torn
+  // down, and destroying communicators then can crash or hang.
+  static NcclPool* pool = new NcclPool();
+  return *pool;
 }
 
 NcclPool::NcclPool() {

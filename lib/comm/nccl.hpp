@@ -34,7 +34,7 @@ AllReduceMeasurement measure_nccl_allreduce(const std::vector<int>& devices, std
 /// needs no NCCL. Thread-safe. Builds without CUDA throw ftp::BackendError.
 class NcclPool {
  public:
-  /// The process's pool, created on first use.
+  /// The process's pool, created on first use and kept until the process ends.
   static NcclPool& instance();
   ~NcclPool();
   NcclPool(const NcclPool&) = delete;
