@@ -15,7 +15,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(AttentionArgs a) {
   __shared__ float q_s[kMaxHeadDim];
   __shared__ float acc_s[kWarps][kMaxHeadDim];
   __shared__ float m_s[kWarps], l_s[kWarps];
-  const int h = blockIdx.x, row = blockIdx.y;
+  const int row = blockIdx.x, h = blockIdx.y;  // rows on x: gridDim.y is capped at 65535
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hd = a.head_dim;
   const int pos = a.row_pos[row];
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(AttentionArgs a) {
 cudaError_t attention_decode(const AttentionArgs& a, cudaStream_t stream) {
   if (a.t <= 0 || a.n_q_heads <= 0) return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.block_tokens <= 0 || a.group <= 0) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(a.n_q_heads), static_cast<unsigned>(a.t));
+  const dim3 grid(static_cast<unsigned>(a.t), static_cast<unsigned>(a.n_q_heads));
   if (a.head_dim <= 32) decode_kernel<1><<<grid, kWarps * 32, 0, stream>>>(a);
   else if (a.head_dim <= 64) decode_kernel<2><<<grid, kWarps * 32, 0, stream>>>(a);
   else if (a.head_dim <= 128) decode_kernel<4><<<grid, kWarps * 32, 0, stream>>>(a);

@@ -32,8 +32,9 @@ __device__ __forceinline__ void load_chunk(const void* row, std::int64_t k, floa
         wf[2 * i] = __uint_as_float(u[i] << 16);
         wf[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
       } else {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
-        wf[2 * i] = f.x, wf[2 * i + 1] = f.y;
+        // Through the bit patterns, not a type-punned pointer.
+        wf[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] & 0xffffu)));
+        wf[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[i] >> 16)));
       }
     }
   } else {

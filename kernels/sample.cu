@@ -47,6 +47,35 @@ __device__ double mass_at_least(const float* row, int n, float mx, float temp, s
   return block_sum_d(s, red);
 }
 
+__device__ int block_sum_i(int v, int* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// Tokens among the first m whose probability has bits b.
+__device__ int count_at(const float* row, int m, float mx, float temp, std::uint32_t b, int* red) {
+  int c = 0;
+  for (int i = threadIdx.x; i < m; i += blockDim.x) c += __float_as_uint(prob(row, i, mx, temp)) == b;
+  return block_sum_i(c, red);
+}
+
+/// The id of the j-th (from 0, in id order) token whose probability has bits b.
+__device__ int nth_at(const float* row, int n, float mx, float temp, std::uint32_t b, int j, int* red) {
+  int lo = 0, hi = n;  // count_at(lo) <= j < count_at(hi)
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    if (count_at(row, mid, mx, temp, b, red) > j) hi = mid;
+    else lo = mid;
+  }
+  return lo;
+}
+
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restrict__ logits, int ld, int n,
                                                           const float* __restrict__ temperature,
                                                           const float* __restrict__ top_p,
@@ -57,13 +86,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
   const float* row = logits + static_cast<std::int64_t>(blockIdx.x) * ld;
   const float temp = temperature[blockIdx.x];
 
-  // Max (and argmax, lowest index on ties).
+  // Max.
   float bv = -INFINITY;
-  int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = row[i];
-    if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
-  }
+  for (int i = threadIdx.x; i < n; i += blockDim.x) bv = fmaxf(bv, row[i]);
   {
     float w = bv;
     for (int o = 16; o > 0; o >>= 1) w = fmaxf(w, __shfl_xor_sync(0xffffffffu, w, o));
@@ -75,7 +100,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
     bv = w;
   }
   const float mx = bv;
-  if (!(temp > 0.0f)) {
+  const float tp = top_p[blockIdx.x];
+  // Greedy, and top_p <= 0 (the CPU keeps one token): the first of the largest logits.
+  if (!(temp > 0.0f) || !(tp > 0.0f)) {
     int cand = 0x7fffffff;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
       if (row[i] == mx) cand = min(cand, i);
@@ -83,53 +110,45 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
     if (threadIdx.x == 0) out[blockIdx.x] = cand == 0x7fffffff ? 0 : cand;
     return;
   }
-
   const double total = mass_at_least(row, n, mx, temp, 0u, red_d);
-  const float tp = top_p[blockIdx.x];
-  // Nucleus: the largest threshold tau whose mass(>= tau) reaches top_p.
+  // Nucleus, as the CPU's sorted prefix: every token above level tau, and the
+  // first keep_tau (lowest ids) of the tokens at level tau.
   std::uint32_t tau = 0;
+  int keep_tau = 0x7fffffff;
+  double nucleus = total;
   if (tp < 1.0f) {
-    if (!(tp > 0.0f)) {
-      tau = kOneBits;  // only the most probable token(s), as the CPU keeps one
-    } else {
-      const double goal = static_cast<double>(tp) * total;
-      std::uint32_t lo = 0, hi = kOneBits + 1;  // mass(>= lo) >= goal > mass(>= hi)
-      while (hi - lo > 1) {
-        const std::uint32_t mid = lo + (hi - lo) / 2;
-        if (mass_at_least(row, n, mx, temp, mid, red_d) >= goal) lo = mid;
-        else hi = mid;
-      }
-      tau = lo;
+    const double goal = static_cast<double>(tp) * total;
+    std::uint32_t lo = 0, hi = kOneBits + 1;  // mass(>= lo) >= goal > mass(>= hi)
+    while (hi - lo > 1) {
+      const std::uint32_t mid = lo + (hi - lo) / 2;
+      if (mass_at_least(row, n, mx, temp, mid, red_d) >= goal) lo = mid;
+      else hi = mid;
     }
+    tau = lo;
+    const double above = mass_at_least(row, n, mx, temp, tau + 1, red_d);
+    const double pt = __uint_as_float(tau);
+    const int cnt = count_at(row, n, mx, temp, tau, red_i);
+    keep_tau = max(1, static_cast<int>(fmin(static_cast<double>(cnt), ceil((goal - above) / pt))));
+    nucleus = above + keep_tau * pt;
   }
-  const double nucleus = tau == 0 ? total : mass_at_least(row, n, mx, temp, tau, red_d);
-  const double target = static_cast<double>(uniform[blockIdx.x]) * nucleus;
-  // The chosen probability: the largest b >= tau with mass(>= b) > target.
+  // u < 1 strictly (a draw rounded to 1.0f would pick past the nucleus).
+  const double target = fmin(static_cast<double>(uniform[blockIdx.x]) * nucleus, nextafter(nucleus, 0.0));
+  // The level of the chosen token: the largest b >= tau with mass(>= b) > target.
   std::uint32_t lo = tau, hi = kOneBits + 1;
   while (hi - lo > 1) {
     const std::uint32_t mid = lo + (hi - lo) / 2;
     if (mass_at_least(row, n, mx, temp, mid, red_d) > target) lo = mid;
     else hi = mid;
   }
-  // Some token has exactly these bits (the mass changes at lo); the lowest
-  // index of those. If rounding left none, the smallest probability >= lo.
-  int cand = 0x7fffffff;
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    if (__float_as_uint(prob(row, i, mx, temp)) == lo) cand = min(cand, i);
-  cand = block_min_i(cand, red_i);
-  if (cand == 0x7fffffff) {
-    std::uint32_t best = 0xffffffffu;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const std::uint32_t b = __float_as_uint(prob(row, i, mx, temp));
-      if (b >= lo && b < best) best = b;
-    }
-    // Block min over unsigned values (as int: bits of positive floats fit).
-    const int bmin = block_min_i(static_cast<int>(best >> 1), red_i);
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-      if (static_cast<int>(__float_as_uint(prob(row, i, mx, temp)) >> 1) == bmin) cand = min(cand, i);
-    cand = block_min_i(cand, red_i);
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = cand == 0x7fffffff ? bi : cand;
+  // Within the level, tokens in id order (the CPU's stable order): skip
+  // floor((target - mass above) / p) of them.
+  const double above = mass_at_least(row, n, mx, temp, lo + 1, red_d);
+  int cnt = count_at(row, n, mx, temp, lo, red_i);
+  if (lo == tau) cnt = min(cnt, keep_tau);
+  const double skip = floor((target - above) / static_cast<double>(__uint_as_float(lo)));
+  const int j = skip <= 0.0 ? 0 : skip >= cnt - 1 ? cnt - 1 : static_cast<int>(skip);
+  const int tok = nth_at(row, n, mx, temp, lo, j, red_i);
+  if (threadIdx.x == 0) out[blockIdx.x] = tok;
 }
 
 }  // namespace

@@ -304,20 +304,23 @@ void test_elementwise() {
 }
 
 void test_matvec() {
-  const std::int64_t R = 300, C = 512;
+  // Enough rows for the two-rows-per-warp path (rows / 2 >= 16 x SMs), odd.
+  int sms = 0;
+  cu(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "multiprocessor count");
+  const std::int64_t R = 32 * static_cast<std::int64_t>(sms) + 45, C = 512;
   struct Case {
     const char* name;
     std::int64_t r0, rows, c0, cols;
   };
   const Case cases[] = {{"full", 0, R, 0, C},
-                        {"rows 5..260 (column-parallel)", 5, 255, 0, C},
+                        {"rows 5..R-2 (column-parallel, odd count)", 5, R - 7, 0, C},
                         {"cols 256..512 (row-parallel)", 0, R, 256, 256},
                         {"cols 3..484 (unaligned: scalar path)", 0, R, 3, 481}};
   for (DType dt : kDTypes) {
     Tensor w = make_tensor(dt, R, C);
     Dev<std::uint8_t> dw(w.bytes);
     for (const Case& c : cases) {
-      for (int t : {1, 3, 8, 13}) {
+      for (int t : {1, 2, 3, 5, 8, 13}) {
         auto x = randn(static_cast<std::size_t>(t) * c.cols);
         Dev<float> dx(x), dout(static_cast<std::size_t>(t) * c.rows);
         k::WeightView v{dw.p(), kdt(dt), C, c.r0, c.rows, c.c0, c.cols};
@@ -388,6 +391,21 @@ void test_dequant() {
       ftp::model::to_f32(w.view, 12 * C, 32 * C, want.data());
       report(std::string("dequant_tile ") + ftp::model::dtype_name(dt) + " -> " + (to == k::HalfType::f16 ? "f16" : "bf16"),
              nmse(got, want), 1e-3);
+      // A row-parallel view: columns 16..C (a Q8_0 view starting mid-block).
+      const std::int64_t c0 = 16, cols = C - c0;
+      k::WeightView vr{dw.p(), kdt(dt), C, 8, 48, c0, cols};
+      done(k::dequant_tile(vr, 4, 32, dt16.p(), to, nullptr), "dequant_tile");
+      h = dt16.get();
+      ftp::model::TensorView tr{"t", to == k::HalfType::f16 ? DType::f16 : DType::bf16, 32, cols, h.data(), h.size() * 2};
+      std::vector<float> got_r(static_cast<std::size_t>(32 * cols)), want_r(static_cast<std::size_t>(32 * cols)), row(C);
+      ftp::model::to_f32(tr, 0, 32 * cols, got_r.data());
+      for (int i = 0; i < 32; ++i) {
+        ftp::model::to_f32(w.view, (12 + i) * C, C, row.data());
+        std::copy(row.begin() + c0, row.end(), want_r.begin() + static_cast<std::ptrdiff_t>(i) * cols);
+      }
+      report(std::string("dequant_tile ") + ftp::model::dtype_name(dt) + " cols 16.. -> " +
+                 (to == k::HalfType::f16 ? "f16" : "bf16"),
+             nmse(got_r, want_r), 1e-3);
     }
   }
 }
@@ -441,6 +459,10 @@ void test_argmax_and_sampling() {
   };
   const int rows = 64, vocab = 4096;
   std::vector<float> logits = randn(static_cast<std::size_t>(rows) * vocab, 3.0f);
+  // Odd rows rounded to integers: many tokens of equal probability (ties
+  // cut by the nucleus, picked in id order as the CPU's stable sort does).
+  for (int r = 1; r < rows; r += 2)
+    for (int i = 0; i < vocab; ++i) logits[static_cast<std::size_t>(r) * vocab + i] = std::round(logits[static_cast<std::size_t>(r) * vocab + i]);
   std::vector<float> temp(rows), top_p(rows), u(rows);
   std::uniform_real_distribution<float> U(0.0f, 1.0f);
   const float temps[] = {0.0f, 0.7f, 1.0f, 1.5f};
@@ -474,10 +496,11 @@ void test_argmax_and_sampling() {
 void test_attention(int hd) {
   const int n_head = 8, n_head_kv = 4, group = n_head / n_head_kv;
   const int q_head0 = 4, nq = 4, kv_head0 = 2, kvh = 2;
-  const int B = 16, n_blocks = 24;
-  const std::vector<int> lens = {1, 37, 70};
+  // 300 positions: several tiles of keys per row (the online softmax rescales).
+  const int B = 16, n_blocks = 48;
+  const std::vector<int> lens = {1, 37, 70, 300};
   const int n_seq = static_cast<int>(lens.size());
-  const int bt_ld = 6;
+  const int bt_ld = 20;
   // Each sequence's pages: a shuffled set of blocks.
   std::vector<int> perm(n_blocks);
   std::iota(perm.begin(), perm.end(), 0);
@@ -532,7 +555,7 @@ void test_attention(int hd) {
 
   // The executor's attention, per row and head.
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> want(static_cast<std::size_t>(t) * qn), scores(128);
+  std::vector<float> want(static_cast<std::size_t>(t) * qn), scores(512);
   for (int r = 0; r < t; ++r) {
     const int s = row_seq[r], pos = row_pos[r];
     for (int h = 0; h < nq; ++h) {
@@ -576,7 +599,33 @@ void test_attention(int hd) {
   report("attention_decode hd=" + std::to_string(hd) + " GQA 2, kv-head offset 2", nmse(dout.get(), want), 1e-6);
   cu(cudaMemset(dout.p(), 0, static_cast<std::size_t>(t) * qn * 4), "memset");
   done(k::attention_prefill(a, nullptr), "attention_prefill");
-  report("attention_prefill hd=" + std::to_string(hd) + " 3 chunks of 1, 37, 70", nmse(dout.get(), want), 1e-6);
+  report("attention_prefill hd=" + std::to_string(hd) + " 4 chunks of 1, 37, 70, 300", nmse(dout.get(), want), 1e-6);
+
+  // Chunks that start mid-sequence (chunked prefill, a decode after it):
+  // positions >= 30 of sequence 1 and >= 250 of sequence 3, over the pages
+  // written above.
+  std::vector<int> sub_seq, sub_pos;
+  std::vector<float> sub_q, sub_want;
+  for (int r = 0; r < t; ++r) {
+    if (!((row_seq[r] == 1 && row_pos[r] >= 30) || (row_seq[r] == 3 && row_pos[r] >= 250))) continue;
+    sub_seq.push_back(row_seq[r]);
+    sub_pos.push_back(row_pos[r]);
+    sub_q.insert(sub_q.end(), q.begin() + static_cast<std::ptrdiff_t>(r) * qn, q.begin() + static_cast<std::ptrdiff_t>(r + 1) * qn);
+    sub_want.insert(sub_want.end(), want.begin() + static_cast<std::ptrdiff_t>(r) * qn,
+                    want.begin() + static_cast<std::ptrdiff_t>(r + 1) * qn);
+  }
+  const int t2 = static_cast<int>(sub_seq.size());
+  Dev<int> dseq2(sub_seq), dpos2(sub_pos);
+  Dev<float> dq2(sub_q), dout2(static_cast<std::size_t>(t2) * qn);
+  a.q = dq2.p();
+  a.out = dout2.p();
+  a.row_seq = dseq2.p();
+  a.row_pos = dpos2.p();
+  a.t = t2;
+  done(k::attention_prefill(a, nullptr), "attention_prefill");
+  report("attention_prefill hd=" + std::to_string(hd) + " chunks starting at 30 and 250", nmse(dout2.get(), sub_want), 1e-6);
+  done(k::attention_decode(a, nullptr), "attention_decode");
+  report("attention_decode hd=" + std::to_string(hd) + " rows at 30.. and 250..", nmse(dout2.get(), sub_want), 1e-6);
 }
 
 /// GEMV bandwidth at batch 1 on a BF16 matrix of 8192 x 8192 (128 MiB,
@@ -636,7 +685,7 @@ int main() {
     test_matvec_multi();
     test_dequant();
     test_argmax_and_sampling();
-    for (int hd : {8, 64, 128, 256}) test_attention(hd);
+    for (int hd : {6, 8, 64, 80, 128, 256}) test_attention(hd);
     report_matvec_bandwidth();
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
