@@ -81,8 +81,16 @@ __device__ __forceinline__ __nv_bfloat16 to_half<__nv_bfloat16>(float x) { retur
 inline cudaError_t sm_count(int* sms) {
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-  return e;
+  if (e != cudaSuccess) return e;
+  // Per thread and device: a rank's thread asks on every launch.
+  thread_local int cached_device = -1, cached = 0;
+  if (device != cached_device) {
+    e = cudaDeviceGetAttribute(&cached, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    cached_device = device;
+  }
+  *sms = cached;
+  return cudaSuccess;
 }
 
 inline unsigned grid_for(std::size_t n, int threads, unsigned cap) {

@@ -9,7 +9,7 @@ struct Buffers {
   float* p[kMaxSumBuffers];
 };
 
-__global__ void sum_kernel(Buffers b, int n_bufs, std::size_t n) {
+__global__ void sum_kernel(const __grid_constant__ Buffers b, int n_bufs, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     float s = b.p[0][i];
