@@ -10,14 +10,15 @@ declare -A allowed=(
   [ipc]="core ipc"
   [comm]="core doc comm"
   [backend]="core doc backend kernels"
-  [serve]="core doc comm backend model engine ipc control plan serve"
+  [serve]="core doc comm backend model engine ipc control plan sim serve"
   [engine]="core doc comm backend model engine kernels"
   [topology]="core doc comm backend topology"
   [plan]="core doc model plan"
   [control]="core doc control"
+  [sim]="core doc model engine plan control sim"
   [model]="core doc model"
   [bench]="core doc control bench"
-  [cli]="core doc comm backend topology ipc plan model control engine serve bench cli"
+  [cli]="core doc comm backend topology ipc plan model control engine sim serve bench cli"
 )
 bad=0
 for dir in "$lib"/*/; do

@@ -49,24 +49,27 @@ double stage_weight_params(const ModelShape& m, const StageSpan& s) {
   return stage_compute_params(m, s) + (s.first ? m.embedding_params() : 0);
 }
 
-double prefill_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, double tokens) {
+double step_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const StepWork& w, const Calibration& c) {
   const double p = stage_compute_params(m, s);
-  const double compute = 2.0 * p * tokens / (g.tp * g.tflop_s * 1e12 * kComputeEfficiency);
+  const double flop_s = g.tp * g.tflop_s * 1e12;
+  double compute = 2.0 * p * w.tokens / (flop_s * c.compute_efficiency);
+  if (w.attention_pairs > 0)
+    compute += 4.0 * w.attention_pairs * m.n_heads * m.head_dim * s.n_layers / (flop_s * c.attention_efficiency);
+  const double bytes = p * m.bytes_per_param / g.tp + w.kv_positions * s.n_layers * m.kv_bytes_per_token_layer(g.tp);
+  const double read = bytes / (g.gb_s * 1e9 * c.memory_efficiency);
+  const double ar = allreduce_time_s(g.tp, double(m.hidden_size) * w.tokens * m.activation_bytes_per_element(),
+                                     g.busbw_gb_s, g.allreduce_latency_us);
+  return (c.overlap ? std::max(compute, read) : compute + read) + 2.0 * s.n_layers * ar +
+         s.n_layers * c.layer_overhead_s + (s.last ? w.logit_rows * c.row_overhead_s : 0.0);
+}
+
+double prefill_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, double tokens) {
   // Small prefills are bound by reading the weights once, like a decode step.
-  const double read = p * m.bytes_per_param / g.tp / (g.gb_s * 1e9 * kMemoryEfficiency);
-  const double ar = allreduce_time_s(g.tp, double(m.hidden_size) * tokens * m.activation_bytes_per_element(), g.busbw_gb_s,
-                                     g.allreduce_latency_us);
-  return std::max(compute, read) + 2.0 * s.n_layers * ar + s.n_layers * kLayerOverheadS;
+  return step_time_s(m, s, g, StepWork{tokens, 0, 0, 0});
 }
 
 double decode_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, double batch, double context) {
-  const double p = stage_compute_params(m, s);
-  const double bytes = p * m.bytes_per_param / g.tp + batch * context * s.n_layers * m.kv_bytes_per_token_layer(g.tp);
-  const double read = bytes / (g.gb_s * 1e9 * kMemoryEfficiency);
-  const double compute = 2.0 * p * batch / (g.tp * g.tflop_s * 1e12 * kComputeEfficiency);
-  const double ar = allreduce_time_s(g.tp, double(m.hidden_size) * batch * m.activation_bytes_per_element(), g.busbw_gb_s,
-                                     g.allreduce_latency_us);
-  return std::max(read, compute) + 2.0 * s.n_layers * ar + s.n_layers * kLayerOverheadS;
+  return step_time_s(m, s, g, StepWork{batch, 0, batch * context, 0});
 }
 
 StageMemory stage_memory(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const Workload& w, int concurrency,

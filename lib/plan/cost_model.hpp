@@ -74,6 +74,39 @@ double stage_compute_params(const ModelShape& m, const StageSpan& s);
 /// Parameters a stage stores: compute params, plus the embedding on the first stage.
 double stage_weight_params(const ModelShape& m, const StageSpan& s);
 
+/// The work of one forward pass on one stage (one micro-batch), as the
+/// simulated engine counts it from the scheduler's chunks.
+struct StepWork {
+  double tokens = 0;           ///< tokens through the stage's GEMMs
+  double attention_pairs = 0;  ///< (query token, key position) pairs of attention, summed over chunks
+  double kv_positions = 0;     ///< KV positions read once per chunk: sum of (start + tokens) over chunks
+  double logit_rows = 0;       ///< rows of the output head (last stage only)
+};
+
+/// The constants that turn a device's measured speeds into a forward's time.
+/// The defaults are the planner's (GPU: compute and memory traffic overlap);
+/// a calibration run fits them to one machine (sim::calibrate).
+struct Calibration {
+  double compute_efficiency = kComputeEfficiency;    ///< share of TFLOP/s the GEMMs reach
+  double attention_efficiency = kComputeEfficiency;  ///< share of TFLOP/s attention reaches
+  double memory_efficiency = kMemoryEfficiency;      ///< share of GB/s weight and KV reads reach
+  double layer_overhead_s = kLayerOverheadS;         ///< per layer per forward, seconds
+  double row_overhead_s = 0;                         ///< per logits row (head, sampling), seconds
+  /// true: time = max(compute, memory) (GPUs overlap them); false: their sum
+  /// (a CPU's cores do both).
+  bool overlap = true;
+};
+
+/// One forward of `w` on one stage:
+///   compute = (2 x P x tokens / compute_efficiency + 4 x pairs x n_heads x head_dim x n_layers / attention_efficiency)
+///             / (tp x TFLOP/s)
+///   memory  = (P x bytes_per_param / tp + kv_positions x n_layers x kv_bytes_per_token_layer(tp)) / (GB/s x memory_efficiency)
+///   time = max(compute, memory) (sum when !overlap) + 2 x n_layers x allreduce(tp, hidden x tokens x activation bytes)
+///          + n_layers x layer_overhead_s + logit_rows x row_overhead_s
+/// with P = stage_compute_params. Seconds.
+double step_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const StepWork& w,
+                   const Calibration& c = {});
+
 /// Prefill of `tokens` tokens on one stage:
 ///   max(2 x P x tokens / (tp x TFLOP/s x kComputeEfficiency), P x bytes_per_param / tp / (GB/s x kMemoryEfficiency))
 ///   + 2 x n_layers x allreduce(tp, hidden x tokens x activation bytes) + n_layers x kLayerOverheadS

@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: Apache-2.0
+// The simulated engine: its time is the cost model's (exact, in virtual
+// time), a Domain schedules it as it schedules the real engine, and bad
+// input is named.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include "core/error.hpp"
+#include "engine/domain.hpp"
+#include "engine/weight_store.hpp"
+#include "model/tokenizer.hpp"
+#include "plan/model_shape.hpp"
+#include "sim/calibrate.hpp"
+#include "sim/simulated_engine.hpp"
+#include "synthetic_gguf.hpp"
+
+using namespace ftp;
+using engine::DomainConfig;
+using engine::GenerationEvent;
+using engine::GenerationRequest;
+using engine::SeqChunk;
+
+namespace {
+
+std::string source_root() {
+  const char* s = std::getenv("FTP_SOURCE_ROOT");
+  return s ? s : ".";
+}
+
+plan::ModelShape shape_70b() { return plan::read_model_shape(source_root() + "/examples/models/llama-70b.json"); }
+
+plan::GroupPerf a100(int tp) {
+  plan::GroupPerf g;
+  g.tp = tp;
+  g.tflop_s = 312;
+  g.gb_s = 2039;
+  g.busbw_gb_s = 240;
+  g.allreduce_latency_us = 10;
+  g.memory_bytes = 80ull << 30;
+  return g;
+}
+
+sim::SimulatedEngineOptions options(const plan::ModelShape& m, std::vector<std::pair<int, int>> stages /*first, n*/, int tp) {
+  sim::SimulatedEngineOptions o;
+  o.shape = m;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    auto [first, n] = stages[i];
+    o.stages.push_back(plan::ReplicaStage{plan::StageSpan{n, first == 0, first + n == m.n_layers}, a100(tp),
+                                          i + 1 < stages.size() ? 25.0 : 0.0, i + 1 < stages.size() ? 5.0 : 0.0});
+  }
+  o.kv_blocks = 1024;
+  return o;
+}
+
+}  // namespace
+
+TEST(SimulatedEngine, OneStageTakesTheCostModelTimeExactly) {
+  auto m = shape_70b();
+  control::VirtualClock clock(1000);
+  auto o = options(m, {{0, m.n_layers}}, 4);
+  o.clock = &clock;
+  sim::SimulatedEngine e(o);
+  std::vector<int> blocks(64);
+  for (int i = 0; i < 64; ++i) blocks[static_cast<std::size_t>(i)] = i;
+  // A prefill chunk of 100 tokens after 28 cached ones, and a decode at position 300.
+  std::vector<SeqChunk> chunks(2);
+  chunks[0].blocks = &blocks;
+  chunks[0].start_pos = 28;
+  chunks[0].tokens.assign(100, 5);
+  chunks[0].want_logits = true;
+  chunks[1].blocks = &blocks;
+  chunks[1].start_pos = 300;
+  chunks[1].tokens = {7};
+  chunks[1].want_logits = true;
+  auto logits = e.forward(chunks, 1);
+  plan::StepWork w;
+  w.tokens = 101;
+  w.attention_pairs = 100.0 * 28 + 100.0 * 101 / 2 + 301;
+  w.kv_positions = 128 + 301;
+  w.logit_rows = 2;
+  const double want = plan::step_time_s(m, plan::StageSpan{m.n_layers, true, true}, a100(4), w, plan::Calibration{});
+  EXPECT_EQ(e.now_s(), want);
+  EXPECT_EQ(e.stage_busy_s().at(0), want);
+  EXPECT_EQ(clock.now_ms(), 1000 + static_cast<std::int64_t>(want * 1e3));
+  ASSERT_EQ(logits.size(), 2u);
+  EXPECT_EQ(logits[0].size(), static_cast<std::size_t>(m.vocab_size));
+  // A 70 B decode step on TP4 A100s is memory-bound: tens of milliseconds, not zero.
+  EXPECT_GT(want, 0.005);
+}
+
+TEST(SimulatedEngine, PipelineFollowsTheTickSchedule) {
+  auto m = shape_70b();
+  auto o = options(m, {{0, 50}, {50, 30}}, 2);
+  sim::SimulatedEngine e(o);
+  std::vector<int> blocks(64);
+  std::vector<SeqChunk> chunks(4);
+  for (int i = 0; i < 4; ++i) {
+    chunks[static_cast<std::size_t>(i)].blocks = &blocks;
+    chunks[static_cast<std::size_t>(i)].start_pos = 10 * i;
+    chunks[static_cast<std::size_t>(i)].tokens = {1};
+    chunks[static_cast<std::size_t>(i)].want_logits = true;
+  }
+  e.forward(chunks, 2);
+  // Two micro-batches of two decodes: positions 0, 10 and 20, 30.
+  plan::StepWork a{2, 1 + 11, 1 + 11, 2}, b{2, 21 + 31, 21 + 31, 2};
+  auto t = [&](int s, const plan::StepWork& w) {
+    const auto& st = o.stages[static_cast<std::size_t>(s)];
+    double x = plan::step_time_s(m, st.span, st.perf, w, o.calibration);
+    if (s == 0) x += plan::p2p_time_s(w.tokens * m.hidden_size * m.activation_bytes_per_element(), 25.0, 5.0);
+    return x;
+  };
+  const double want = t(0, a) + std::max(t(0, b), t(1, a)) + t(1, b);
+  EXPECT_DOUBLE_EQ(e.now_s(), want);
+  EXPECT_DOUBLE_EQ(e.stage_busy_s().at(1), plan::step_time_s(m, o.stages[1].span, o.stages[1].perf, a, o.calibration) +
+                                               plan::step_time_s(m, o.stages[1].span, o.stages[1].perf, b, o.calibration));
+  EXPECT_GT(e.stage_busy_s().at(0), e.stage_busy_s().at(1));  // 50 layers against 30
+}
+
+TEST(SimulatedEngine, TokenStreamIsDeterministicAndAvoidsEos) {
+  auto m = shape_70b();
+  auto o = options(m, {{0, m.n_layers}}, 8);
+  o.avoid = {1, 2};
+  sim::SimulatedEngine a(o), b(o);
+  for (int pos = 0; pos < 2000; ++pos) {
+    const int t = a.next_token(pos % 300, pos);
+    EXPECT_EQ(t, b.next_token(pos % 300, pos));
+    EXPECT_NE(t, 2);
+    EXPECT_NE(t, 1);
+  }
+  o.seed = 7;
+  sim::SimulatedEngine c(o);
+  int same = 0;
+  for (int pos = 0; pos < 100; ++pos) same += a.next_token(3, pos) == c.next_token(3, pos);
+  EXPECT_LT(same, 10);
+}
+
+TEST(SimulatedEngine, ByteTokenizerRoundTrips) {
+  auto tok = model::Tokenizer::from(sim::sim_byte_tokenizer(32000));
+  const std::string text = "Hello, wörld!\n";
+  auto ids = tok.encode(text, true);
+  EXPECT_EQ(ids.front(), 1);
+  EXPECT_EQ(ids.size(), text.size() + 1);
+  EXPECT_EQ(tok.decode(ids, true), text);
+  EXPECT_THROW(sim::sim_byte_tokenizer(100), InputError);
+}
+
+namespace {
+
+struct Trace {
+  std::vector<std::tuple<int, int, int>> steps;  // (tokens computed, running, waiting)
+  engine::DomainStats stats;
+  std::vector<int> finished;
+};
+
+// The same requests through a domain, step by step; no EOS, so what the
+// scheduler does cannot depend on which tokens come out.
+Trace schedule(engine::Domain& d) {
+  Trace tr;
+  std::vector<std::vector<int>> prompts = {{1, 5, 9, 11}, {1, 40}, {1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3}, {1}};
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt = prompts[i];
+    r.max_tokens = 30 + 5 * static_cast<int>(i);
+    r.on_event = [&tr, i](const GenerationEvent& e) {
+      EXPECT_NE(e.finish_reason, "error") << e.error;
+      if (e.finished) tr.finished.push_back(static_cast<int>(i));
+    };
+    d.submit(std::move(r));
+  }
+  for (int guard = 0; !d.idle() && guard < 10000; ++guard) {
+    int n = d.step();
+    tr.steps.emplace_back(n, d.running(), d.waiting());
+  }
+  tr.stats = d.stats();
+  return tr;
+}
+
+}  // namespace
+
+TEST(SimulatedEngine, DomainSchedulesItLikeTheRealEngine) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("ftp-sim-" + std::to_string(::getpid()) + ".gguf")).string();
+  ftp::testing::SyntheticShape s;
+  s.n_layer = 3;
+  ftp::testing::write_synthetic_gguf(path, s);
+  auto model = model::load_model(path);
+  engine::WeightStore store(model);
+  const auto shape = plan::model_shape_of_file(path);
+  for (int kv_blocks : {64, 6}) {  // 6 pages: 96 positions for 4 requests of up to 63, so preemption
+    DomainConfig cfg;
+    cfg.kv_blocks = kv_blocks;
+    cfg.max_batched_tokens = 8;  // chunked prefill of the long prompt
+    engine::Domain real(store, cfg);
+    engine::Domain simulated(model.hparams, cfg, [&](const DomainConfig& c) {
+      sim::SimulatedEngineOptions o;
+      o.shape = shape;
+      o.stages = sim::uniform_stages(shape, c, a100(1));
+      o.kv_blocks = c.kv_blocks;
+      o.block_tokens = c.block_tokens;
+      return std::make_unique<sim::SimulatedEngine>(o);
+    });
+    Trace a = schedule(real), b = schedule(simulated);
+    EXPECT_EQ(a.steps, b.steps) << "kv_blocks " << kv_blocks;
+    EXPECT_EQ(a.finished, b.finished);
+    EXPECT_EQ(a.stats.preemptions, b.stats.preemptions);
+    EXPECT_EQ(a.stats.prompt_tokens, b.stats.prompt_tokens);
+    EXPECT_EQ(a.stats.generated_tokens, b.stats.generated_tokens);
+    if (kv_blocks == 6) EXPECT_GT(b.stats.preemptions, 0u);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(SimulatedEngine, BadInputIsNamed) {
+  auto m = shape_70b();
+  auto o = options(m, {{0, 40}}, 1);
+  try {
+    sim::SimulatedEngine e(o);
+    FAIL() << "no error for stages that miss layers";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("40 layers"), std::string::npos) << e.what();
+  }
+  o = options(m, {{0, 80}}, 1);
+  o.stages[0].perf.gb_s = 0;
+  EXPECT_THROW(sim::SimulatedEngine{o}, InputError);
+
+  // A topology whose device lacks its speeds.
+  doc::Topology t;
+  t.name = "t";
+  doc::Device d;
+  d.id = "gpu0";
+  d.type = "gpu";
+  d.memory_bandwidth_gb_s = 2000;
+  t.devices.push_back(d);
+  doc::Replica r;
+  r.stages.push_back(doc::Stage{0, 80, {"gpu0"}});
+  DomainConfig cfg;
+  cfg.stages = {engine::StageLayout{0, 80, 1, {}}};
+  try {
+    sim::replica_stages(m, t, r, cfg);
+    FAIL() << "no error for a device without gemm_tflop_s";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("gpu0: gemm_tflop_s"), std::string::npos) << e.what();
+  }
+  r.stages[0].devices = {"gpu9"};
+  try {
+    sim::replica_stages(m, t, r, cfg);
+    FAIL() << "no error for an unknown device";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"gpu9\""), std::string::npos) << e.what();
+  }
+  // A document of the wrong kind.
+  const std::string path = (std::filesystem::temp_directory_path() / ("ftp-sim-topo-" + std::to_string(::getpid()) + ".json")).string();
+  std::ofstream(path) << R"({"kind": "ftp.gear-table/v1"})";
+  try {
+    sim::read_topology(path);
+    FAIL() << "no error for a gear table given as a topology";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("ftp.topology/v1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(Calibration, RecoversTheConstantsOfSyntheticSteps) {
+  auto m = shape_70b();
+  plan::GroupPerf g = a100(1);
+  plan::Calibration truth;
+  truth.overlap = false;
+  truth.compute_efficiency = 0.4;
+  truth.attention_efficiency = 0.1;
+  truth.memory_efficiency = 0.6;
+  truth.layer_overhead_s = 30e-6;
+  truth.row_overhead_s = 1e-4;
+  std::vector<sim::StepSample> samples;
+  const plan::StageSpan span{m.n_layers, true, true};
+  for (double tokens : {1.0, 4.0, 32.0, 256.0})
+    for (double ctx : {16.0, 512.0, 2048.0}) {
+      plan::StepWork w{tokens, tokens * ctx, ctx + tokens, std::min(tokens, 8.0)};
+      samples.push_back({w, plan::step_time_s(m, span, g, w, truth)});
+    }
+  auto c = sim::calibrate(m, g, samples);
+  EXPECT_NEAR(c.compute_efficiency, 0.4, 1e-6);
+  EXPECT_NEAR(c.attention_efficiency, 0.1, 1e-6);
+  EXPECT_NEAR(c.memory_efficiency, 0.6, 1e-6);
+  EXPECT_NEAR(c.layer_overhead_s, 30e-6, 1e-9);
+  EXPECT_NEAR(c.row_overhead_s, 1e-4, 1e-9);
+  EXPECT_LT(sim::calibration_rms_error(m, g, c, samples), 1e-9);
+  EXPECT_THROW(sim::calibrate(m, g, {samples[0]}), InputError);
+}
