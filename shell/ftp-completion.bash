@@ -59,9 +59,10 @@ _ftp_serve() {
   prev=${COMP_WORDS[COMP_CWORD-1]}
   case $prev in
     --json) COMPREPLY=($(compgen -W "pretty short" -- "$cur")); return ;;
-    -m|--model) COMPREPLY=($(compgen -f -X '!*.@(gguf|bin)' -- "$cur") $(compgen -d -- "$cur")); return ;;
+    -m|--model) COMPREPLY=($(compgen -f -X '!*.@(gguf|bin|json)' -- "$cur") $(compgen -d -- "$cur")); return ;;
     --tokenizer) COMPREPLY=($(compgen -f -X '!*.bin' -- "$cur") $(compgen -d -- "$cur")); return ;;
-    --gears) COMPREPLY=($(compgen -f -X '!*.json' -- "$cur") $(compgen -d -- "$cur")); return ;;
+    --gears|--topology|--calibration) COMPREPLY=($(compgen -f -X '!*.json' -- "$cur") $(compgen -d -- "$cur")); return ;;
+    --engine) COMPREPLY=($(compgen -W "real sim" -- "$cur")); return ;;
     --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --gear) COMPREPLY=($(compgen -W "tp=1,pp=1 tp=2,pp=1 tp=4,pp=1 tp=1,pp=2 tp=2,pp=2" -- "$cur")); return ;;
     -p|--prompt|--stop|-s|--seed|-t|--temperature|--top-k|--top-p|-n|--max-tokens) return ;;
@@ -69,7 +70,7 @@ _ftp_serve() {
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "--help --version --json --model --tokenizer --gears --gear --start-gear --virtual-devices --host --port --socket --api-key --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --route-long-prompt --ramp --step-interval-ms --auto --policy --policy-name --observe-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --model --engine --topology --calibration --tokenizer --gears --gear --start-gear --virtual-devices --host --port --socket --api-key --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --route-long-prompt --ramp --step-interval-ms --auto --policy --policy-name --observe-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop" -- "$cur"))
 }
 shopt -s extglob 2>/dev/null
 complete -F _ftp_serve ftp-serve

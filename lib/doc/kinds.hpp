@@ -19,4 +19,5 @@ inline constexpr std::string_view policy = "ftp.policy/v1";
 inline constexpr std::string_view sim_interval = "ftp.sim-interval/v1";
 inline constexpr std::string_view sim_summary = "ftp.sim-summary/v1";
 inline constexpr std::string_view gear_bench = "ftp.gear-bench/v1";
+inline constexpr std::string_view sim_calibration = "ftp.sim-calibration/v1";
 }  // namespace ftp::doc::kind

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace ftp::engine {
@@ -15,9 +16,15 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
 
 int Sampler::sample(std::vector<float>& logits) {
   if (p_.temperature <= 0.0f) return argmax(logits);
-  const int n = static_cast<int>(logits.size());
-  std::vector<int> idx(static_cast<std::size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
+  // Candidates: tokens of finite logit (-inf has probability 0; the
+  // simulated engine's stand-in logits are -inf but for one token, so its
+  // rows cost a scan, not a sort of the vocabulary).
+  std::vector<int> idx;
+  idx.reserve(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] > -std::numeric_limits<float>::infinity()) idx.push_back(static_cast<int>(i));
+  if (idx.empty()) return argmax(logits);
+  const int n = static_cast<int>(idx.size());
   // Candidates sorted by logit (stable: lower id first on ties), cut by top-k.
   int k = (p_.top_k > 0 && p_.top_k < n) ? p_.top_k : n;
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {

@@ -11,6 +11,7 @@
 #include "ftp_config.h"
 #include "control/policy.hpp"
 #include "serve/control.hpp"
+#include "sim/serving.hpp"
 
 #if FTP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -28,7 +29,12 @@ void notify_systemd([[maybe_unused]] const std::string& state) {
 
 }  // namespace
 
-doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g) {
+doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g,
+                                   const std::vector<std::string>& devices) {
+  if (!devices.empty() && static_cast<int>(devices.size()) < g.tp * g.pp * g.dp)
+    throw InputError("--gear tp=" + std::to_string(g.tp) + ",pp=" + std::to_string(g.pp) + ",dp=" + std::to_string(g.dp) +
+                     " needs " + std::to_string(g.tp * g.pp * g.dp) + " devices, the topology has " +
+                     std::to_string(devices.size()));
   doc::GearTable t;
   t.model = doc::ModelShape{model_name, hp.n_layer, hp.n_head, hp.n_head_kv, hp.n_embd, 0};
   t.topology = "cpu-virtual";
@@ -45,7 +51,8 @@ doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& 
       doc::Stage s;
       s.first_layer = st.first_layer;
       s.n_layers = st.n_layers;
-      for (int k = 0; k < g.tp; ++k) s.devices.push_back("vd" + std::to_string(next++));
+      for (int k = 0; k < g.tp; ++k, ++next)
+        s.devices.push_back(devices.empty() ? "vd" + std::to_string(next) : devices[static_cast<std::size_t>(next)]);
       rep.stages.push_back(std::move(s));
     }
     gear.replicas.push_back(std::move(rep));
@@ -89,7 +96,23 @@ int run_daemon(DaemonOptions o) {
     if (o.log) o.log(line);
   };
 
-  model::Model model = model::load_model(o.model_path, o.tokenizer_path);
+  sim::check_engine_name(o.engine);
+  const bool simulated = o.engine == "sim";
+  plan::ModelShape shape;
+  model::Model model = simulated ? sim::load_sim_model(o.model_path, o.tokenizer_path, shape)
+                                 : model::load_model(o.model_path, o.tokenizer_path);
+  doc::Topology topo;
+  if (simulated) {
+    if (!o.topology_path.empty())
+      topo = sim::read_topology(o.topology_path);
+    else if (o.topology)
+      topo = *o.topology;
+    else
+      throw InputError("--engine sim: no device speeds; give --topology FILE (ftp.topology/v1 or ftp.cluster/v1)");
+  }
+  std::vector<std::string> topo_devices;
+  for (const auto& d : topo.devices)
+    if (d.type != "cpu" || topo.devices.size() == 1) topo_devices.push_back(d.id);
   std::string name = o.service.model_name.empty()
                          ? std::filesystem::path(o.model_path).stem().string()
                          : o.service.model_name;
@@ -97,7 +120,19 @@ int run_daemon(DaemonOptions o) {
   if (!o.gears_path.empty()) {
     o.service.gears = json::parse_file(o.gears_path, [](const json::Json& j) { return doc::gear_table_from_json(j); });
   } else {
-    o.service.gears = gear_table_for_spec(model.hparams, name, parse_gear_spec(o.gear_spec));
+    o.service.gears = gear_table_for_spec(model.hparams, name, parse_gear_spec(o.gear_spec), topo_devices);
+  }
+  if (simulated) {
+    try {
+      doc::validate_against(o.service.gears, topo);
+    } catch (const InputError& e) {
+      throw InputError((o.gears_path.empty() ? std::string("--gear") : o.gears_path) + ": " + e.what());
+    }
+    plan::Calibration cal;
+    if (!o.calibration_path.empty()) cal = sim::read_calibration(o.calibration_path);
+    o.service.engine_factory = sim::engine_factory(shape, model, topo, cal, sim::Pacing::wait_real_time);
+    log("engine: simulated (" + model.format + ") on topology " + topo.name +
+        (o.calibration_path.empty() ? "" : ", calibration " + o.calibration_path));
   }
   if (o.virtual_devices > 0) {
     try {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,13 @@ struct DaemonOptions {
   std::string socket_path;         ///< control socket; empty: ipc::default_socket_path()
   /// CPU virtual devices vd0..vd<N-1> the gears may use; 0: whatever the table names.
   int virtual_devices = 0;
+  /// The engine behind the domains: "real" (the model's math on the CPU) or
+  /// "sim" (sim::SimulatedEngine: the cost model's time on the topology's
+  /// devices, waited out in real time; model_path may be a model-shape JSON).
+  std::string engine = "real";
+  std::string topology_path;              ///< sim: ftp.topology/v1 or ftp.cluster/v1
+  std::optional<doc::Topology> topology;  ///< sim without topology_path (e.g. probed by ftp-serve)
+  std::string calibration_path;           ///< sim: ftp.sim-calibration/v1; empty: the planner's constants
   HttpOptions http;
   ServiceConfig service;           ///< gears and model_name are filled in by run_daemon
   std::function<void(std::string_view)> log;  ///< one line per event
@@ -36,9 +44,11 @@ struct DaemonOptions {
   std::function<void(int http_port, const std::string& socket_path)> on_ready;
 };
 
-/// A one-gear table for a --gear layout: gear "tp<T>-pp<P>-dp<D>" on CPU
-/// virtual devices vd0, vd1, ... (replica by replica, stage by stage).
-doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g);
+/// A one-gear table for a --gear layout: gear "tp<T>-pp<P>-dp<D>" on
+/// `devices` in order (replica by replica, stage by stage; empty: CPU
+/// virtual devices vd0, vd1, ...). Throws InputError when there are too few.
+doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g,
+                                   const std::vector<std::string>& devices = {});
 
 /// A topology of `n` CPU virtual devices vd0..vd<n-1> in one island (what
 /// --virtual-devices offers), to check a gear table against.

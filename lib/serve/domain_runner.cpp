@@ -7,10 +7,11 @@
 namespace ftp::serve {
 
 DomainRunner::DomainRunner(std::string id, std::string gear, std::vector<std::string> devices,
-                           const engine::WeightStore& weights, engine::DomainConfig config)
+                           const model::HParams& hp, engine::DomainConfig config,
+                           const engine::Domain::EngineFactory& make)
     : id_(std::move(id)), gear_(std::move(gear)), devices_(std::move(devices)) {
   config.id = id_;
-  domain_ = std::make_unique<engine::Domain>(weights, std::move(config));
+  domain_ = std::make_unique<engine::Domain>(hp, std::move(config), make);
   thread_ = std::thread([this] { loop(); });
 }
 

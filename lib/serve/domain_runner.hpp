@@ -19,8 +19,9 @@ namespace ftp::serve {
 /// the control plane reads. States: warming -> serving -> draining -> retired.
 class DomainRunner {
  public:
-  DomainRunner(std::string id, std::string gear, std::vector<std::string> devices, const engine::WeightStore& weights,
-               engine::DomainConfig config);
+  /// Builds the domain with `make` (engine::Domain: the real engine, the simulated one, ...).
+  DomainRunner(std::string id, std::string gear, std::vector<std::string> devices, const model::HParams& hp,
+               engine::DomainConfig config, const engine::Domain::EngineFactory& make);
   ~DomainRunner();
   DomainRunner(const DomainRunner&) = delete;
   DomainRunner& operator=(const DomainRunner&) = delete;

@@ -56,6 +56,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
                        Exit::usage);
   if (cfg_.ramp.empty() || cfg_.ramp.back() != 1.0) throw InputError("ramp: the last step must be 1.0 (100 %)");
   for (auto& h : hist_) h.counts.assign(kBoundsMs.size() + 1, 0);
+  if (cfg_.engine_factory) return;  // no weights, no CPU virtual devices: the engine is someone else's
   store_ = std::make_unique<engine::WeightStore>(model);
   // The CPU virtual devices the table names (vd0, vd1, ...): the CPU and its
   // memory split evenly among as many as the highest index needs.
@@ -110,7 +111,11 @@ std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gea
       std::lock_guard lk(mu_);
       id = "d" + std::to_string(next_domain_++);
     }
-    auto d = std::make_shared<DomainRunner>(id, gear.name, devices, *store_, dc);
+    engine::Domain::EngineFactory make = [this](const engine::DomainConfig& c) -> std::unique_ptr<engine::Engine> {
+      return std::make_unique<engine::Executor>(*store_, c.stages, c.kv_blocks, c.block_tokens);
+    };
+    if (cfg_.engine_factory) make = [this, &rep](const engine::DomainConfig& c) { return cfg_.engine_factory(rep, c); };
+    auto d = std::make_shared<DomainRunner>(id, gear.name, devices, model_.hparams, dc, make);
     if (slow_start) d->slow_start(std::max(1, cfg_.max_running * 7 / 10), cfg_.slow_start_steps);
     out.push_back(std::move(d));
   }
@@ -375,7 +380,7 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
     return bytes;
   };
   std::string reserve_msg = "devices " + devlist;
-  if (target->weight_mode == "release") {
+  if (target->weight_mode == "release" && store_) {
     auto bytes = for_each_rank(*target, [](const std::string&) { return true; },
                                [&](int f, int n, int tp, int r) { return store_->prefetch_rank(f, n, tp, r); });
     reserve_msg += "; weights prefetched: " + std::to_string(bytes) + " bytes";
@@ -482,7 +487,7 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
   std::string retire_msg = std::to_string(old.size()) + " old domain(s) retired, devices released";
   // Release weight mode: devices that leave drop their weights.
   const doc::Gear* from_gear = cfg_.gears.find(from);
-  if (from_gear && from_gear->weight_mode == "release") {
+  if (from_gear && from_gear->weight_mode == "release" && store_) {
     std::vector<std::string> keep = target->devices();
     auto leaving = [&](const std::string& d) { return std::find(keep.begin(), keep.end(), d) == keep.end(); };
     auto bytes = for_each_rank(*from_gear, leaving,

@@ -75,6 +75,12 @@ struct ServiceConfig {
   /// Router rules: a request with priority > 0, or a prompt of at least this
   /// many tokens (0: off), goes to the serving domain of the largest TP degree.
   int route_long_prompt_tokens = 0;
+  /// Builds each domain's engine instead of the real one (engine::Executor
+  /// over weights loaded once by the service): e.g. the simulated engine
+  /// (ftp-serve --engine sim). Gets the gear's replica the domain runs and
+  /// the domain's config. Set: the service loads no weights and creates no
+  /// CPU virtual devices, and the model needs only hparams and tokenizer.
+  std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine::DomainConfig&)> engine_factory;
 };
 
 /// A completion to serve (already validated for shape by the API layer).
@@ -183,7 +189,7 @@ class Service {
   ServiceConfig cfg_;
   model::Tokenizer tok_;
   EndOfGeneration eog_;                                    // computed once: it scans the vocabulary
-  std::unique_ptr<engine::WeightStore> store_;
+  std::unique_ptr<engine::WeightStore> store_;            // null with an engine_factory
   /// CPU virtual devices named vd0.. in the gear table: rank threads are
   /// pinned to them and KV pages accounted against their memory budget.
   std::map<std::string, std::unique_ptr<backend::VirtualDevice>> vdevs_;

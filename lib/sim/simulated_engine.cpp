@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <thread>
 
 #include "core/error.hpp"
@@ -276,8 +277,8 @@ std::vector<std::vector<float>> SimulatedEngine::forward(const std::vector<engin
   std::vector<std::vector<float>> logits;
   for (const auto& c : chunks) {
     if (!c.want_logits) continue;
-    std::vector<float> l(static_cast<std::size_t>(hp_.n_vocab), 0.0f);
-    l[static_cast<std::size_t>(next_token(c.tokens.back(), c.start_pos + static_cast<int>(c.tokens.size()) - 1))] = 1.0f;
+    std::vector<float> l(static_cast<std::size_t>(hp_.n_vocab), -std::numeric_limits<float>::infinity());
+    l[static_cast<std::size_t>(next_token(c.tokens.back(), c.start_pos + static_cast<int>(c.tokens.size()) - 1))] = 0.0f;
     logits.push_back(std::move(l));
   }
   pass(dt);

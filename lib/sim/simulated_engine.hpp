@@ -54,10 +54,11 @@ struct SimulatedEngineOptions {
 /// plan::step_time_s on each stage (tokens, attention pairs, KV positions
 /// read, logits rows), and the stages run the same tick schedule as the real
 /// pipeline: sum over ticks of the slowest active (stage, micro-batch), plus
-/// the send to the next stage. Logits are a deterministic stand-in: one-hot
-/// on a token chosen from the chunk's last token, its position and the seed
-/// (the simulated token stream), so greedy decoding is reproducible and EOS
-/// never comes unless it is in token_ids.
+/// the send to the next stage. Logits are a deterministic stand-in: -inf but
+/// for one token (logit 0) chosen from the chunk's last token, its position
+/// and the seed (the simulated token stream), so decoding is reproducible at
+/// any temperature, sampling costs a scan of the row, and EOS never comes
+/// unless it is in token_ids.
 class SimulatedEngine final : public engine::Engine {
  public:
   /// Throws InputError naming the field when the options cannot describe a

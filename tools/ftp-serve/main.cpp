@@ -10,6 +10,7 @@
 #include "model/model.hpp"
 #include "serve/daemon.hpp"
 #include "serve/generate.hpp"
+#include "topology/probe.hpp"
 
 int main(int argc, char** argv) {
   ftp::cli::Tool tool("ftp-serve",
@@ -22,12 +23,24 @@ int main(int argc, char** argv) {
   ftp::serve::GenerateOptions o;
   std::string ramp;
   auto& app = tool.app();
-  app.add_option("-m,--model", d.model_path, "Model file: GGUF v3, or a llama2.c checkpoint (.bin)")
+  app.add_option("-m,--model", d.model_path,
+                 "Model file: GGUF v3, or a llama2.c checkpoint (.bin); with --engine sim also a model-shape JSON")
       ->required()
       ->option_text("PATH");
   app.add_option("--tokenizer", d.tokenizer_path,
                  "llama2.c tokenizer.bin (default: tokenizer.bin or tok<vocab>.bin beside the model)")
       ->option_text("PATH");
+  app.add_option("--engine", d.engine,
+                 "real (default): the model's math on the CPU; sim: the simulated engine, the cost model's time on\n"
+                 "the --topology devices (no weights needed)")
+      ->option_text("real|sim");
+  app.add_option("--topology", d.topology_path,
+                 "With --engine sim: device speeds, ftp.topology/v1 (ftp-probe) or ftp.cluster/v1\n"
+                 "(default: probe this machine's CPU virtual devices)")
+      ->option_text("FILE");
+  app.add_option("--calibration", d.calibration_path,
+                 "With --engine sim: fitted cost-model constants, ftp.sim-calibration/v1 (sim-fidelity --write-calibration)")
+      ->option_text("FILE");
   app.add_option("--gears", d.gears_path, "Gear table (ftp.gear-table/v1); SIGHUP reloads it")->option_text("FILE");
   app.add_option("--gear", d.gear_spec, "One-gear layout instead of --gears (default tp=1,pp=1,dp=1)")
       ->option_text("tp=T,pp=P,dp=D");
@@ -96,6 +109,15 @@ int main(int argc, char** argv) {
           }
           pos = end + 1;
         }
+      }
+      if (d.engine == "sim" && d.topology_path.empty()) {
+        // No described cluster: the simulated engine runs at this machine's measured speeds.
+        ftp::topology::ProbeOptions po;
+        po.quick = true;
+        po.gpus = false;
+        auto g = ftp::serve::parse_gear_spec(d.gear_spec);
+        po.virtual_devices = d.virtual_devices > 0 ? d.virtual_devices : g.tp * g.pp * g.dp;
+        d.topology = ftp::topology::probe_local(po);
       }
       std::string pid = std::to_string(::getpid());
       d.log = [&](std::string_view line) { std::cerr << "ftp-serve[" << pid << "]: " << line << "\n" << std::flush; };
