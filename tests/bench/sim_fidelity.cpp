@@ -1,0 +1,379 @@
+// SPDX-License-Identifier: Apache-2.0
+// sim-fidelity: the simulated engine against the real CPU engine, on the
+// same workload through the same scheduler (engine::Domain).
+//
+// For each model (stories260K, and a synthetic ~29 M-parameter Llama written
+// by tests/support) in one run:
+//  1. probes this CPU as ftp-probe does for one virtual device (GEMM TFLOP/s
+//     and triad GB/s with one thread);
+//  2. calibration: a short run of the real engine on its own workload
+//     (another seed, a higher rate) records each scheduler step's work
+//     (tokens, attention pairs, KV positions, logits rows) and wall time,
+//     and fits the cost model's constants to it (sim::calibrate);
+//  3. the evaluation workload (open loop: Poisson arrivals, prompt and
+//     output lengths drawn uniformly, no EOS so every request runs to its
+//     max_tokens) runs through a Domain of the real engine in wall-clock
+//     time and through a Domain of the simulated engine, calibrated in
+//     step 2, in virtual time; the driver is the same code for both:
+//     arrivals due are submitted before each step, idle time passes to the
+//     next arrival.
+// The rate is --concurrency / (the simulated time of one mean request
+// alone), so the domain batches a few requests at a time.
+//
+// Output: a table on stderr (P50/P99 TTFT and TPOT, real, sim, sim/real and
+// whether it is within 15 %), one JSON document (kind ftp.sim-fidelity/v1)
+// on stdout. --check turns any metric outside 15 % into exit 6.
+// --write-calibration FILE writes the first model's ftp.sim-calibration/v1
+// with the probed speeds as a topology (FILE.topology.json), for
+// ftp-serve --engine sim --calibration FILE --topology FILE.topology.json.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "backend/cpu/measure.hpp"
+#include "bench/bench.hpp"
+#include "cli/tool.hpp"
+#include "core/error.hpp"
+#include "doc/topology.hpp"
+#include "engine/domain.hpp"
+#include "engine/executor.hpp"
+#include "engine/weight_store.hpp"
+#include "plan/model_shape.hpp"
+#include "sim/calibrate.hpp"
+#include "sim/serving.hpp"
+#include "sim/simulated_engine.hpp"
+#include "synthetic_gguf.hpp"
+
+using namespace ftp;
+
+namespace {
+
+struct Options {
+  std::vector<std::string> models = {"stories260K", "synthetic"};
+  std::string stories;            // path of stories260K.gguf
+  int requests = 40;
+  int calibration_requests = 40;
+  double concurrency = 3;
+  int prompt_min = 8, prompt_max = 96, output_min = 8, output_max = 64;
+  std::uint64_t seed = 1;
+  bool check = false;
+  std::string write_calibration;
+};
+
+struct Workload {
+  std::vector<double> at;  // arrival, s from the start
+  std::vector<std::vector<int>> prompt;
+  std::vector<int> output;
+};
+
+Workload make_workload(const Options& o, int n, double rate, std::uint64_t seed, int n_vocab) {
+  Workload w;
+  w.at = bench::arrival_times(rate, bench::Arrivals{"poisson", 1.0, seed}, n, 0);
+  std::mt19937_64 rng(seed * 7919 + 1);
+  std::uniform_int_distribution<int> plen(o.prompt_min, o.prompt_max), olen(o.output_min, o.output_max),
+      tok(3, n_vocab - 1);
+  for (int i = 0; i < n; ++i) {
+    std::vector<int> p(static_cast<std::size_t>(plen(rng)));
+    p[0] = 1;
+    for (std::size_t k = 1; k < p.size(); ++k) p[k] = tok(rng);
+    w.prompt.push_back(std::move(p));
+    w.output.push_back(olen(rng));
+  }
+  return w;
+}
+
+/// The real engine with each forward's work written down (for calibration).
+class Recording final : public engine::Engine {
+ public:
+  explicit Recording(std::unique_ptr<engine::Engine> inner) : inner_(std::move(inner)) {}
+  const model::HParams& hparams() const override { return inner_->hparams(); }
+  int block_tokens() const override { return inner_->block_tokens(); }
+  std::uint64_t kv_bytes() const override { return inner_->kv_bytes(); }
+  const std::vector<double>& stage_busy_s() const override { return inner_->stage_busy_s(); }
+  std::vector<std::vector<float>> forward(const std::vector<engine::SeqChunk>& chunks, int mb) override {
+    last = plan::StepWork{};
+    for (const auto& w : sim::micro_batch_work(chunks, mb)) {
+      last.tokens += w.tokens;
+      last.attention_pairs += w.attention_pairs;
+      last.kv_positions += w.kv_positions;
+      last.logit_rows += w.logit_rows;
+    }
+    return inner_->forward(chunks, mb);
+  }
+  plan::StepWork last;
+
+ private:
+  std::unique_ptr<engine::Engine> inner_;
+};
+
+struct Latencies {
+  std::vector<double> ttft_ms, tpot_ms;
+};
+
+/// Runs the workload through `d`: arrivals due are submitted before each
+/// step; while nothing runs, `idle_until` lets time pass to the next arrival.
+Latencies drive(engine::Domain& d, const Workload& w, const std::function<double()>& now,
+                const std::function<void(double)>& idle_until, Recording* rec, std::vector<sim::StepSample>* samples) {
+  const std::size_t n = w.at.size();
+  std::vector<double> first(n, -1), last(n, -1);
+  std::vector<int> count(n, 0);
+  std::size_t next = 0, done = 0;
+  while (done < n) {
+    if (d.idle() && next < n) idle_until(w.at[next]);
+    for (; next < n && w.at[next] <= now(); ++next) {
+      engine::GenerationRequest r;
+      r.id = std::to_string(next);
+      r.prompt = w.prompt[next];
+      r.max_tokens = w.output[next];
+      r.eos = -1;  // every request runs to max_tokens, with either engine
+      const std::size_t i = next;
+      r.on_event = [&, i](const engine::GenerationEvent& e) {
+        const double t = now();
+        if (e.token >= 0) {
+          if (first[i] < 0) first[i] = t;
+          last[i] = t;
+          ++count[i];
+        }
+        if (e.finished) {
+          if (e.finish_reason == "error") throw Error("request " + e.request_id + ": " + e.error);
+          ++done;
+        }
+      };
+      d.submit(std::move(r));
+    }
+    if (d.idle()) continue;
+    const double t0 = now();
+    const int tokens = d.step();
+    if (samples && rec && tokens > 0) samples->push_back({rec->last, now() - t0});
+  }
+  Latencies l;
+  for (std::size_t i = 0; i < n; ++i) {
+    l.ttft_ms.push_back((first[i] - w.at[i]) * 1e3);
+    if (count[i] > 1) l.tpot_ms.push_back((last[i] - first[i]) / (count[i] - 1) * 1e3);
+  }
+  return l;
+}
+
+engine::DomainConfig domain_config() {
+  engine::DomainConfig c;
+  c.kv_blocks = 512;
+  c.max_running = 16;
+  c.max_batched_tokens = 256;
+  return c;
+}
+
+/// The real engine in wall-clock time.
+Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vector<sim::StepSample>* samples) {
+  Recording* rec = nullptr;
+  engine::Domain d(store.hparams(), domain_config(), [&](const engine::DomainConfig& c) {
+    auto r = std::make_unique<Recording>(std::make_unique<engine::Executor>(store, c.stages, c.kv_blocks, c.block_tokens));
+    rec = r.get();
+    return r;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto idle = [&](double t) {
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                           std::chrono::duration<double>(t)));
+  };
+  return drive(d, w, now, idle, rec, samples);
+}
+
+/// The simulated engine in virtual time.
+Latencies run_sim(const model::HParams& hp, const plan::ModelShape& shape, const plan::GroupPerf& perf,
+                  const plan::Calibration& cal, const Workload& w) {
+  sim::SimulatedEngine* e = nullptr;
+  engine::Domain d(hp, domain_config(), [&](const engine::DomainConfig& c) {
+    sim::SimulatedEngineOptions o;
+    o.shape = shape;
+    o.stages = sim::uniform_stages(shape, c, perf);
+    o.calibration = cal;
+    o.kv_blocks = c.kv_blocks;
+    o.block_tokens = c.block_tokens;
+    auto p = std::make_unique<sim::SimulatedEngine>(o);
+    e = p.get();
+    return p;
+  });
+  return drive(d, w, [&] { return e->now_s(); }, [&](double t) { e->advance_idle_to(t); }, nullptr, nullptr);
+}
+
+struct Row {
+  std::string model, metric;
+  double real = 0, sim = 0;
+  double ratio() const { return real > 0 ? sim / real : 0; }
+  bool within() const { return std::abs(ratio() - 1.0) <= 0.15; }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cli::Tool tool("sim-fidelity",
+                 "The simulated engine against the real CPU engine on the same workload: P50/P99 TTFT and TPOT,\n"
+                 "real vs simulated (calibrated from a probe and a calibration run in the same process).");
+  Options o;
+  if (const char* d = std::getenv("FTP_TEST_DATA")) o.stories = std::string(d) + "/models/stories260K/stories260K.gguf";
+  auto& app = tool.app();
+  app.add_option("--models", o.models, "stories260K and/or synthetic (default both)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"stories260K", "synthetic"}));
+  app.add_option("--stories", o.stories, "Path of stories260K.gguf (default $FTP_TEST_DATA/models/stories260K/)");
+  app.add_option("--requests", o.requests, "Requests of the evaluation workload (default 40)")->check(CLI::Range(2, 100000));
+  app.add_option("--calibration-requests", o.calibration_requests, "Requests of the calibration run (default 40)")
+      ->check(CLI::Range(5, 100000));
+  app.add_option("--concurrency", o.concurrency, "Offered load: requests in flight if none waited (default 3)")
+      ->check(CLI::Range(0.1, 64.0));
+  app.add_option("--seed", o.seed, "Seed of the evaluation workload (calibration: seed + 1000)");
+  app.add_flag("--check", o.check, "Exit 6 when a metric is off by more than 15 %");
+  app.add_option("--write-calibration", o.write_calibration,
+                 "Write the first model's ftp.sim-calibration/v1 here, and the probed device as FILE.topology.json");
+  return tool.run(argc, argv, [&]() -> int {
+    const auto tmp = std::filesystem::temp_directory_path() / ("ftp-sim-fidelity-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(tmp);
+    struct Cleanup {
+      std::filesystem::path p;
+      ~Cleanup() { std::filesystem::remove_all(p); }
+    } cleanup{tmp};
+
+    // 1. This CPU as one virtual device of one thread (ftp-probe's measurements).
+    plan::GroupPerf perf;
+    perf.tp = 1;
+    perf.tflop_s = backend::measure_cpu_gemm_tflops(1, true).value;
+    perf.gb_s = backend::measure_cpu_triad_gbs(1, true).value;
+    std::cerr << "probe: " << perf.tflop_s * 1e3 << " GFLOP/s GEMM, " << perf.gb_s << " GB/s triad (1 thread)\n";
+
+    std::vector<Row> rows;
+    json::Json models = json::Json::array();
+    bool wrote = false;
+    for (const auto& name : o.models) {
+      std::string path;
+      if (name == "stories260K") {
+        if (!std::filesystem::exists(o.stories)) {
+          std::cerr << "SKIP: stories260K: " << (o.stories.empty() ? "(no path)" : o.stories)
+                    << " not found (set FTP_TEST_DATA or --stories)\n";
+          continue;
+        }
+        path = o.stories;
+      } else {
+        testing::SyntheticShape s;
+        s.n_layer = 8;
+        s.n_embd = 512;
+        s.n_ff = 1536;
+        s.n_head = 8;
+        s.n_head_kv = 4;
+        s.n_vocab = 4096;
+        s.n_ctx = 1024;
+        path = (tmp / "synthetic.gguf").string();
+        testing::write_synthetic_gguf(path, s);
+      }
+      auto model = model::load_model(path);
+      engine::WeightStore store(model);
+      const auto shape = plan::model_shape_of_file(path);
+      const int vocab = model.hparams.n_vocab;
+
+      // 2. Calibration: a run of the real engine on its own workload.
+      // Its rate: twice the evaluation's (below), from the planner's
+      // constants first, so that it sees bigger batches too.
+      auto alone_s = [&](const plan::Calibration& c) {
+        Workload w;
+        w.at = {0.0};
+        w.prompt = {std::vector<int>(static_cast<std::size_t>((o.prompt_min + o.prompt_max) / 2), 5)};
+        w.output = {(o.output_min + o.output_max) / 2};
+        auto l = run_sim(model.hparams, shape, perf, c, w);
+        return l.ttft_ms[0] * 1e-3 + l.tpot_ms[0] * 1e-3 * (w.output[0] - 1);
+      };
+      std::vector<sim::StepSample> samples;
+      {
+        // A few steps to warm caches and threads, not counted.
+        run_real(store, make_workload(o, 2, 1000.0, o.seed + 2000, vocab), nullptr);
+        const double t1 = alone_s(plan::Calibration{});
+        run_real(store, make_workload(o, o.calibration_requests, 2 * o.concurrency / t1, o.seed + 1000, vocab), &samples);
+      }
+      const auto cal = sim::calibrate(shape, perf, samples);
+      const double fit_err = sim::calibration_rms_error(shape, perf, cal, samples);
+      std::cerr << name << ": calibration from " << samples.size() << " steps, rms relative error "
+                << fit_err * 100 << " %\n";
+
+      // 3. The evaluation workload through both.
+      const double rate = o.concurrency / alone_s(cal);
+      const Workload w = make_workload(o, o.requests, rate, o.seed, vocab);
+      const auto t_real0 = std::chrono::steady_clock::now();
+      Latencies real = run_real(store, w, nullptr);
+      const double real_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_real0).count();
+      const auto t_sim0 = std::chrono::steady_clock::now();
+      Latencies simd = run_sim(model.hparams, shape, perf, cal, w);
+      const double sim_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_sim0).count();
+
+      std::vector<Row> mine = {
+          {name, "TTFT P50 ms", bench::percentile(real.ttft_ms, 50), bench::percentile(simd.ttft_ms, 50)},
+          {name, "TTFT P99 ms", bench::percentile(real.ttft_ms, 99), bench::percentile(simd.ttft_ms, 99)},
+          {name, "TPOT P50 ms", bench::percentile(real.tpot_ms, 50), bench::percentile(simd.tpot_ms, 50)},
+          {name, "TPOT P99 ms", bench::percentile(real.tpot_ms, 99), bench::percentile(simd.tpot_ms, 99)},
+      };
+      json::Json metrics = json::Json::array();
+      for (const auto& r : mine) {
+        metrics.push_back(json::Json{{"metric", r.metric}, {"real", r.real}, {"sim", r.sim}, {"ratio", r.ratio()},
+                                     {"within_15pct", r.within()}});
+        rows.push_back(r);
+      }
+      models.push_back(json::Json{{"model", name},
+                                  {"n_params", shape.n_params},
+                                  {"rate_rps", rate},
+                                  {"requests", o.requests},
+                                  {"calibration", sim::calibration_to_json(cal, perf, fit_err)},
+                                  {"calibration_steps", samples.size()},
+                                  {"real_wall_s", real_s},
+                                  {"sim_wall_s", sim_wall_s},
+                                  {"metrics", metrics}});
+      if (!o.write_calibration.empty() && !wrote) {
+        std::ofstream(o.write_calibration) << sim::calibration_to_json(cal, perf, fit_err).dump(2) << "\n";
+        // The probed device as a one-device topology for ftp-serve --engine sim.
+        doc::Topology topo;
+        topo.source = "probe";
+        topo.name = "sim-fidelity-cpu";
+        topo.nodes.push_back(doc::Host{"node0", "localhost", "", 0, 0, 0});
+        doc::Device dev;
+        dev.id = "vd0";
+        dev.type = "virtual";
+        dev.node = "node0";
+        dev.parent = "cpu0";
+        dev.memory_bytes = 4ull << 30;
+        dev.compute_units = 1;
+        dev.gemm_tflop_s = perf.tflop_s;
+        dev.gemm_dtype = "f32";
+        dev.memory_bandwidth_gb_s = perf.gb_s;
+        dev.perf_source = "measured";
+        topo.devices.push_back(dev);
+        topo.islands.push_back(doc::Island{"island0", {"vd0"}, std::nullopt});
+        doc::validate(topo);
+        std::ofstream(o.write_calibration + ".topology.json") << doc::to_json(topo).dump(2) << "\n";
+        wrote = true;
+      }
+      std::fprintf(stderr, "%s: %d requests at %.2f req/s; real run %.1f s, simulated run %.3f s of wall time\n",
+                   name.c_str(), o.requests, rate, real_s, sim_wall_s);
+    }
+
+    std::fprintf(stderr, "\n%-12s %-12s %10s %10s %8s %s\n", "model", "metric", "real", "sim", "sim/real", "within 15 %");
+    bool all = true;
+    for (const auto& r : rows) {
+      std::fprintf(stderr, "%-12s %-12s %10.3f %10.3f %8.3f %s\n", r.model.c_str(), r.metric.c_str(), r.real, r.sim,
+                   r.ratio(), r.within() ? "yes" : "NO");
+      all = all && r.within();
+    }
+    tool.emit(json::Json{{"kind", "ftp.sim-fidelity/v1"},
+                         {"probe", json::Json{{"tflop_s", perf.tflop_s}, {"gb_s", perf.gb_s}}},
+                         {"models", models},
+                         {"all_within_15pct", all}});
+    if (o.check && !all) {
+      std::cerr << "sim-fidelity: a metric is off by more than 15 % (--check)\n";
+      return static_cast<int>(Exit::check_failed);
+    }
+    return 0;
+  });
+}
