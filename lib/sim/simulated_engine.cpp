@@ -282,9 +282,15 @@ std::vector<std::vector<float>> SimulatedEngine::forward(const std::vector<engin
     logits.push_back(std::move(l));
   }
   pass(dt);
-  if (o_.pacing == Pacing::wait_real_time)
-    std::this_thread::sleep_until(t_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                std::chrono::duration<double>(dt)));
+  if (o_.pacing == Pacing::wait_real_time) {
+    // Sleep most of the step, then spin: a sleep overshoots by tens of
+    // microseconds, as long as a whole step of a small model.
+    const auto end = t_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(dt));
+    const auto spin = std::chrono::microseconds(200);
+    if (end - std::chrono::steady_clock::now() > spin) std::this_thread::sleep_until(end - spin);
+    while (std::chrono::steady_clock::now() < end) std::this_thread::yield();
+  }
   return logits;
 }
 

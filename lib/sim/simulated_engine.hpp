@@ -25,9 +25,10 @@ enum class Pacing {
   /// benchmarks, replays: hours in seconds, deterministic).
   virtual_time,
   /// Each forward returns only when its cost-model time has passed on the
-  /// steady clock (it waits), so a daemon in real time serves at the speed
-  /// of the simulated cluster. The only way a simulated engine can look like
-  /// a real one to clients that measure time.
+  /// steady clock (it waits: sleeps, and spins the last 200 us, since a
+  /// sleep overshoots by about as much as a small model's step), so a daemon
+  /// in real time serves at the speed of the simulated cluster. The only way
+  /// a simulated engine can look like a real one to clients that measure time.
   wait_real_time,
 };
 

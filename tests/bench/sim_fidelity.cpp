@@ -38,6 +38,8 @@
 #include <thread>
 
 #include "backend/cpu/measure.hpp"
+#include "backend/cpu/cpu_info.hpp"
+#include "backend/cpu/virtual_device.hpp"
 #include "bench/bench.hpp"
 #include "cli/tool.hpp"
 #include "core/error.hpp"
@@ -65,6 +67,7 @@ struct Options {
   std::uint64_t seed = 1;
   bool check = false;
   std::string write_calibration;
+  std::string synthetic_path;     // keep the synthetic model here
 };
 
 struct Workload {
@@ -169,10 +172,14 @@ engine::DomainConfig domain_config() {
   return c;
 }
 
-/// The real engine in wall-clock time.
+/// The real engine in wall-clock time, as ftp-serve --gear tp=1 runs it:
+/// its rank thread on CPU virtual device vd0 (all of this process's CPUs).
 Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vector<sim::StepSample>* samples) {
+  static auto vds = backend::split_cpu(1, backend::discover_cpu().memory_bytes);
   Recording* rec = nullptr;
-  engine::Domain d(store.hparams(), domain_config(), [&](const engine::DomainConfig& c) {
+  engine::DomainConfig cfg = domain_config();
+  cfg.stages = {engine::StageLayout{0, store.hparams().n_layer, 1, {vds[0].get()}}};
+  engine::Domain d(store.hparams(), cfg, [&](const engine::DomainConfig& c) {
     auto r = std::make_unique<Recording>(std::make_unique<engine::Executor>(store, c.stages, c.kv_blocks, c.block_tokens));
     rec = r.get();
     return r;
@@ -233,6 +240,7 @@ int main(int argc, char** argv) {
   app.add_flag("--check", o.check, "Exit 6 when a metric is off by more than 15 %");
   app.add_option("--write-calibration", o.write_calibration,
                  "Write the first model's ftp.sim-calibration/v1 here, and the probed device as FILE.topology.json");
+  app.add_option("--synthetic-path", o.synthetic_path, "Write the synthetic model here and keep it (default: a temp file)");
   return tool.run(argc, argv, [&]() -> int {
     const auto tmp = std::filesystem::temp_directory_path() / ("ftp-sim-fidelity-" + std::to_string(::getpid()));
     std::filesystem::create_directories(tmp);
@@ -269,7 +277,7 @@ int main(int argc, char** argv) {
         s.n_head_kv = 4;
         s.n_vocab = 4096;
         s.n_ctx = 1024;
-        path = (tmp / "synthetic.gguf").string();
+        path = o.synthetic_path.empty() ? (tmp / "synthetic.gguf").string() : o.synthetic_path;
         testing::write_synthetic_gguf(path, s);
       }
       auto model = model::load_model(path);

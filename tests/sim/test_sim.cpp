@@ -16,6 +16,7 @@
 #include "model/tokenizer.hpp"
 #include "plan/model_shape.hpp"
 #include "sim/calibrate.hpp"
+#include "sim/serving.hpp"
 #include "sim/simulated_engine.hpp"
 #include "synthetic_gguf.hpp"
 
@@ -291,4 +292,44 @@ TEST(Calibration, RecoversTheConstantsOfSyntheticSteps) {
   EXPECT_NEAR(c.row_overhead_s, 1e-4, 1e-9);
   EXPECT_LT(sim::calibration_rms_error(m, g, c, samples), 1e-9);
   EXPECT_THROW(sim::calibrate(m, g, {samples[0]}), InputError);
+}
+
+TEST(SimServing, EngineNameAndCalibrationErrorsAreNamed) {
+  EXPECT_NO_THROW(sim::check_engine_name("real"));
+  EXPECT_NO_THROW(sim::check_engine_name("sim"));
+  try {
+    sim::check_engine_name("simulated");
+    FAIL() << "no error for an unknown engine";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"simulated\""), std::string::npos) << e.what();
+  }
+  const std::string path = (std::filesystem::temp_directory_path() / ("ftp-sim-cal-" + std::to_string(::getpid()) + ".json")).string();
+  plan::Calibration c;
+  c.compute_efficiency = 0.3;
+  c.row_overhead_s = 2e-5;
+  c.overlap = false;
+  std::ofstream(path) << sim::calibration_to_json(c, a100(1), 0.05).dump();
+  auto back = sim::read_calibration(path);
+  EXPECT_EQ(back.compute_efficiency, 0.3);
+  EXPECT_EQ(back.row_overhead_s, 2e-5);
+  EXPECT_FALSE(back.overlap);
+  EXPECT_EQ(back.memory_efficiency, plan::kMemoryEfficiency);
+  std::ofstream(path, std::ios::trunc) << R"({"kind": "ftp.sim-calibration/v1", "memory_efficiency": -1})";
+  try {
+    sim::read_calibration(path);
+    FAIL() << "no error for a negative efficiency";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("memory_efficiency: must be positive"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(SimServing, ModelShapeJsonServesWithTheByteTokenizer) {
+  plan::ModelShape shape;
+  auto m = sim::load_sim_model(source_root() + "/examples/models/llama-70b.json", "", shape);
+  EXPECT_EQ(m.hparams.n_layer, 80);
+  EXPECT_EQ(m.hparams.n_head_kv, 8);
+  EXPECT_EQ(m.hparams.n_vocab, 32000);
+  EXPECT_EQ(m.tokenizer.tokens.size(), 32000u);
+  EXPECT_EQ(shape.n_layers, 80);
 }

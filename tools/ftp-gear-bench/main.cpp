@@ -16,8 +16,8 @@ int main(int argc, char** argv) {
                       "TTFT and inter-token latency are timed per chunk) with open-loop synthetic arrivals at one\n"
                       "rate or a sweep of rates; report TTFT/TPOT/ITL/E2E percentiles, throughput and goodput\n"
                       "under SLOs, the maximum sustained throughput and safe = 0.8 x max, and optionally write\n"
-                      "that capacity into a gear table; or replay a trace. Only a live daemon can be driven (no simulated engine\n"
-                      "yet).");
+                      "that capacity into a gear table; or replay a trace. A simulated domain is driven the same way:\n"
+                      "point --url at an ftp-serve whose engine is the simulated one (see ftp-serve(1)).");
   ftp::bench::BenchSpec spec;
   std::string rate, sweep, duration, gears_path, samples_path;
   bool write = false, shift = false;

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
                  "(default: probe this machine's CPU virtual devices)")
       ->option_text("FILE");
   app.add_option("--calibration", d.calibration_path,
-                 "With --engine sim: fitted cost-model constants, ftp.sim-calibration/v1 (sim-fidelity --write-calibration)")
+                 "With --engine sim: fitted cost-model constants, ftp.sim-calibration/v1 (from the sim-fidelity benchmark)")
       ->option_text("FILE");
   app.add_option("--gears", d.gears_path, "Gear table (ftp.gear-table/v1); SIGHUP reloads it")->option_text("FILE");
   app.add_option("--gear", d.gear_spec, "One-gear layout instead of --gears (default tp=1,pp=1,dp=1)")
