@@ -52,6 +52,7 @@
 #include "sim/serving.hpp"
 #include "sim/simulated_engine.hpp"
 #include "synthetic_gguf.hpp"
+#include "test_data.hpp"
 
 using namespace ftp;
 
@@ -225,7 +226,7 @@ int main(int argc, char** argv) {
                  "The simulated engine against the real CPU engine on the same workload: P50/P99 TTFT and TPOT,\n"
                  "real vs simulated (calibrated from a probe and a calibration run in the same process).");
   Options o;
-  if (const char* d = std::getenv("FTP_TEST_DATA")) o.stories = std::string(d) + "/models/stories260K/stories260K.gguf";
+  o.stories = test::stories260k("stories260K.gguf");
   auto& app = tool.app();
   app.add_option("--models", o.models, "stories260K and/or synthetic (default both)")
       ->delimiter(',')

@@ -17,6 +17,9 @@ cluster=$src/examples/clusters/a100-8x-nvlink.json
 "$tools/ftp-serve" --engine turbo -m "$model" --port 0 2>"$tmp/err"; rc=$?
 check "unknown engine: exit 2" test $rc -eq 2
 check "unknown engine: named" grep -q 'unknown engine "turbo"' "$tmp/err"
+"$tools/ftp-serve" --engine sim -m "$model" -p Hi 2>"$tmp/err"; rc=$?
+check "one-shot with the simulated engine: exit 2" test $rc -eq 2
+check "one-shot with the simulated engine: says why" grep -q "one-shot runs the real engine only" "$tmp/err"
 jq 'del(.nodes[0].devices[0].tflop_s)' "$cluster" >"$tmp/no-speed.json"
 "$tools/ftp-serve" --engine sim -m "$model" --topology "$tmp/no-speed.json" --gear tp=8 --port 0 2>"$tmp/err"; rc=$?
 check "cluster spec without tflop_s: exit 2" test $rc -eq 2

@@ -123,6 +123,9 @@ int main(int argc, char** argv) {
       d.log = [&](std::string_view line) { std::cerr << "ftp-serve[" << pid << "]: " << line << "\n" << std::flush; };
       return ftp::serve::run_daemon(d);
     }
+    if (d.engine != "real")
+      throw ftp::InputError("--prompt: one-shot runs the real engine only; for --engine " + d.engine +
+                            " run the daemon and ask over HTTP");
     o.gear = ftp::serve::parse_gear_spec(d.gear_spec);
     o.prompt = prompt;
     ftp::model::Model model = ftp::model::load_model(d.model_path, d.tokenizer_path);
