@@ -7,7 +7,7 @@
 //  1. probes this CPU as ftp-probe does for one virtual device (GEMM TFLOP/s
 //     and triad GB/s with one thread);
 //  2. calibration: a short run of the real engine on its own workload
-//     (another seed, a higher rate) records each scheduler step's work
+//     (another seed; its rate from the planner's constants) records each scheduler step's work
 //     (tokens, attention pairs, KV positions, logits rows) and wall time,
 //     and fits the cost model's constants to it (sim::calibrate);
 //  3. the evaluation workload (open loop: Poisson arrivals, prompt and
@@ -286,9 +286,8 @@ int main(int argc, char** argv) {
       const auto shape = plan::model_shape_of_file(path);
       const int vocab = model.hparams.n_vocab;
 
-      // 2. Calibration: a run of the real engine on its own workload.
-      // Its rate: twice the evaluation's (below), from the planner's
-      // constants first, so that it sees bigger batches too.
+      // 2. Calibration: a run of the real engine on its own workload (another
+      // seed), offered --concurrency by the planner's constants.
       auto alone_s = [&](const plan::Calibration& c) {
         Workload w;
         w.at = {0.0};
@@ -302,7 +301,7 @@ int main(int argc, char** argv) {
         // A few steps to warm caches and threads, not counted.
         run_real(store, make_workload(o, 2, 1000.0, o.seed + 2000, vocab), nullptr);
         const double t1 = alone_s(plan::Calibration{});
-        run_real(store, make_workload(o, o.calibration_requests, 2 * o.concurrency / t1, o.seed + 1000, vocab), &samples);
+        run_real(store, make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000, vocab), &samples);
       }
       const auto cal = sim::calibrate(shape, perf, samples);
       const double fit_err = sim::calibration_rms_error(shape, perf, cal, samples);
