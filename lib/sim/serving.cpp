@@ -44,7 +44,10 @@ std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine:
     ids.push_back(259);
   } else {
     for (int t = 0; t < tok.n_vocab(); ++t)
-      if (tok.is_control(t) || tok.is_eog(t) || t == tok.bos() || t == tok.eos()) avoid.push_back(t);
+      // Also byte tokens (<0xNN>): alone they are pieces of UTF-8 characters.
+      if (tok.is_control(t) || tok.is_eog(t) || t == tok.bos() || t == tok.eos() ||
+          (tok.token_text(t).size() == 6 && tok.token_text(t).compare(0, 3, "<0x") == 0))
+        avoid.push_back(t);
   }
   return [shape, topo = std::move(topo), calibration, pacing, ids, avoid](const doc::Replica& rep,
                                                                            const engine::DomainConfig& dc) {

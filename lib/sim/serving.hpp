@@ -31,8 +31,8 @@ model::Model load_sim_model(const std::string& path, const std::string& tokenize
 
 /// A factory of simulated engines for the domains of a service: each domain
 /// gets its replica's stages on `topo` (replica_stages), the calibration, and
-/// a token stream that never produces the tokenizer's control or
-/// end-of-generation tokens (the byte-level stand-in: lower-case letters and
+/// a token stream that never produces the tokenizer's control,
+/// end-of-generation or byte (<0xNN>) tokens (the byte-level stand-in: lower-case letters and
 /// the space, so the text reads as words).
 std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine::DomainConfig&)> engine_factory(
     const plan::ModelShape& shape, const model::Model& model, doc::Topology topo, plan::Calibration calibration,
