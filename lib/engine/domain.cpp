@@ -40,11 +40,14 @@ int kv_blocks_for_bytes(const model::HParams& hp, const std::vector<StageLayout>
   return per_block ? static_cast<int>(bytes / per_block) : 0;
 }
 
+Domain::EngineFactory Domain::real_engine(const WeightStore& weights) {
+  return [&weights](const DomainConfig& c) -> std::unique_ptr<Engine> {
+    return std::make_unique<Executor>(weights, c.stages, c.kv_blocks, c.block_tokens, c.backend, c.max_batched_tokens);
+  };
+}
+
 Domain::Domain(const WeightStore& weights, DomainConfig config)
-    : Domain(weights.hparams(), std::move(config), [&weights](const DomainConfig& c) {
-        return std::make_unique<Executor>(weights, c.stages, c.kv_blocks, c.block_tokens, c.backend,
-                                          c.max_batched_tokens);
-      }) {}
+    : Domain(weights.hparams(), std::move(config), real_engine(weights)) {}
 
 Domain::Domain(const model::HParams& hp, DomainConfig config, const EngineFactory& make)
     : hp_(hp), cfg_(std::move(config)), blocks_(cfg_.kv_blocks) {

@@ -78,6 +78,9 @@ class Domain {
   Domain(const model::HParams& hp, DomainConfig config, const EngineFactory& make);
   /// A domain of the real engine (engine::Executor) over resident weights.
   Domain(const WeightStore& weights, DomainConfig config);
+  /// The factory of the real engine over `weights` (which must outlive the
+  /// engines): its stages, KV pages, backend and row budget from the config.
+  static EngineFactory real_engine(const WeightStore& weights);
   ~Domain();
 
   const DomainConfig& config() const noexcept { return cfg_; }

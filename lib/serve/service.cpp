@@ -111,10 +111,11 @@ std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gea
       std::lock_guard lk(mu_);
       id = "d" + std::to_string(next_domain_++);
     }
-    engine::Domain::EngineFactory make = [this](const engine::DomainConfig& c) -> std::unique_ptr<engine::Engine> {
-      return std::make_unique<engine::Executor>(*store_, c.stages, c.kv_blocks, c.block_tokens);
-    };
-    if (cfg_.engine_factory) make = [this, &rep](const engine::DomainConfig& c) { return cfg_.engine_factory(rep, c); };
+    engine::Domain::EngineFactory make;
+    if (cfg_.engine_factory)
+      make = [this, &rep](const engine::DomainConfig& c) { return cfg_.engine_factory(rep, c); };
+    else
+      make = engine::Domain::real_engine(*store_);
     auto d = std::make_shared<DomainRunner>(id, gear.name, devices, model_.hparams, dc, make);
     if (slow_start) d->slow_start(std::max(1, cfg_.max_running * 7 / 10), cfg_.slow_start_steps);
     out.push_back(std::move(d));

@@ -181,7 +181,7 @@ Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vec
   engine::DomainConfig cfg = domain_config();
   cfg.stages = {engine::StageLayout{0, store.hparams().n_layer, 1, {vds[0].get()}}};
   engine::Domain d(store.hparams(), cfg, [&](const engine::DomainConfig& c) {
-    auto r = std::make_unique<Recording>(std::make_unique<engine::Executor>(store, c.stages, c.kv_blocks, c.block_tokens));
+    auto r = std::make_unique<Recording>(engine::Domain::real_engine(store)(c));
     rec = r.get();
     return r;
   });
