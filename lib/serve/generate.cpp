@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "core/error.hpp"
+#include "engine/rank_backend.hpp"
 #include "engine/weight_store.hpp"
 
 namespace ftp::serve {
@@ -146,6 +147,7 @@ std::string generate_once(const model::Model& model, const GenerateOptions& o,
   cfg.id = "oneshot";
   cfg.stages = even_stages(model.hparams.n_layer, o.gear.tp, o.gear.pp);
   cfg.micro_batches = 1;
+  cfg.backend = &engine::backend_named(o.backend);
   int positions = std::min<int>(static_cast<int>(prompt.size()) + o.max_tokens, model.hparams.n_ctx_train);
   cfg.kv_blocks = (positions + cfg.block_tokens - 1) / cfg.block_tokens;
   engine::Domain domain(store, cfg);

@@ -39,6 +39,7 @@ EndOfGeneration end_of_generation(const model::Model& model, const model::Tokeni
 /// One completion without a daemon: what `ftp-serve --prompt` does.
 struct GenerateOptions {
   GearSpec gear;
+  std::string backend = "cpu";     ///< "cpu" or "cuda" (all ranks on CUDA device 0)
   std::string prompt;              ///< "" means BOS only
   int max_tokens = 256;
   engine::SamplingParams sampling;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backend/cpu/cpu_info.hpp"
+#include "engine/rank_backend.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
 
@@ -57,6 +58,9 @@ Service::Service(const model::Model& model, ServiceConfig config)
   if (cfg_.ramp.empty() || cfg_.ramp.back() != 1.0) throw InputError("ramp: the last step must be 1.0 (100 %)");
   for (auto& h : hist_) h.counts.assign(kBoundsMs.size() + 1, 0);
   if (cfg_.engine_factory) return;  // no weights, no CPU virtual devices: the engine is someone else's
+  // Fails here, before anything is served, where the backend cannot run
+  // (a build without CUDA, no GPU): a BackendError naming why.
+  backend_ = &engine::backend_named(cfg_.backend);
   store_ = std::make_unique<engine::WeightStore>(model);
   // The CPU virtual devices the table names (vd0, vd1, ...): the CPU and its
   // memory split evenly among as many as the highest index needs.
@@ -85,6 +89,18 @@ std::string Service::current_gear() const {
   return gear_;
 }
 
+namespace {
+
+/// CUDA device of a gear's device name: "gpu<N>" (ftp-probe's ids) is N;
+/// anything else is device 0.
+int gpu_ordinal(const std::string& name) {
+  if (name.size() > 3 && name.compare(0, 3, "gpu") == 0 && name.find_first_not_of("0123456789", 3) == std::string::npos)
+    return std::stoi(name.substr(3));
+  return 0;
+}
+
+}  // namespace
+
 std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gear& gear, bool slow_start) {
   std::vector<std::shared_ptr<DomainRunner>> out;
   for (const auto& rep : gear.replicas) {
@@ -98,6 +114,8 @@ std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gea
         if (it != vdevs_.end()) sl.devices.push_back(it->second.get());
       }
       if (sl.devices.size() != st.devices.size()) sl.devices.clear();  // not all virtual: unaccounted
+      if (cfg_.backend == "cuda")
+        for (const auto& name : st.devices) sl.gpus.push_back(gpu_ordinal(name));
       dc.stages.push_back(std::move(sl));
       devices.insert(devices.end(), st.devices.begin(), st.devices.end());
     }
@@ -106,6 +124,7 @@ std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gea
     dc.max_batched_tokens = std::min(cfg_.max_batched_tokens, gear.max_batched_tokens);
     dc.max_running = cfg_.max_running;
     dc.micro_batches = gear.micro_batches;
+    dc.backend = backend_;
     std::string id;
     {
       std::lock_guard lk(mu_);

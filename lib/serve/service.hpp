@@ -75,6 +75,10 @@ struct ServiceConfig {
   /// Router rules: a request with priority > 0, or a prompt of at least this
   /// many tokens (0: off), goes to the serving domain of the largest TP degree.
   int route_long_prompt_tokens = 0;
+  /// The real engine's backend: "cpu" (virtual devices) or "cuda". With
+  /// cuda, a gear's device "gpu<N>" is CUDA device N and any other device
+  /// name (e.g. a virtual device vd<N>) is device 0: several ranks on one GPU.
+  std::string backend = "cpu";
   /// Builds each domain's engine instead of the real one (engine::Executor
   /// over weights loaded once by the service): e.g. the simulated engine
   /// (ftp-serve --engine sim). Gets the gear's replica the domain runs and
@@ -190,6 +194,7 @@ class Service {
   model::Tokenizer tok_;
   EndOfGeneration eog_;                                    // computed once: it scans the vocabulary
   std::unique_ptr<engine::WeightStore> store_;            // null with an engine_factory
+  engine::Backend* backend_ = nullptr;                    // the real engine's (cfg_.backend)
   /// CPU virtual devices named vd0.. in the gear table: rank threads are
   /// pinned to them and KV pages accounted against their memory budget.
   std::map<std::string, std::unique_ptr<backend::VirtualDevice>> vdevs_;

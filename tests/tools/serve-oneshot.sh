@@ -36,6 +36,21 @@ check "stop string: text ends before it" test "$(cat "$tmp/stop")" = "Once upon 
 "$serve" -m "$m/stories260K.bin" -p '' -n 10 --json=short >"$tmp/json"
 check "--json: a completion document" jq -e '.kind=="ftp.completion/v1" and (.text|length)>0' "$tmp/json"
 
+# --backend cuda: the goldens on a GPU (TP 1, and TP 2 as two ranks on one
+# GPU); where the backend cannot run (no CUDA build, no GPU), exit 5 and one
+# line saying why.
+for g in tp=1 tp=2; do
+  "$serve" -m "$m/stories260K.gguf" --backend cuda --gear "$g" -p '' -n 256 >"$tmp/out" 2>"$tmp/err"; rc=$?
+  if [ $rc -eq 5 ]; then
+    check "--backend cuda $g unavailable: one line" test "$(wc -l <"$tmp/err")" -eq 1
+    check "--backend cuda $g unavailable: says why" grep -qF "cuda backend: " "$tmp/err"
+  else
+    check "--backend cuda $g: exit 0" test $rc -eq 0
+    head -c -1 "$tmp/out" >"$tmp/text"
+    check "--backend cuda $g: golden 256 steps" cmp "$tmp/text" "$m/golden_greedy_t0_steps256.txt"
+  fi
+done
+
 expect_error() {  # NAME PATTERN ARGS...
   local name=$1 pattern=$2; shift 2
   "$serve" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
@@ -53,6 +68,9 @@ expect_error "truncated llama2.c" "$tmp/trunc.bin" -m "$tmp/trunc.bin" -p x
 expect_error "missing model" "/nonexistent.gguf" -m /nonexistent.gguf -p x
 expect_error "bad gear" "--gear: pp=x" -m "$m/stories260K.gguf" --gear tp=1,pp=x -p x
 expect_error "tp not dividing heads" "tp 3 does not divide n_head 8" -m "$m/stories260K.gguf" --gear tp=3 -p x
+"$serve" -m "$m/stories260K.gguf" --backend tpu -p x >"$tmp/out" 2>"$tmp/err"
+check "unknown backend: exit 2" test $? -eq 2
+check "unknown backend: names the choices" grep -qF -- "--backend: tpu not in {cpu,cuda}" "$tmp/err"
 
 
 finish

@@ -34,6 +34,11 @@ int main(int argc, char** argv) {
                  "real (default): the model's math on the CPU; sim: the simulated engine, the cost model's time on\n"
                  "the --topology devices (no weights needed)")
       ->option_text("real|sim");
+  app.add_option("--backend", d.service.backend,
+                 "Where the real engine runs: cpu (default; virtual devices) or cuda (gear devices gpu<N> are CUDA\n"
+                 "device N, any other name device 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->option_text("cpu|cuda");
   app.add_option("--topology", d.topology_path,
                  "With --engine sim: device speeds, ftp.topology/v1 (ftp-probe) or ftp.cluster/v1\n"
                  "(default: probe this machine's CPU virtual devices)")
@@ -97,6 +102,9 @@ int main(int argc, char** argv) {
   app.get_option("--gears")->excludes(app.get_option("--gear"));
 
   return tool.run(argc, argv, [&]() -> int {
+    if (d.engine != "real" && d.service.backend != "cpu")
+      throw ftp::InputError("--backend " + d.service.backend + ": only the real engine has a backend (--engine " +
+                            d.engine + ")");
     if (!have_prompt) {
       if (!ramp.empty()) {
         d.service.ramp.clear();
@@ -127,6 +135,7 @@ int main(int argc, char** argv) {
       throw ftp::InputError("--prompt: one-shot runs the real engine only; for --engine " + d.engine +
                             " run the daemon and ask over HTTP");
     o.gear = ftp::serve::parse_gear_spec(d.gear_spec);
+    o.backend = d.service.backend;
     o.prompt = prompt;
     ftp::model::Model model = ftp::model::load_model(d.model_path, d.tokenizer_path);
     bool json = !tool.app().get_option("--json")->empty();
