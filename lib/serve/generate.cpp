@@ -165,10 +165,16 @@ std::string generate_once(const model::Model& model, const GenerateOptions& o,
   const EndOfGeneration eog = end_of_generation(model, tok);
   r.eos = eog.eos;
   r.stop_tokens = eog.stop_tokens;
-  r.stop_check = [&](const std::vector<int>&) { return stream.stopped(); };
+  // Every token that does not end the generation passes the stop check
+  // first (on the domain's thread, before its event): the text stream sees
+  // it there, so a stop string ends the request at the token that made it.
+  r.stop_check = [&](const std::vector<int>& out) {
+    stream.feed(out.back());
+    return stream.stopped();
+  };
   r.on_event = [&](const engine::GenerationEvent& e) {
     if (e.token >= 0 && !eog.ends(e.token)) {
-      std::string piece = stream.push(e.token);
+      std::string piece = stream.take();
       text += piece;
       if (!piece.empty()) on_text(piece);
     }

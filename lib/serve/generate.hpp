@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -54,6 +55,13 @@ class TextStream {
   /// Adds a token; returns the newly final text (maybe empty). Sets stopped()
   /// when the text reached a stop string.
   std::string push(int token);
+  /// push() for a domain's stop check, which sees each token before its
+  /// event is delivered: the text is kept for take(), and stopped() is
+  /// already true for the token that reached a stop string (the domain
+  /// then ends the request at that token, not one step later).
+  void feed(int token) { ready_ += push(token); }
+  /// The text fed since the last take().
+  std::string take() { return std::exchange(ready_, std::string()); }
   /// The rest of the text at the end of generation.
   std::string finish();
   bool stopped() const noexcept { return stopped_; }
@@ -67,6 +75,7 @@ class TextStream {
   std::size_t emitted_ = 0;
   bool stopped_ = false;
   std::string final_;
+  std::string ready_;              // fed, not yet taken
 };
 
 /// Tokenises the prompt (BOS per the tokenizer), runs one domain of the

@@ -266,7 +266,12 @@ void Service::submit(CompletionRequest r) {
   g.eos = eog_.eos;
   g.stop_tokens = eog_.stop_tokens;
   TextStream* ts = tr->text.get();
-  g.stop_check = [ts](const std::vector<int>&) { return ts->stopped(); };
+  // The text stream sees each token in the stop check (before its event),
+  // so a stop string ends the request at the token that made it.
+  g.stop_check = [ts](const std::vector<int>& out) {
+    ts->feed(out.back());
+    return ts->stopped();
+  };
   auto on_event = r.on_event;
   DomainRunner* dp = dom.get();
   g.on_event = [this, tr, on_event, dp, n](const engine::GenerationEvent& e) {
@@ -285,7 +290,7 @@ void Service::submit(CompletionRequest r) {
         std::lock_guard lk(metrics_mu_);
         observe_ms(hist_[0], ttft);
       }
-      if (!eog_.ends(e.token)) ce.text = tr->text->push(e.token);
+      if (!eog_.ends(e.token)) ce.text = tr->text->take();
     }
     ce.completion_tokens = tr->tokens;
     if (e.finished) {

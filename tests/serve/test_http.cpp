@@ -192,6 +192,30 @@ TEST_F(HttpTest, CompletionGreedyMatchesGolden) {
   EXPECT_EQ(j["usage"]["total_tokens"], 61);
 }
 
+// A stop string ends the request at the token whose text completes it: the
+// shortest greedy completion (no stop string) that contains it has exactly
+// that many tokens; the stopped one reports the same count and the text
+// before the stop string.
+TEST_F(HttpTest, StopStringEndsAtTheTokenThatMadeIt) {
+  const std::string stop = "Lily";
+  int k = 1;
+  std::string full;
+  for (; k <= 60; ++k) {
+    auto [status, j] = post("/v1/completions", Json{{"model", "stories260K"}, {"prompt", "Once"}, {"max_tokens", k},
+                                                    {"temperature", 0}});
+    ASSERT_EQ(status, 200) << j.dump();
+    full = j["choices"][0]["text"].get<std::string>();
+    if (full.find(stop) != std::string::npos) break;
+  }
+  ASSERT_LE(k, 60) << "no \"" << stop << "\" in 60 greedy tokens";
+  auto [status, j] = post("/v1/completions", Json{{"model", "stories260K"}, {"prompt", "Once"}, {"max_tokens", 100},
+                                                  {"temperature", 0}, {"stop", stop}});
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["text"], full.substr(0, full.find(stop)));
+  EXPECT_EQ(j["usage"]["completion_tokens"], k);
+}
+
 TEST_F(HttpTest, PromptAsArrayOfOneStringOrTokenIds) {
   auto [s1, j1] = post("/v1/completions", Json{{"prompt", Json::array({"Zoo"})}, {"max_tokens", 57}, {"temperature", 0}});
   ASSERT_EQ(s1, 200) << j1.dump();
