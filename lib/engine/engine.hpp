@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/virtual_device.hpp"
@@ -12,6 +13,10 @@ namespace ftp::engine {
 /// One pipeline stage of a domain: a contiguous layer range run by `tp`
 /// tensor-parallel ranks, each on its own thread (a CPU virtual device).
 struct StageLayout {
+  StageLayout() = default;
+  StageLayout(int first, int n, int tp_, std::vector<backend::VirtualDevice*> devices_ = {}, std::vector<int> gpus_ = {})
+      : first_layer(first), n_layers(n), tp(tp_), devices(std::move(devices_)), gpus(std::move(gpus_)) {}
+
   int first_layer = 0;
   int n_layers = 0;
   int tp = 1;

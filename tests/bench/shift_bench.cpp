@@ -31,6 +31,7 @@ double pct(std::vector<double> v, double p) {
 
 /// Runs `clients` closed-loop clients until stop; collects TTFT samples (ms).
 struct Load {
+  explicit Load(serve::Service& s) : svc(s) {}
   serve::Service& svc;
   std::atomic<bool> stop{false};
   std::mutex mu;

@@ -134,7 +134,9 @@ TEST(Capacity, RefreshedEvery10MinFromTheLast5MinOfLiveData) {
     o.queue_depth_mean = 10;
     o.queue_depth = 3.0 * s;
     c.observe(o);
-    if (s < 600) EXPECT_FALSE(c.refresh(o.t_ms)) << "no refresh before 10 min, t=" << s;
+    if (s < 600) {
+      EXPECT_FALSE(c.refresh(o.t_ms)) << "no refresh before 10 min, t=" << s;
+    }
   }
   EXPECT_TRUE(c.refresh(600000));
   const auto& e = c.capacity("economy");

@@ -211,7 +211,9 @@ TEST(SimulatedEngine, DomainSchedulesItLikeTheRealEngine) {
     EXPECT_EQ(a.stats.preemptions, b.stats.preemptions);
     EXPECT_EQ(a.stats.prompt_tokens, b.stats.prompt_tokens);
     EXPECT_EQ(a.stats.generated_tokens, b.stats.generated_tokens);
-    if (kv_blocks == 6) EXPECT_GT(b.stats.preemptions, 0u);
+    if (kv_blocks == 6) {
+      EXPECT_GT(b.stats.preemptions, 0u);
+    }
   }
   std::filesystem::remove(path);
 }
