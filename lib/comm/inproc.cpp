@@ -29,13 +29,25 @@ constexpr std::size_t kBlock = 1024;
 // microseconds, and a rank does not burn a core for long.
 constexpr int kSpins = 4000;
 
+// Ranks of all live communicators of the process that wait in collectives
+// (those of more than one rank). Spinning pays only while every such rank
+// can have a CPU: when two domains run at once (a shift's ramp), the ranks
+// of one would spin on the CPUs the other's ranks need, and a rank that
+// loses its CPU for a time slice stalls its whole stage.
+std::atomic<int> g_waiting_ranks{0};
+const int g_cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
 }  // namespace
 
-InprocCommunicator::InprocCommunicator(int n_ranks)
-    : n_(n_ranks), spins_(static_cast<unsigned>(n_ranks) <= std::thread::hardware_concurrency() ? kSpins : 0) {
+InprocCommunicator::InprocCommunicator(int n_ranks) : n_(n_ranks) {
   if (n_ranks < 1) throw InputError("inproc communicator: n_ranks must be >= 1, got " + std::to_string(n_ranks));
   buffers_.assign(n_, nullptr);
   counts_.assign(n_, 0);
+  if (n_ > 1) g_waiting_ranks.fetch_add(n_, std::memory_order_relaxed);
+}
+
+InprocCommunicator::~InprocCommunicator() {
+  if (n_ > 1) g_waiting_ranks.fetch_sub(n_, std::memory_order_relaxed);
 }
 
 void InprocCommunicator::check_rank(int rank, const char* op) const {
@@ -55,7 +67,8 @@ void InprocCommunicator::wait_all() {
     generation_.notify_all();
     return;
   }
-  for (int i = 0; i < spins_ && generation_.load(std::memory_order_acquire) == gen; ++i) cpu_relax();
+  const int spins = g_waiting_ranks.load(std::memory_order_relaxed) <= g_cpus ? kSpins : 0;
+  for (int i = 0; i < spins && generation_.load(std::memory_order_acquire) == gen; ++i) cpu_relax();
   while (generation_.load(std::memory_order_acquire) == gen) generation_.wait(gen, std::memory_order_acquire);
   if (aborted()) throw Error("inproc communicator aborted");
 }

@@ -28,6 +28,7 @@ class InprocCommunicator {
  public:
   /// Throws ftp::InputError if n_ranks < 1.
   explicit InprocCommunicator(int n_ranks);
+  ~InprocCommunicator();
   InprocCommunicator(const InprocCommunicator&) = delete;
   InprocCommunicator& operator=(const InprocCommunicator&) = delete;
 
@@ -55,9 +56,9 @@ class InprocCommunicator {
   void check_counts(const char* op);
 
   int n_;
-  // Spins before sleeping in a barrier: none when ranks outnumber CPUs,
-  // where a spinning rank would take the CPU that the late rank needs.
-  int spins_;
+  // A waiting rank spins a little before it sleeps, unless the ranks of all
+  // live communicators outnumber the CPUs: a spinning rank would then take
+  // the CPU that a late rank (of this stage or of another domain) needs.
   // Barrier state: arrivals of the current phase and its generation.
   alignas(64) std::atomic<int> arrived_{0};
   alignas(64) std::atomic<std::uint32_t> generation_{0};
