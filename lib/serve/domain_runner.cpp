@@ -61,12 +61,20 @@ void DomainRunner::loop() {
     auto t0 = std::chrono::steady_clock::now();
     int done = domain_->step();
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    if (done > 0) {
-      auto stages = domain_->stage_busy_s();
+    auto stages = done > 0 ? domain_->stage_busy_s() : std::vector<double>{};
+    {
+      // Under mu_, so that a wait_idle that just found work left is already
+      // waiting when it is told.
       std::lock_guard lk(mu_);
-      last_stage_busy_ = std::move(stages);
+      if (done > 0) last_stage_busy_ = std::move(stages);
     }
+    idle_cv_.notify_all();
   }
+}
+
+bool DomainRunner::wait_idle(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lk(mu_);
+  return idle_cv_.wait_until(lk, deadline, [this] { return domain_->idle(); });
 }
 
 double DomainRunner::bubble_ratio() const {

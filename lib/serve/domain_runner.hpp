@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -58,6 +59,10 @@ class DomainRunner {
   /// slowest stage, (max - min) / max; 0 for one stage.
   double bubble_ratio() const;
 
+  /// Waits until the domain has no request running or waiting, or until
+  /// `deadline`; true when it is idle. Woken after every step, no polling.
+  bool wait_idle(std::chrono::steady_clock::time_point deadline);
+
   /// Stops the thread after the work in hand; the domain keeps its requests.
   void stop();
 
@@ -68,6 +73,7 @@ class DomainRunner {
   std::unique_ptr<engine::Domain> domain_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable idle_cv_;  // after each step (wait_idle)
   std::string state_ = "warming";
   std::atomic<double> weight_{0.0};
   std::atomic<int> submitted_{0};

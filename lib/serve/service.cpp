@@ -333,14 +333,10 @@ void Service::set_weights(const std::vector<std::shared_ptr<DomainRunner>>& doms
 }
 
 bool Service::wait_drained(const std::vector<std::shared_ptr<DomainRunner>>& doms, int timeout_ms) {
-  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    int left = 0;
-    for (auto& d : doms) left += d->inflight();
-    if (left == 0) return true;
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (auto& d : doms)
+    if (!d->wait_idle(deadline)) return false;
+  return true;
 }
 
 doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progress) {
