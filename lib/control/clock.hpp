@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -18,6 +19,8 @@ class Clock {
   virtual ~Clock() = default;
   /// Milliseconds since an arbitrary, fixed origin; never goes back.
   virtual std::int64_t now_ms() const = 0;
+  /// Microseconds since the same origin (phase durations of a shift).
+  virtual std::int64_t now_us() const { return now_ms() * 1000; }
 };
 
 /// Monotonic time of this process (std::chrono::steady_clock).
@@ -27,28 +30,34 @@ class SystemClock final : public Clock {
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
+  std::int64_t now_us() const override {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
 };
 
 /// Time that moves only when told to: hours of traffic replay in
-/// milliseconds, deterministically.
+/// milliseconds, deterministically. Reads may come from other threads than
+/// the one that moves it (a service under test).
 class VirtualClock final : public Clock {
  public:
   explicit VirtualClock(std::int64_t start_ms = 0) : now_(start_ms) {}
-  std::int64_t now_ms() const override { return now_; }
+  std::int64_t now_ms() const override { return now_.load(std::memory_order_acquire); }
   /// Moves time forward by `ms` (>= 0).
   void advance(std::int64_t ms) {
     if (ms < 0) throw Error("VirtualClock::advance: time cannot go back (" + std::to_string(ms) + " ms)");
-    now_ += ms;
+    now_.fetch_add(ms, std::memory_order_acq_rel);
   }
   /// Sets the time; it may not go back.
   void set(std::int64_t t_ms) {
-    if (t_ms < now_)
-      throw Error("VirtualClock::set: time cannot go back, " + std::to_string(t_ms) + " ms < " + std::to_string(now_) + " ms");
-    now_ = t_ms;
+    const std::int64_t now = now_ms();
+    if (t_ms < now)
+      throw Error("VirtualClock::set: time cannot go back, " + std::to_string(t_ms) + " ms < " + std::to_string(now) + " ms");
+    now_.store(t_ms, std::memory_order_release);
   }
 
  private:
-  std::int64_t now_;
+  std::atomic<std::int64_t> now_;
 };
 
 }  // namespace ftp::control

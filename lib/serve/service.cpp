@@ -16,7 +16,6 @@ namespace ftp::serve {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using json::Json;
 
 /// Histogram bucket bounds, ms (Prometheus "le").
@@ -42,7 +41,9 @@ std::string fmt(double v) {
 
 Service::Service(const model::Model& model, ServiceConfig config)
     : model_(model), cfg_(std::move(config)), tok_(model::Tokenizer::from(model.tokenizer)),
-      eog_(end_of_generation(model, tok_)), t0_(Clock::now()) {
+      eog_(end_of_generation(model, tok_)) {
+  if (!cfg_.clock) cfg_.clock = std::make_shared<control::SystemClock>();
+  t0_us_ = cfg_.clock->now_us();
   const auto& hp = model.hparams;
   const auto& m = cfg_.gears.model;
   if (m.n_layers != hp.n_layer || m.n_heads != hp.n_head || m.n_kv_heads != hp.n_head_kv)
@@ -81,7 +82,7 @@ Service::~Service() { drain_and_stop(); }
 int Service::context_length() const noexcept { return model_.hparams.n_ctx_train; }
 
 std::int64_t Service::now_ms() const {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0_).count();
+  return (cfg_.clock->now_us() - t0_us_) / 1000;
 }
 
 std::string Service::current_gear() const {
@@ -333,7 +334,8 @@ void Service::set_weights(const std::vector<std::shared_ptr<DomainRunner>>& doms
 }
 
 bool Service::wait_drained(const std::vector<std::shared_ptr<DomainRunner>>& doms, int timeout_ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  // A wait on the domains' threads, which run in real time.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (auto& d : doms)
     if (!d->wait_idle(deadline)) return false;
   return true;
@@ -368,14 +370,15 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
   ev.trigger = o.trigger;
   const std::int64_t t_start = now_ms();
   doc::Percentiles before{e2e_.percentile(50, t_start - 60000), e2e_.percentile(99, t_start - 60000)};
-  auto phase_t = Clock::now();
+  std::int64_t phase_us = cfg_.clock->now_us();
   auto emit = [&](const std::string& phase, double share, const std::string& msg) {
     ev.t_ms = now_ms();
     ev.phase = phase;
     ev.traffic_share = share;
-    ev.phase_ms = std::chrono::duration<double, std::milli>(Clock::now() - phase_t).count();
+    const std::int64_t t_us = cfg_.clock->now_us();
+    ev.phase_ms = static_cast<double>(t_us - phase_us) / 1000.0;
     ev.message = msg;
-    phase_t = Clock::now();
+    phase_us = t_us;
     if (progress) progress(ev);
   };
 

@@ -21,6 +21,7 @@
 #include "doc/control.hpp"
 #include "doc/gear_table.hpp"
 #include "backend/cpu/virtual_device.hpp"
+#include "control/clock.hpp"
 #include "engine/domain.hpp"
 #include "model/model.hpp"
 #include "model/tokenizer.hpp"
@@ -79,6 +80,9 @@ struct ServiceConfig {
   /// cuda, a gear's device "gpu<N>" is CUDA device N and any other device
   /// name (e.g. a virtual device vd<N>) is device 0: several ranks on one GPU.
   std::string backend = "cpu";
+  /// The control plane's time (request stamps, shift phases, observations;
+  /// ARCHITECTURE.md rule 4); null: control::SystemClock.
+  std::shared_ptr<const control::Clock> clock;
   /// Builds each domain's engine instead of the real one (engine::Executor
   /// over weights loaded once by the service): e.g. the simulated engine
   /// (ftp-serve --engine sim). Gets the gear's replica the domain runs and
@@ -199,7 +203,7 @@ class Service {
   /// pinned to them and KV pages accounted against their memory budget.
   std::map<std::string, std::unique_ptr<backend::VirtualDevice>> vdevs_;
   std::atomic<bool> ready_{false}, accepting_{false}, stopped_{false};
-  std::chrono::steady_clock::time_point t0_;
+  std::int64_t t0_us_ = 0;  // cfg_.clock at construction
 
   mutable std::mutex mu_;                                  // domains_, gear_, counters below
   std::vector<std::shared_ptr<DomainRunner>> domains_;     // warming, serving, draining

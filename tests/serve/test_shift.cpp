@@ -16,6 +16,7 @@
 
 #include "doc/gear_table.hpp"
 #include "model/model.hpp"
+#include "control/clock.hpp"
 #include "serve/generate.hpp"
 #include "serve/service.hpp"
 #include "test_data.hpp"
@@ -160,6 +161,31 @@ TEST_F(ShiftFixture, SixteenStreamingClientsThroughTwentyShifts) {
   auto st = svc.status();
   EXPECT_EQ(st["requests_failed"], 0);
   EXPECT_EQ(svc.records().size(), 20u);
+}
+
+// The control plane reads time only from the injected clock (rule 4): with a
+// virtual clock that stands still, every stamp is its time, and moving it
+// moves them.
+TEST_F(ShiftFixture, ControlPlaneTimeComesFromTheInjectedClock) {
+  auto clock = std::make_shared<ftp::control::VirtualClock>(50000);
+  ServiceConfig c = config();
+  c.clock = clock;
+  Service svc(*model, c);
+  svc.start();
+  EXPECT_EQ(svc.observe().t_ms, 0);
+  clock->advance(7000);
+  EXPECT_EQ(svc.observe().t_ms, 7000);
+  Service::ShiftOptions o;
+  o.to = "standard";
+  std::vector<ftp::doc::ShiftEvent> events;
+  auto rec = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) { events.push_back(e); });
+  EXPECT_EQ(rec.outcome, "committed");
+  ASSERT_FALSE(events.empty());
+  for (const auto& e : events) {
+    EXPECT_EQ(e.t_ms, 7000) << e.phase;
+    EXPECT_EQ(e.phase_ms, 0.0) << e.phase;
+  }
+  svc.drain_and_stop();
 }
 
 TEST_F(ShiftFixture, FailedCheckRollsBackWithoutFailingRequests) {
