@@ -16,32 +16,6 @@
 
 namespace ftp::engine {
 
-BatchLayout make_batch_layout(const std::vector<const SeqChunk*>& chunks, int block_tokens) {
-  BatchLayout b;
-  b.n_seq = static_cast<int>(chunks.size());
-  b.decode_only = true;
-  for (const SeqChunk* c : chunks) {
-    b.max_blocks = std::max(b.max_blocks, static_cast<int>(c->blocks->size()));
-    if (c->tokens.size() != 1) b.decode_only = false;
-  }
-  b.block_table.assign(static_cast<std::size_t>(b.n_seq) * b.max_blocks, -1);
-  for (int s = 0; s < b.n_seq; ++s) {
-    const SeqChunk& c = *chunks[static_cast<std::size_t>(s)];
-    std::copy(c.blocks->begin(), c.blocks->end(), b.block_table.begin() + static_cast<std::ptrdiff_t>(s) * b.max_blocks);
-    for (std::size_t i = 0; i < c.tokens.size(); ++i) {
-      int pos = c.start_pos + static_cast<int>(i);
-      b.tokens.push_back(c.tokens[i]);
-      b.pos.push_back(pos);
-      b.seq.push_back(s);
-      b.slot.push_back((*c.blocks)[static_cast<std::size_t>(pos / block_tokens)] * block_tokens + pos % block_tokens);
-      b.max_pos = std::max(b.max_pos, pos + 1);
-    }
-    if (c.want_logits) b.logit_rows.push_back(static_cast<int>(b.tokens.size()) - 1);
-  }
-  b.n_rows = static_cast<int>(b.tokens.size());
-  return b;
-}
-
 namespace {
 
 class CpuRank final : public RankBackend {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,15 @@ struct SeqChunk {
   std::vector<int> tokens;
   bool want_logits = false;   ///< logits of the chunk's last token
 };
+
+/// Checks the chunks of one forward: none empty, each with the KV pages its
+/// positions need, token ids inside the vocabulary. Errors start with `who`.
+void check_chunks(const std::vector<SeqChunk>& chunks, int n_vocab, int block_tokens, const std::string& who);
+
+/// The micro-batches of one forward: contiguous groups of chunks of about
+/// equal token counts, at most `micro_batches` of them, none empty. The real
+/// and the simulated engine split the same way.
+std::vector<std::vector<const SeqChunk*>> split_micro_batches(const std::vector<SeqChunk>& chunks, int micro_batches);
 
 /// The forward pass of one domain. Two implementations sit behind it
 /// (ARCHITECTURE.md, "Engine"): the real one (engine::Executor, the model's

@@ -212,29 +212,11 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
 
 std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& chunks, int micro_batches) {
   const int pp = static_cast<int>(st_.size());
-  int total = 0;
-  for (const auto& c : chunks) {
-    if (c.tokens.empty()) throw Error("executor: an empty chunk");
-    int need = (c.start_pos + static_cast<int>(c.tokens.size()) + block_tokens_ - 1) / block_tokens_;
-    if (!c.blocks || static_cast<int>(c.blocks->size()) < need)
-      throw Error("executor: chunk at position " + std::to_string(c.start_pos) + " lacks KV blocks");
-    for (int t : c.tokens)
-      if (t < 0 || t >= hp_.n_vocab) throw InputError("token id " + std::to_string(t) + " out of the vocabulary (" + std::to_string(hp_.n_vocab) + ")");
-    total += static_cast<int>(c.tokens.size());
-  }
-  // Micro-batches: contiguous groups of chunks of about equal token counts.
-  int m = std::max(1, std::min<int>(micro_batches, static_cast<int>(chunks.size())));
-  std::vector<MicroBatch> mbs(static_cast<std::size_t>(m));
-  {
-    int acc = 0, idx = 0;
-    for (const auto& c : chunks) {
-      if (idx < m - 1 && acc >= (idx + 1) * total / m && !mbs[static_cast<std::size_t>(idx)].chunks.empty()) ++idx;
-      mbs[static_cast<std::size_t>(idx)].chunks.push_back(&c);
-      acc += static_cast<int>(c.tokens.size());
-    }
-  }
-  mbs.erase(std::remove_if(mbs.begin(), mbs.end(), [](const MicroBatch& b) { return b.chunks.empty(); }), mbs.end());
-  m = static_cast<int>(mbs.size());
+  check_chunks(chunks, hp_.n_vocab, block_tokens_, "executor");
+  auto groups = split_micro_batches(chunks, micro_batches);
+  const int m = static_cast<int>(groups.size());
+  std::vector<MicroBatch> mbs(groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i) mbs[i].chunks = std::move(groups[i]);
   for (auto& mb : mbs) {
     mb.layout = make_batch_layout(mb.chunks, block_tokens_);
     mb.n_tokens = mb.layout.n_rows;

@@ -149,28 +149,18 @@ std::vector<plan::ReplicaStage> uniform_stages(const plan::ModelShape& shape, co
 }
 
 std::vector<plan::StepWork> micro_batch_work(const std::vector<engine::SeqChunk>& chunks, int micro_batches) {
-  // The real engine's split (engine::Executor::forward): contiguous groups of
-  // chunks of about equal token counts, empty groups dropped.
-  int total = 0;
-  for (const auto& c : chunks) total += static_cast<int>(c.tokens.size());
-  const int m = std::max(1, std::min<int>(micro_batches, static_cast<int>(chunks.size())));
-  std::vector<plan::StepWork> w(static_cast<std::size_t>(m));
-  std::vector<int> count(static_cast<std::size_t>(m), 0);
-  int acc = 0, idx = 0;
-  for (const auto& c : chunks) {
-    if (idx < m - 1 && acc >= (idx + 1) * total / m && count[static_cast<std::size_t>(idx)] > 0) ++idx;
-    auto& x = w[static_cast<std::size_t>(idx)];
-    const double n = double(c.tokens.size()), s = c.start_pos;
-    x.tokens += n;
-    x.attention_pairs += n * s + n * (n + 1) / 2;
-    x.kv_positions += s + n;
-    x.logit_rows += c.want_logits ? 1 : 0;
-    ++count[static_cast<std::size_t>(idx)];
-    acc += static_cast<int>(c.tokens.size());
-  }
   std::vector<plan::StepWork> out;
-  for (int i = 0; i < m; ++i)
-    if (count[static_cast<std::size_t>(i)] > 0) out.push_back(w[static_cast<std::size_t>(i)]);
+  for (const auto& group : engine::split_micro_batches(chunks, micro_batches)) {
+    plan::StepWork x;
+    for (const engine::SeqChunk* c : group) {
+      const double n = double(c->tokens.size()), s = c->start_pos;
+      x.tokens += n;
+      x.attention_pairs += n * s + n * (n + 1) / 2;
+      x.kv_positions += s + n;
+      x.logit_rows += c->want_logits ? 1 : 0;
+    }
+    out.push_back(x);
+  }
   return out;
 }
 
@@ -218,11 +208,16 @@ int SimulatedEngine::next_token(int last, int position) const {
 }
 
 double SimulatedEngine::forward_time_s(const std::vector<engine::SeqChunk>& chunks, int micro_batches) const {
-  const auto work = micro_batch_work(chunks, micro_batches);
+  return schedule_s(micro_batch_work(chunks, micro_batches), nullptr);
+}
+
+double SimulatedEngine::schedule_s(const std::vector<plan::StepWork>& work, std::vector<double>* busy) const {
   const int m = static_cast<int>(work.size()), pp = static_cast<int>(o_.stages.size());
   const double act = double(o_.shape.hidden_size) * o_.shape.activation_bytes_per_element();
+  if (busy) busy->assign(o_.stages.size(), 0.0);
   // The real pipeline's tick schedule: at tick k, stage s runs micro-batch
-  // k - s; a tick lasts as long as its slowest (stage, micro-batch).
+  // k - s; a tick lasts as long as its slowest (stage, micro-batch). A
+  // stage's busy time is the sum of its micro-batches' times.
   double total = 0;
   for (int tick = 0; tick < m + pp - 1; ++tick) {
     double slowest = 0;
@@ -232,6 +227,7 @@ double SimulatedEngine::forward_time_s(const std::vector<engine::SeqChunk>& chun
       const auto& st = o_.stages[static_cast<std::size_t>(s)];
       const auto& w = work[static_cast<std::size_t>(b)];
       double t = plan::step_time_s(o_.shape, st.span, st.perf, w, o_.calibration);
+      if (busy) (*busy)[static_cast<std::size_t>(s)] += t;
       if (s + 1 < pp) t += plan::p2p_time_s(w.tokens * act, st.send_gb_s, st.send_latency_us);
       slowest = std::max(slowest, t);
     }
@@ -258,21 +254,8 @@ void SimulatedEngine::advance_idle_to(double t_s) {
 
 std::vector<std::vector<float>> SimulatedEngine::forward(const std::vector<engine::SeqChunk>& chunks, int micro_batches) {
   const auto t_start = std::chrono::steady_clock::now();
-  for (const auto& c : chunks) {
-    if (c.tokens.empty()) throw Error("simulated engine: an empty chunk");
-    const int need = (c.start_pos + static_cast<int>(c.tokens.size()) + o_.block_tokens - 1) / o_.block_tokens;
-    if (!c.blocks || static_cast<int>(c.blocks->size()) < need)
-      throw Error("simulated engine: chunk at position " + std::to_string(c.start_pos) + " lacks KV blocks");
-    for (int t : c.tokens)
-      if (t < 0 || t >= hp_.n_vocab)
-        throw InputError("token id " + std::to_string(t) + " out of the vocabulary (" + std::to_string(hp_.n_vocab) + ")");
-  }
-  // Busy time per stage: the sum of its micro-batches' times.
-  const auto work = micro_batch_work(chunks, micro_batches);
-  std::fill(busy_.begin(), busy_.end(), 0.0);
-  for (std::size_t s = 0; s < o_.stages.size(); ++s)
-    for (const auto& w : work) busy_[s] += plan::step_time_s(o_.shape, o_.stages[s].span, o_.stages[s].perf, w, o_.calibration);
-  const double dt = forward_time_s(chunks, micro_batches);
+  engine::check_chunks(chunks, hp_.n_vocab, o_.block_tokens, "simulated engine");
+  const double dt = schedule_s(micro_batch_work(chunks, micro_batches), &busy_);
 
   std::vector<std::vector<float>> logits;
   for (const auto& c : chunks) {

@@ -85,6 +85,9 @@ class SimulatedEngine final : public engine::Engine {
 
  private:
   void pass(double dt_s);
+  /// Seconds of a forward of these micro-batches on the pipeline; fills each
+  /// stage's busy seconds when `busy` is given.
+  double schedule_s(const std::vector<plan::StepWork>& work, std::vector<double>* busy) const;
   SimulatedEngineOptions o_;
   model::HParams hp_;
   std::vector<double> busy_;

@@ -38,16 +38,7 @@ using ftp::test::data_dir;
 
 std::string model_path(const char* file) { return data_dir() + "/models/stories260K/" + file; }
 
-std::vector<int> golden_ids() {
-  std::ifstream f(model_path("golden_greedy_t0_steps256_token_ids.txt"));
-  std::string line, last;
-  while (std::getline(f, line))
-    if (!line.empty() && line[0] != '#') last = line;
-  std::istringstream ss(last);
-  std::vector<int> ids;
-  for (int t; ss >> t;) ids.push_back(t);
-  return ids;
-}
+using ftp::test::stories260k_golden_ids;
 
 struct Fixture : ::testing::Test {
   static inline std::unique_ptr<ftp::model::Model> model;
@@ -110,7 +101,7 @@ GenerationRequest greedy(std::string id, std::vector<int> prompt, int max_tokens
 }  // namespace
 
 TEST_F(Fixture, GoldenGreedyTokensAtEveryGear) {
-  auto golden = golden_ids();
+  auto golden = stories260k_golden_ids();
   ASSERT_EQ(golden.size(), 256u);
   for (const auto& g : gears()) {
     DomainConfig cfg;
@@ -241,7 +232,7 @@ TEST_F(Fixture, RequestsJoinARunningBatch) {
   submit(2, {1});
   while (!d.idle()) d.step();
   EXPECT_EQ(finished, 3);
-  auto golden = golden_ids();
+  auto golden = stories260k_golden_ids();
   EXPECT_EQ(out[0], std::vector<int>(golden.begin(), golden.begin() + 30));
   EXPECT_EQ(out[2], out[0]);
 }
@@ -294,12 +285,12 @@ TEST_F(Fixture, SamplingIsReproducibleBySeed) {
   auto a = sampled(7, 1.0f, 0, 0.9f), b = sampled(7, 1.0f, 0, 0.9f), c = sampled(8, 1.0f, 0, 0.9f);
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
-  auto golden = golden_ids();
+  auto golden = stories260k_golden_ids();
   EXPECT_EQ(sampled(3, 1.0f, 1, 1.0f), std::vector<int>(golden.begin(), golden.begin() + 40));  // top-k 1 is greedy
 }
 
 TEST_F(Fixture, StopTokensAndStopCheck) {
-  auto golden = golden_ids();
+  auto golden = stories260k_golden_ids();
   Domain d(*store, DomainConfig{});
   auto r = greedy("stop", {1}, 100);
   r.stop_tokens = {golden[5]};
@@ -322,7 +313,7 @@ TEST_F(Fixture, VirtualDevicesAccountKvAndRefuseWhatDoesNotFit) {
     EXPECT_EQ(devs[0]->memory_used(), per_rank);
     EXPECT_EQ(devs[1]->memory_used(), per_rank);
     auto out = run(d, {greedy("g", {1}, 20)});
-    auto golden = golden_ids();
+    auto golden = stories260k_golden_ids();
     EXPECT_EQ(out[0], std::vector<int>(golden.begin(), golden.begin() + 20));
   }
   EXPECT_EQ(devs[0]->memory_used(), 0u);  // given back with the domain

@@ -27,6 +27,7 @@
 #include "model/model.hpp"
 #include "synthetic_gguf.hpp"
 #include "test_data.hpp"
+#include "gpu_tests.hpp"
 
 using namespace ftp::engine;
 using ftp::model::DType;
@@ -51,16 +52,7 @@ double nmse(const std::vector<float>& got, const std::vector<float>& want) {
   return den > 0 ? num / den : num;
 }
 
-std::vector<int> golden_ids() {
-  std::ifstream f(ftp::test::stories260k("golden_greedy_t0_steps256_token_ids.txt"));
-  std::string line, last;
-  while (std::getline(f, line))
-    if (!line.empty() && line[0] != '#') last = line;
-  std::istringstream ss(last);
-  std::vector<int> ids;
-  for (int t; ss >> t;) ids.push_back(t);
-  return ids;
-}
+using ftp::test::stories260k_golden_ids;
 
 /// Greedy generation of one sequence through an executor: the prompt as one
 /// chunk, then one token per step.
@@ -97,7 +89,7 @@ void stories260k_goldens() {
   }
   ftp::model::Model m = ftp::model::load_model(path);
   WeightStore store(m);
-  const auto golden = golden_ids();
+  const auto golden = stories260k_golden_ids();
   const int n_layer = m.hparams.n_layer;
   for (const char* graphs : {"1-32 and fusion", "off and no fusion"}) {
     CudaBackendOptions opts;
@@ -248,17 +240,7 @@ void another_gear(Backend& cuda, const std::filesystem::path& dir) {
 
 int main() {
   std::vector<ftp::backend::GpuInfo> gpus;
-  try {
-    gpus = ftp::backend::discover_gpus();
-  } catch (const std::exception& e) {
-    std::printf("FAIL: discover_gpus: %s\n", e.what());
-    return 1;
-  }
-  if (gpus.empty()) {
-    std::printf("SKIP: no GPU found (built with CUDA: %s; %s)\n", ftp::backend::cuda_built() ? "yes" : "no",
-                ftp::backend::gpu_runtime_status().c_str());
-    return 77;
-  }
+  if (int rc = ftp::test::discover_gpus_or_skip(gpus); rc != 0) return rc;
   const auto dir = std::filesystem::temp_directory_path() / ("ftp-cuda-engine-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   int rc = 0;

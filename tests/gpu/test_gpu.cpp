@@ -8,6 +8,7 @@
 #include "backend/cpu/measure.hpp"
 #include "backend/gpu.hpp"
 #include "comm/nccl.hpp"
+#include "gpu_tests.hpp"
 
 using namespace ftp::backend;
 
@@ -24,17 +25,7 @@ void check(bool ok, const char* what) {
 
 int main() {
   std::vector<GpuInfo> gpus;
-  try {
-    gpus = discover_gpus();
-  } catch (const std::exception& e) {
-    std::printf("FAIL: discover_gpus: %s\n", e.what());
-    return 1;
-  }
-  if (gpus.empty()) {
-    std::printf("SKIP: no GPU found (built with CUDA: %s; %s)\n", cuda_built() ? "yes" : "no",
-                gpu_runtime_status().c_str());
-    return 77;
-  }
+  if (int rc = ftp::test::discover_gpus_or_skip(gpus); rc != 0) return rc;
   try {
     for (const auto& g : gpus) {
       std::printf("cuda:%d %s %s %s sm=%d cc=%d.%d mem=%llu mig=%d\n", g.index, g.name.c_str(), g.uuid.c_str(),

@@ -40,6 +40,7 @@
 #include "kernels/silu_mul.cuh"
 #include "kernels/sum_buffers.cuh"
 #include "synthetic_gguf.hpp"
+#include "gpu_tests.hpp"
 
 namespace k = ftp::kernels;
 using ftp::model::DType;
@@ -661,17 +662,7 @@ void report_matvec_bandwidth() {
 
 int main() {
   std::vector<ftp::backend::GpuInfo> gpus;
-  try {
-    gpus = ftp::backend::discover_gpus();
-  } catch (const std::exception& e) {
-    std::printf("FAIL: discover_gpus: %s\n", e.what());
-    return 1;
-  }
-  if (gpus.empty()) {
-    std::printf("SKIP: no GPU found (built with CUDA: %s; %s)\n", ftp::backend::cuda_built() ? "yes" : "no",
-                ftp::backend::gpu_runtime_status().c_str());
-    return 77;
-  }
+  if (int rc = ftp::test::discover_gpus_or_skip(gpus); rc != 0) return rc;
   try {
     cu(cudaSetDevice(0), "cudaSetDevice");
     std::printf("kernels on cuda:0 %s\n", gpus[0].name.c_str());

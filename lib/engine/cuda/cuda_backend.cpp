@@ -403,13 +403,7 @@ class CudaRank final : public RankBackend {
     flush();
     if (graph_key < 0 || !graphs_on_ ||
         std::find(graph_batches_.begin(), graph_batches_.end(), graph_key) == graph_batches_.end()) {
-      try {
-        ops();
-        flush();
-      } catch (...) {
-        drop_deferred();
-        throw;
-      }
+      run_eager(ops);
       return;
     }
     if (graph_generation_ != generation_) {
@@ -425,13 +419,7 @@ class CudaRank final : public RankBackend {
         // ran during the capture.
         graphs_on_ = false;
         ++g_graph_failures;
-        try {
-          ops();
-          flush();
-        } catch (...) {
-          drop_deferred();
-          throw;
-        }
+        run_eager(ops);
         return;
       }
       it = graphs_.emplace(graph_key, exec).first;
@@ -448,6 +436,17 @@ class CudaRank final : public RankBackend {
   static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
   // Q8_0 matrices go to cuBLAS through dequantised tiles of at most this many bytes.
   static constexpr std::size_t kTileBytes = std::size_t{64} << 20;
+
+  /// Runs `ops` as launches on the stream; what a failure left deferred is dropped.
+  void run_eager(const std::function<void()>& ops) {
+    try {
+      ops();
+      flush();
+    } catch (...) {
+      drop_deferred();
+      throw;
+    }
+  }
 
   /// Captures `ops` into an executable graph (the capture runs nothing).
   /// Buffers that grow during it bump the generation: the graph is then

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// What every engine shares: the checks of a forward's chunks, its split into
+// micro-batches, and (for the backends) the layout of a micro-batch's rows.
+#include "engine/engine.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "engine/rank_backend.hpp"
+
+namespace ftp::engine {
+
+void check_chunks(const std::vector<SeqChunk>& chunks, int n_vocab, int block_tokens, const std::string& who) {
+  for (const auto& c : chunks) {
+    if (c.tokens.empty()) throw Error(who + ": an empty chunk");
+    const int need = (c.start_pos + static_cast<int>(c.tokens.size()) + block_tokens - 1) / block_tokens;
+    if (!c.blocks || static_cast<int>(c.blocks->size()) < need)
+      throw Error(who + ": chunk at position " + std::to_string(c.start_pos) + " lacks KV blocks");
+    for (int t : c.tokens)
+      if (t < 0 || t >= n_vocab)
+        throw InputError("token id " + std::to_string(t) + " out of the vocabulary (" + std::to_string(n_vocab) + ")");
+  }
+}
+
+std::vector<std::vector<const SeqChunk*>> split_micro_batches(const std::vector<SeqChunk>& chunks, int micro_batches) {
+  int total = 0;
+  for (const auto& c : chunks) total += static_cast<int>(c.tokens.size());
+  const int m = std::max(1, std::min<int>(micro_batches, static_cast<int>(chunks.size())));
+  std::vector<std::vector<const SeqChunk*>> groups(static_cast<std::size_t>(m));
+  int acc = 0, idx = 0;
+  for (const auto& c : chunks) {
+    if (idx < m - 1 && acc >= (idx + 1) * total / m && !groups[static_cast<std::size_t>(idx)].empty()) ++idx;
+    groups[static_cast<std::size_t>(idx)].push_back(&c);
+    acc += static_cast<int>(c.tokens.size());
+  }
+  groups.erase(std::remove_if(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); }), groups.end());
+  return groups;
+}
+
+BatchLayout make_batch_layout(const std::vector<const SeqChunk*>& chunks, int block_tokens) {
+  BatchLayout b;
+  b.n_seq = static_cast<int>(chunks.size());
+  b.decode_only = true;
+  for (const SeqChunk* c : chunks) {
+    b.max_blocks = std::max(b.max_blocks, static_cast<int>(c->blocks->size()));
+    if (c->tokens.size() != 1) b.decode_only = false;
+  }
+  b.block_table.assign(static_cast<std::size_t>(b.n_seq) * b.max_blocks, -1);
+  for (int s = 0; s < b.n_seq; ++s) {
+    const SeqChunk& c = *chunks[static_cast<std::size_t>(s)];
+    std::copy(c.blocks->begin(), c.blocks->end(), b.block_table.begin() + static_cast<std::ptrdiff_t>(s) * b.max_blocks);
+    for (std::size_t i = 0; i < c.tokens.size(); ++i) {
+      int pos = c.start_pos + static_cast<int>(i);
+      b.tokens.push_back(c.tokens[i]);
+      b.pos.push_back(pos);
+      b.seq.push_back(s);
+      b.slot.push_back((*c.blocks)[static_cast<std::size_t>(pos / block_tokens)] * block_tokens + pos % block_tokens);
+      b.max_pos = std::max(b.max_pos, pos + 1);
+    }
+    if (c.want_logits) b.logit_rows.push_back(static_cast<int>(b.tokens.size()) - 1);
+  }
+  b.n_rows = static_cast<int>(b.tokens.size());
+  return b;
+}
+
+}  // namespace ftp::engine
