@@ -15,6 +15,15 @@ finish() {
   [ "$failn" -eq 0 ]
 }
 
+# daemon_sandbox: a temp dir $tmp holding the control socket ($FTP_SOCKET);
+# on exit the daemon in $daemon (if any) is killed and $tmp removed.
+daemon_sandbox() {
+  tmp=$(mktemp -d)
+  export FTP_SOCKET=$tmp/control.sock
+  daemon=
+  trap '[ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null; rm -rf "$tmp"' EXIT
+}
+
 # start_daemon_with SERVE LOG ARGS...: starts SERVE ARGS... --port 0 in the
 # background with its log in LOG, waits until it listens on HTTP and on
 # $FTP_SOCKET; sets $daemon (pid) and $port. Exits 1 with the log if it fails.

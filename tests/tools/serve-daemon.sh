@@ -8,11 +8,7 @@ data=${FTP_TEST_DATA:-}
 m=$data/models/stories260K/stories260K.gguf
 if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 source "$(dirname "$0")/common.sh"
-tmp=$(mktemp -d)
-export FTP_SOCKET=$tmp/control.sock
-daemon=
-cleanup() { [ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
+daemon_sandbox
 
 start_daemon() {  # STEP_INTERVAL_MS
   start_daemon_with "$serve" "$tmp/serve.log" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --step-interval-ms "$1"

@@ -6,11 +6,7 @@
 set -u
 tools=$1; src=$2
 source "$(dirname "$0")/common.sh"
-tmp=$(mktemp -d)
-export FTP_SOCKET=$tmp/control.sock
-daemon=
-cleanup() { [ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
+daemon_sandbox
 model=$src/examples/models/llama-70b.json
 cluster=$src/examples/clusters/a100-8x-nvlink.json
 
