@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/running_ranks.hpp"
 #include "core/error.hpp"
 
 namespace ftp::comm {
@@ -29,12 +30,11 @@ constexpr std::size_t kBlock = 1024;
 // microseconds, and a rank does not burn a core for long.
 constexpr int kSpins = 4000;
 
-// Ranks of all live communicators of the process that wait in collectives
-// (those of more than one rank). Spinning pays only while every such rank
-// can have a CPU: when two domains run at once (a shift's ramp), the ranks
-// of one would spin on the CPUs the other's ranks need, and a rank that
-// loses its CPU for a time slice stalls its whole stage.
-std::atomic<int> g_waiting_ranks{0};
+// Spinning pays only while every rank that may be waiting can have a CPU:
+// the ranks of the steps running now (comm/running_ranks.hpp), or this
+// communicator's own when it is used outside a step. Otherwise a spinning rank would take
+// the CPU a late rank needs, and a rank that loses its CPU for a time slice
+// stalls its whole stage.
 const int g_cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
 }  // namespace
@@ -43,12 +43,9 @@ InprocCommunicator::InprocCommunicator(int n_ranks) : n_(n_ranks) {
   if (n_ranks < 1) throw InputError("inproc communicator: n_ranks must be >= 1, got " + std::to_string(n_ranks));
   buffers_.assign(n_, nullptr);
   counts_.assign(n_, 0);
-  if (n_ > 1) g_waiting_ranks.fetch_add(n_, std::memory_order_relaxed);
 }
 
-InprocCommunicator::~InprocCommunicator() {
-  if (n_ > 1) g_waiting_ranks.fetch_sub(n_, std::memory_order_relaxed);
-}
+InprocCommunicator::~InprocCommunicator() = default;
 
 void InprocCommunicator::check_rank(int rank, const char* op) const {
   if (rank < 0 || rank >= n_)
@@ -67,7 +64,7 @@ void InprocCommunicator::wait_all() {
     generation_.notify_all();
     return;
   }
-  const int spins = g_waiting_ranks.load(std::memory_order_relaxed) <= g_cpus ? kSpins : 0;
+  const int spins = std::max(running_ranks(), n_) <= g_cpus ? kSpins : 0;
   for (int i = 0; i < spins && generation_.load(std::memory_order_acquire) == gen; ++i) cpu_relax();
   while (generation_.load(std::memory_order_acquire) == gen) generation_.wait(gen, std::memory_order_acquire);
   if (aborted()) throw Error("inproc communicator aborted");

@@ -56,9 +56,10 @@ class InprocCommunicator {
   void check_counts(const char* op);
 
   int n_;
-  // A waiting rank spins a little before it sleeps, unless the ranks of all
-  // live communicators outnumber the CPUs: a spinning rank would then take
-  // the CPU that a late rank (of this stage or of another domain) needs.
+  // A waiting rank spins a little before it sleeps, unless the ranks of the
+  // running steps (comm::running_ranks) outnumber the CPUs: a spinning rank
+  // would then take the CPU that a late rank (of this stage or of another
+  // domain) needs.
   // Barrier state: arrivals of the current phase and its generation.
   alignas(64) std::atomic<int> arrived_{0};
   alignas(64) std::atomic<std::uint32_t> generation_{0};

@@ -105,6 +105,8 @@ class Domain {
 
   /// Busy seconds of each pipeline stage in the last step.
   std::vector<double> stage_busy_s() const { return exec_->stage_busy_s(); }
+  /// The engine's later steps run at a lower CPU priority (Engine::set_background).
+  void set_background() { exec_->set_background(); }
 
  private:
   struct Seq;

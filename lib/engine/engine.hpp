@@ -74,6 +74,12 @@ class Engine {
   /// Busy seconds of each pipeline stage in the last forward (for the
   /// bubble ratio).
   virtual const std::vector<double>& stage_busy_s() const = 0;
+
+  /// Runs the rest of this engine's steps at a lower CPU priority: a domain
+  /// that drains on CPUs it shares with the domain replacing it finishes
+  /// its requests without holding up the new domain's first tokens. Not
+  /// undone (a draining domain only retires). Default: nothing to do.
+  virtual void set_background() {}
 };
 
 }  // namespace ftp::engine

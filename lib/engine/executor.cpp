@@ -5,9 +5,15 @@
 #include <cmath>
 #include <string>
 
+#include "backend/cpu/virtual_device.hpp"
+#include "comm/running_ranks.hpp"
 #include "core/error.hpp"
 
 namespace ftp::engine {
+
+/// Nice added to a background (draining) domain's threads: under CFS a
+/// thread of nice 10 weighs about a tenth of one of nice 0.
+constexpr int kBackgroundNice = 10;
 
 RankThread::RankThread() : thread_([this] { loop(); }) {}
 
@@ -114,6 +120,8 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
     throw InputError("executor: stages end at layer " + std::to_string(next) + ", the model has " +
                      std::to_string(hp_.n_layer));
   stage_busy_s_.assign(stages_.size(), 0.0);
+  for (const StageLayout& l : stages_)
+    if (l.tp > 1) collective_ranks_ += l.tp;
 }
 
 Executor::~Executor() {
@@ -222,6 +230,9 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
     mb.n_tokens = mb.layout.n_rows;
   }
 
+  // The step's ranks count as running while it lasts: whether a waiting
+  // rank may spin depends on the ranks of every step running now.
+  comm::StepRanks running(collective_ranks_);
   std::fill(stage_busy_s_.begin(), stage_busy_s_.end(), 0.0);
   for (int tick = 0; tick < m + pp - 1; ++tick) {
     std::vector<std::pair<int, int>> active;  // (stage, micro-batch)
@@ -235,6 +246,11 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
       rank_s[a].assign(static_cast<std::size_t>(st.layout.tp), 0.0);
       for (int r = 0; r < st.layout.tp; ++r)
         st.ranks[static_cast<std::size_t>(r)].thread->post([this, &st, r, &mbs, b, a, &rank_s] {
+          Rank& me = st.ranks[static_cast<std::size_t>(r)];
+          if (background_.load(std::memory_order_relaxed) && !me.background) {
+            backend::lower_current_thread_priority(kBackgroundNice);  // best effort
+            me.background = true;
+          }
           auto t_task = std::chrono::steady_clock::now();
           run_stage_rank(st, r, mbs[static_cast<std::size_t>(b)]);
           rank_s[a][static_cast<std::size_t>(r)] =

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -65,11 +66,15 @@ class Executor final : public Engine {
   /// Busy seconds of each stage in the last forward (for the bubble ratio).
   const std::vector<double>& stage_busy_s() const override { return stage_busy_s_; }
 
+  /// Each rank thread lowers its own priority (nice + 10) before its next task.
+  void set_background() override { background_ = true; }
+
  private:
   struct Rank {
     std::vector<RankLayerView> layers;   // views of the stage's layers
     std::unique_ptr<RankBackend> be;     // its device, KV pages and buffers
     std::unique_ptr<RankThread> thread;
+    bool background = false;             // its thread runs at the lower priority
   };
   struct Stage {
     StageLayout layout;
@@ -94,6 +99,8 @@ class Executor final : public Engine {
   std::vector<Stage> st_;
   int block_tokens_;
   std::vector<double> stage_busy_s_;
+  int collective_ranks_ = 0;  // ranks of the stages of more than one rank
+  std::atomic<bool> background_{false};
 };
 
 }  // namespace ftp::engine

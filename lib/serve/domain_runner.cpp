@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/domain_runner.hpp"
 
+#include "backend/cpu/virtual_device.hpp"
+
 #include <algorithm>
 #include <chrono>
 
@@ -40,6 +42,12 @@ int DomainRunner::inflight() const { return domain_->running() + domain_->waitin
 
 void DomainRunner::slow_start(int cap, int steps) { domain_->limit_running(cap, steps); }
 
+void DomainRunner::set_background() {
+  domain_->set_background();
+  background_ = true;
+  cv_.notify_all();
+}
+
 void DomainRunner::stop() {
   {
     std::lock_guard lk(mu_);
@@ -51,7 +59,12 @@ void DomainRunner::stop() {
 }
 
 void DomainRunner::loop() {
+  bool lowered = false;
   for (;;) {
+    if (background_ && !lowered) {
+      backend::lower_current_thread_priority(10);  // best effort, as the engine's ranks
+      lowered = true;
+    }
     {
       std::unique_lock lk(mu_);
       // Sleep only while there is nothing to do: the data plane never paces itself.

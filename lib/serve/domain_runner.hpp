@@ -63,6 +63,13 @@ class DomainRunner {
   /// `deadline`; true when it is idle. Woken after every step, no polling.
   bool wait_idle(std::chrono::steady_clock::time_point deadline);
 
+  /// A domain that drains beside the one replacing it (a shift's old
+  /// domain, a rolled-back shadow, ftp-drain's target) runs its remaining
+  /// steps at a lower CPU priority -- its thread and its engine's ranks --
+  /// so that the serving domain's first tokens are not held up by
+  /// decodes that are only finishing. Not undone.
+  void set_background();
+
   /// Stops the thread after the work in hand; the domain keeps its requests.
   void stop();
 
@@ -78,6 +85,7 @@ class DomainRunner {
   std::atomic<double> weight_{0.0};
   std::atomic<int> submitted_{0};
   std::atomic<std::int64_t> busy_ns_{0};
+  std::atomic<bool> background_{false};
   std::vector<double> last_stage_busy_;  // under mu_
   bool stop_ = false;
   std::thread thread_;

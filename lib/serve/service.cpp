@@ -429,7 +429,10 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
     // Traffic returns to the old domains; the shadow drains and retires.
     set_weights(old, 1.0);
     set_weights(fresh, 0.0);
-    for (auto& d : fresh) d->set_state("draining");
+    for (auto& d : fresh) {
+      d->set_state("draining");
+      d->set_background();
+    }
     emit("rollback", 0, why);
     wait_drained(fresh, cfg_.drain_timeout_ms);
     for (auto& d : fresh) {
@@ -490,6 +493,7 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
   for (auto& d : old) {
     d->set_state("draining");
     d->set_weight(0);
+    d->set_background();  // its last decodes yield to the new domain's first tokens
   }
   for (auto& d : fresh) d->set_state("serving");
   {
@@ -541,6 +545,7 @@ int Service::drain_domain(const std::string& id, bool force, int timeout_ms,
     throw ControlError("ftp.LastDomain", "domain " + id + " is the last serving domain; use force to drain it anyway");
   dom->set_state("draining");
   dom->set_weight(0);
+  dom->set_background();
   set_weights(others, 1.0);
   int waited = dom->inflight();
   if (progress) progress(Json{{"domain", id}, {"state", "draining"}, {"inflight", waited}});

@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <thread>
 #include <vector>
@@ -97,6 +100,22 @@ TEST(VirtualDevices, SplitOfThisMachine) {
   EXPECT_EQ(threads, std::max(4, cpu.usable_cpus));
   // Binding may be refused in a container, but must not crash.
   std::thread([&] { devs[1]->bind_current_thread(); }).join();
+}
+
+TEST(VirtualDevices, LowerPriorityOfOneThreadOnly) {
+  // The calling thread's nice goes up by the delta; another thread's stays.
+  auto nice_of_this_thread = [] { return getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))); };
+  const int before = nice_of_this_thread();
+  if (before > 16) GTEST_SKIP() << "already at nice " << before;
+  int after = 0;
+  bool ok = false;
+  std::thread([&] {
+    ok = lower_current_thread_priority(3);
+    after = nice_of_this_thread();
+  }).join();
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(after, before + 3);
+  EXPECT_EQ(nice_of_this_thread(), before);
 }
 
 TEST(VirtualDevices, BadCount) {

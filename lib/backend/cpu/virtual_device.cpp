@@ -2,6 +2,11 @@
 #include "backend/cpu/virtual_device.hpp"
 
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 
@@ -47,6 +52,14 @@ void VirtualDevice::release(std::uint64_t bytes) {
                 " bytes in use");
   }
   used_ -= bytes;
+}
+
+bool lower_current_thread_priority(int delta) {
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int now = getpriority(PRIO_PROCESS, tid);
+  if (now == -1 && errno != 0) return false;
+  return setpriority(PRIO_PROCESS, tid, std::min(19, now + delta)) == 0;
 }
 
 bool VirtualDevice::bind_current_thread() const {

@@ -83,4 +83,9 @@ std::vector<std::unique_ptr<VirtualDevice>> split_cpu(int n, std::uint64_t total
 /// split_cpu over this process's usable CPUs and `total_memory_bytes`.
 std::vector<std::unique_ptr<VirtualDevice>> split_cpu(int n, std::uint64_t total_memory_bytes);
 
+/// Raises the calling thread's nice value by `delta` (Linux: a thread's
+/// own scheduling priority; lower priority, never higher, so no privilege
+/// is needed). Returns false where it cannot; the thread then runs as before.
+bool lower_current_thread_priority(int delta);
+
 }  // namespace ftp::backend
