@@ -133,11 +133,13 @@ FTP_AVX2 void block16(const float* x, int ldx, const std::uint16_t* const* wr, i
 struct QuantRows {
   std::vector<std::int8_t> q;  // [t][k]
   std::vector<float> d;        // [t][k / 32]
+  std::vector<std::int32_t> c; // [t][k / 32]: -128 x the block's sum of q (with `sums`)
 };
 
-FTP_AVX2 void quantize_rows(const float* x, int t, int k, QuantRows& out) {
+FTP_AVX2 void quantize_rows(const float* x, int t, int k, QuantRows& out, bool sums = false) {
   out.q.resize(static_cast<std::size_t>(t) * k);
   out.d.resize(static_cast<std::size_t>(t) * (k / 32));
+  if (sums) out.c.resize(out.d.size());
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int u = 0; u < t; ++u)
     for (int b = 0; b < k / 32; ++b) {
@@ -158,6 +160,13 @@ FTP_AVX2 void quantize_rows(const float* x, int t, int k, QuantRows& out) {
       for (int i = 0; i < 4; ++i)
         i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       // Pack 32 int32 to 32 int8 (packs work per 128-bit lane: fix the order).
+      if (sums) {
+        __m256i a = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        out.c[static_cast<std::size_t>(u) * (k / 32) + b] = -128 * _mm_cvtsi128_si32(h);
+      }
       __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
       __m256i i8 = _mm256_packs_epi16(i16a, i16b);
       i8 = _mm256_permutevar8x32_epi32(i8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -500,6 +509,187 @@ FTP_AVX512 void matmul_q8_vnni(const float* x, const MatView& w, float* out, int
     i += rows;
   }
 }
+
+/// Activations 4j .. 4j + 3 of a block, in every 32-bit lane.
+FTP_AVX512 inline __m512i bcast4(const std::int8_t* xb, int j) {
+  // An unaligned 32-bit load that may alias the int8 values.
+  using A32 = std::int32_t __attribute__((may_alias, aligned(1)));
+  return _mm512_set1_epi32(*reinterpret_cast<const A32*>(xb + 4 * j));
+}
+
+/// T tokens x one group of 16 packed Q8_0 rows (PackedQ8), blocks [0, nb)
+/// of `sc`/`q` (the view's first block). Per block and token: the integer
+/// accumulator starts at -128 x sum(x_q) (the weights are stored + 128),
+/// 8 dpbusd add the 32 products of each row exactly, then
+/// acc = fma(d_w x d_x, float(int), acc) per row: each output is the sum
+/// over blocks in block order whatever T, so t = 1 and any batch give
+/// bit-identical results. Outputs go to out[u x ldo + lane], lanes < `lanes`.
+template <int T>
+FTP_AVX512 void packed_q8_group(const std::int8_t* xq, int ldx, const float* xd, const std::int32_t* xc, int ldd,
+                                const std::uint16_t* sc, const std::uint8_t* q, int nb, float* out, int ldo, int lanes,
+                                const std::uint16_t* sc_next, const std::uint8_t* q_next) {
+  __m512 acc[T];
+#pragma GCC unroll 16
+  for (int u = 0; u < T; ++u) acc[u] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc + b * 16)));
+    const std::uint8_t* qb = q + static_cast<std::ptrdiff_t>(b) * 512;
+    if (q_next) {
+      // The next group's same block into L2: one group (tens of KiB) ahead.
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) prefetch_l2(q_next + static_cast<std::ptrdiff_t>(b) * 512 + 64 * j);
+      if ((b & 1) == 0) prefetch_l2(sc_next + b * 16);
+    }
+    __m512i w[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(reinterpret_cast<const void*>(qb + 64 * j));
+#pragma GCC unroll 16
+    for (int u = 0; u < T; ++u) {
+      const std::int8_t* xb = xq + static_cast<std::ptrdiff_t>(u) * ldx + b * 32;
+      __m512i ia = _mm512_set1_epi32(xc[static_cast<std::ptrdiff_t>(u) * ldd + b]);
+      if constexpr (T > 2) {
+        // Batches are bound by the vector pipes: the activations' 4 bytes
+        // as dpbusd's {1to16} memory operand save a broadcast each, which
+        // GCC 12 does not fold from the intrinsics.
+        using A32 = std::int32_t __attribute__((may_alias, aligned(1)));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j)
+          __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+                  : "+v"(ia)
+                  : "v"(w[j]), "m"(*reinterpret_cast<const A32*>(xb + 4 * j)));
+      } else {
+        // Few tokens (bound by memory): two dependency chains of 4; the
+        // integer sum is exact either way.
+        __m512i ib = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int j = 0; j < 8; j += 2) {
+          ia = _mm512_dpbusd_epi32(ia, w[j], bcast4(xb, j));
+          ib = _mm512_dpbusd_epi32(ib, w[j + 1], bcast4(xb, j + 1));
+        }
+        ia = _mm512_add_epi32(ia, ib);
+      }
+      const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(xd[static_cast<std::ptrdiff_t>(u) * ldd + b]));
+      acc[u] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(ia), acc[u]);
+    }
+  }
+  const __mmask16 m = static_cast<__mmask16>((1u << lanes) - 1u);
+#pragma GCC unroll 16
+  for (int u = 0; u < T; ++u) _mm512_mask_storeu_ps(out + static_cast<std::ptrdiff_t>(u) * ldo, m, acc[u]);
+}
+
+/// One token x NG whole groups at once (16 NG rows): NG weight streams in
+/// flight instead of one, for batch 1, which memory bounds. Each group's
+/// sums are those of packed_q8_group<1> (exact integer block dots, then the
+/// same float operations in block order): the same results.
+template <int NG>
+FTP_AVX512 void packed_q8_groups1(const std::int8_t* xq, const float* xd, const std::int32_t* xc,
+                                  const std::uint16_t* const* sc, const std::uint8_t* const* q, int nb,
+                                  float* const* out, const std::uint8_t* const* pf) {
+  __m512 acc[NG];
+#pragma GCC unroll 8
+  for (int i = 0; i < NG; ++i) acc[i] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    if (pf) {
+#pragma GCC unroll 8
+      for (int i = 0; i < NG; ++i)
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) prefetch_l2(pf[i] + static_cast<std::ptrdiff_t>(b) * 512 + 64 * j);
+    }
+    const std::int8_t* xb = xq + b * 32;
+    const __m512 dx = _mm512_set1_ps(xd[b]);
+    __m512i ia[NG], ib[NG];
+#pragma GCC unroll 8
+    for (int i = 0; i < NG; ++i) {
+      ia[i] = _mm512_set1_epi32(xc[b]);
+      ib[i] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+      const __m512i x0 = bcast4(xb, j), x1 = bcast4(xb, j + 1);
+#pragma GCC unroll 8
+      for (int i = 0; i < NG; ++i) {
+        const std::uint8_t* qb = q[i] + static_cast<std::ptrdiff_t>(b) * 512;
+        ia[i] = _mm512_dpbusd_epi32(ia[i], _mm512_load_si512(qb + 64 * j), x0);
+        ib[i] = _mm512_dpbusd_epi32(ib[i], _mm512_load_si512(qb + 64 * (j + 1)), x1);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NG; ++i) {
+      const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc[i] + b * 16)));
+      acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(_mm512_add_epi32(ia[i], ib[i])), acc[i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < NG; ++i) _mm512_storeu_ps(out[i], acc[i]);
+}
+
+constexpr int kPackedTokens = 16;  // tokens per pass over a group: 16 accumulators + 8 weight vectors
+
+FTP_AVX512 void matmul_packed512(const float* x, const PackedQ8& p, const MatView& w, float* out, int t) {
+  constexpr int G = PackedQ8::kGroup;
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols), nb = k / 32;
+  const std::int64_t b0 = w.c0 / 32;
+  thread_local QuantRows xq;
+  quantize_rows(x, t, k, xq, true);
+  using Fn = void (*)(const std::int8_t*, int, const float*, const std::int32_t*, int, const std::uint16_t*,
+                      const std::uint8_t*, int, float*, int, int, const std::uint16_t*, const std::uint8_t*);
+  static constexpr auto kn = [] {
+    std::array<Fn, kPackedTokens + 1> a{};
+    [&]<int... I>(std::integer_sequence<int, I...>) { ((a[I + 1] = packed_q8_group<I + 1>), ...); }(
+        std::make_integer_sequence<int, kPackedTokens>{});
+    return a;
+  }();
+  // Passes of at most 16 tokens, as even as possible (17 = 9 + 8).
+  const int passes = (t + kPackedTokens - 1) / kPackedTokens;
+  float part[kPackedTokens * G];
+  std::int64_t g = w.r0 / G;
+  if (t == 1 && g * G == w.r0) {
+    // One token, bound by memory: whole groups 4 at a time (4 streams keep
+    // more loads in flight than one), then the rest one by one below.
+    constexpr int NG = 4;
+    for (; (g + NG) * G <= w.r0 + w.rows; g += NG) {
+      const bool next = (g + 2 * NG) * G <= w.r0 + w.rows;
+      const std::uint16_t* sc[NG];
+      const std::uint8_t* q[NG];
+      const std::uint8_t* pf[NG];
+      float* o[NG];
+      for (int i = 0; i < NG; ++i) {
+        sc[i] = p.scales(g + i) + b0 * G;
+        q[i] = p.quants(g + i) + b0 * G * 32;
+        pf[i] = next ? p.quants(g + NG + i) + b0 * G * 32 : nullptr;
+        o[i] = out + ((g + i) * G - w.r0);
+      }
+      packed_q8_groups1<NG>(xq.q.data(), xq.d.data(), xq.c.data(), sc, q, nb, o, next ? pf : nullptr);
+    }
+  }
+  for (; g * G < w.r0 + w.rows; ++g) {
+    const std::int64_t first = std::max<std::int64_t>(g * G, w.r0);
+    const std::int64_t last = std::min<std::int64_t>((g + 1) * G, w.r0 + w.rows);
+    const bool whole = first == g * G && last == (g + 1) * G;
+    const std::uint16_t* sc = p.scales(g) + b0 * G;
+    const std::uint8_t* q = p.quants(g) + b0 * G * 32;
+    const bool next = (g + 1) * G < w.r0 + w.rows;
+    const std::uint16_t* sc_next = next ? p.scales(g + 1) + b0 * G : nullptr;
+    const std::uint8_t* q_next = next ? p.quants(g + 1) + b0 * G * 32 : nullptr;
+    for (int pass = 0, u = 0; pass < passes; ++pass) {
+      const int g_t = (t - u + (passes - pass) - 1) / (passes - pass);
+      const std::int8_t* xu = xq.q.data() + static_cast<std::ptrdiff_t>(u) * k;
+      const float* du = xq.d.data() + static_cast<std::ptrdiff_t>(u) * nb;
+      const std::int32_t* cu = xq.c.data() + static_cast<std::ptrdiff_t>(u) * nb;
+      float* ou = out + static_cast<std::ptrdiff_t>(u) * n + (first - w.r0);
+      if (whole) {
+        kn[g_t](xu, k, du, cu, nb, sc, q, nb, ou, n, G, sc_next, q_next);
+      } else {
+        // A group the view cuts: all 16 rows into `part`, its rows out.
+        kn[g_t](xu, k, du, cu, nb, sc, q, nb, part, G, G, sc_next, q_next);
+        for (int v = 0; v < g_t; ++v)
+          std::copy(part + v * G + (first - g * G), part + v * G + (last - g * G),
+                    ou + static_cast<std::ptrdiff_t>(v) * n);
+      }
+      u += g_t;
+    }
+  }
+}
 #pragma GCC diagnostic pop
 #endif
 
@@ -560,13 +750,38 @@ void matmul(const float* x, const MatView& w, float* out, int t) {
   matmul_reference(x, w, out, t);
 }
 
+bool packed_kernels_available() {
+#if FTP_X86
+  return matmul_kernels() == MatmulKernels::best && have_avx512();
+#else
+  return false;
+#endif
+}
+
+void matmul_packed(const float* x, const PackedQ8& p, const MatView& w, float* out, int t) {
+  if (t == 0 || w.rows == 0) return;
+#if FTP_X86
+  if (packed_kernels_available() && w.c0 % 32 == 0 && w.cols % 32 == 0 && w.cols > 0 && p.cols == w.t->cols &&
+      p.rows == w.t->rows)
+    return matmul_packed512(x, p, w, out, t);
+#endif
+  matmul(x, w, out, t);
+}
+
 void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta) {
+  // The angles depend on the pair only: computed once for every head.
+  thread_local std::vector<float> cs;
+  cs.resize(static_cast<std::size_t>(n_rot));
+  for (int i = 0; i + 1 < n_rot; i += 2) {
+    float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(n_rot));
+    float a = static_cast<float>(pos) * freq;
+    cs[static_cast<std::size_t>(i)] = std::cos(a);
+    cs[static_cast<std::size_t>(i) + 1] = std::sin(a);
+  }
   for (int h = 0; h < n_heads; ++h) {
     float* p = v + static_cast<std::ptrdiff_t>(h) * head_dim;
     for (int i = 0; i + 1 < n_rot; i += 2) {
-      float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(n_rot));
-      float a = static_cast<float>(pos) * freq;
-      float c = std::cos(a), s = std::sin(a);
+      const float c = cs[static_cast<std::size_t>(i)], s = cs[static_cast<std::size_t>(i) + 1];
       float v0 = p[i], v1 = p[i + 1];
       p[i] = v0 * c - v1 * s;
       p[i + 1] = v0 * s + v1 * c;

@@ -23,8 +23,25 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
 /// the same order whatever t, so a token's result does not depend on the
 /// batch it is in. FTP_MATMUL=reference in the environment forces
 /// matmul_reference everywhere (for A/B measurements), FTP_MATMUL=avx2 the
-/// AVX2 kernels.
+/// AVX2 kernels (both also turn matmul_packed into matmul). The CPU backend
+/// sends Q8_0 matrices that its store packed to matmul_packed instead.
 void matmul(const float* x, const MatView& w, float* out, int t);
+
+/// matmul for a view of a Q8_0 tensor whose packed copy (PackedWeights,
+/// the CPU backend's one-time preparation) is `p`: the AVX-512 VNNI kernel
+/// over 16 rows at a time, 64 multiply-adds per dpbusd, the activations
+/// quantised per block of 32 as matmul's Q8_0 kernels do. Any row range;
+/// columns starting on a block of 32 and holding whole blocks (otherwise,
+/// or where packed_kernels_available() is false, it is matmul on the
+/// mapped tensor). Each output is summed over blocks in block order
+/// whatever t: a token's result does not depend on the batch it is in, and
+/// t = 1 and t > 1 give bit-identical outputs. Results differ from matmul's
+/// Q8_0 kernels by float rounding (they sum 8 lanes per row, then across).
+void matmul_packed(const float* x, const PackedQ8& p, const MatView& w, float* out, int t);
+
+/// Whether matmul_packed runs its packed kernel here: the CPU has AVX-512
+/// (F/BW/VL/DQ/VNNI) and matmul_kernels() is `best`.
+bool packed_kernels_available();
 
 /// Which kernels matmul uses: best (what the CPU has), avx2 (no AVX-512),
 /// reference. Starts from FTP_MATMUL; the tests set it.

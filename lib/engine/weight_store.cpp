@@ -124,6 +124,29 @@ std::uint64_t WeightStore::prefetch_rank(int first, int n, int tp, int rank) con
   return advise(first, n, tp, rank, MADV_WILLNEED);
 }
 
+const PackedWeights* WeightStore::packed_for_cpu() const {
+  std::lock_guard lk(pack_mu_);
+  if (!pack_tried_) {
+    pack_tried_ = true;
+    if (!release_mode_ && PackedWeights::wanted()) {
+      auto p = std::make_unique<PackedWeights>(m_);
+      if (p->tensors() > 0) packed_ = std::move(p);
+    }
+  }
+  return packed_.get();
+}
+
+void WeightStore::use_release_mode() {
+  std::lock_guard lk(pack_mu_);
+  if (packed_) throw Error("weight store: release mode after the CPU backend packed the Q8_0 weights");
+  release_mode_ = true;
+}
+
+std::uint64_t WeightStore::packed_bytes() const {
+  std::lock_guard lk(pack_mu_);
+  return packed_ ? packed_->bytes() : 0;
+}
+
 MatView WeightStore::output() const {
   const auto& t = m_.weights.output.data ? m_.weights.output : m_.weights.tok_embd;
   return MatView{&t, 0, t.rows, 0, t.cols};

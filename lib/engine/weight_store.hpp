@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "engine/packed_weights.hpp"
 #include "model/model.hpp"
 
 namespace ftp::engine {
@@ -52,6 +54,11 @@ RankLayerView split_rank(const model::HParams& hp, int tp, int rank);
 /// in their stored dtype), viewed by every domain of every gear. Only the
 /// normalisation vectors are converted to float32 (n_embd floats each).
 /// Building a domain takes views: no weight byte is copied.
+///
+/// One exception, made once per store and not per domain: the CPU backend's
+/// packed copy of the Q8_0 matrices (PackedWeights, packed_for_cpu), the
+/// store's one-time preparation for that backend, counted apart
+/// (packed_bytes). Every domain of every gear then reads that one copy.
 class WeightStore {
  public:
   /// `m` must outlive the store.
@@ -69,10 +76,25 @@ class WeightStore {
   /// The classifier [n_vocab][n_embd] (the token embedding when tied).
   MatView output() const;
 
+  /// The CPU backend's packed copies of the Q8_0 matrices: made on the first
+  /// call (thread-safe; the CPU backend calls it when it builds a stage),
+  /// the same object afterwards. Null when nothing is packed: packing is
+  /// off (PackedWeights::wanted(), or release mode), or the model has no
+  /// Q8_0 matrix.
+  const PackedWeights* packed_for_cpu() const;
+  /// Release weight mode reads the mapped tensors only: release_rank must
+  /// free what the domains read, and a packed copy would stay resident. So a
+  /// store whose gear table uses release mode never packs (the service calls
+  /// this before building a domain). Throws ftp::Error if the copy exists.
+  void use_release_mode();
+  /// Bytes of the packed copy (0 before packed_for_cpu or without one).
+  std::uint64_t packed_bytes() const;
+
   /// Release weight mode: gives the memory of one rank's weight views of
   /// layers [first, first + n) back to the system (madvise MADV_DONTNEED on
   /// the whole pages inside each view's byte span). The views stay valid:
   /// pages come back from the file on the next touch. Returns bytes advised.
+  /// Only the mapped file's pages: a packed copy stays (see use_release_mode).
   std::uint64_t release_rank(int first, int n, int tp, int rank) const;
   /// Prefetch before a domain that needs these views starts (MADV_WILLNEED):
   /// the reload overlaps the wait instead of the first steps. Returns bytes.
@@ -80,7 +102,8 @@ class WeightStore {
 
   /// Bytes of the weights in the model file (mapped, not copied).
   std::uint64_t weight_bytes() const noexcept { return weight_bytes_; }
-  /// Bytes the store allocated itself (the float32 normalisation vectors).
+  /// Bytes the store allocated itself for every domain (the float32
+  /// normalisation vectors); the packed copy is packed_bytes.
   std::uint64_t owned_bytes() const noexcept { return owned_bytes_; }
 
  private:
@@ -89,6 +112,10 @@ class WeightStore {
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;
   std::vector<float> output_norm_;
   std::uint64_t weight_bytes_ = 0, owned_bytes_ = 0;
+  mutable std::mutex pack_mu_;
+  mutable bool pack_tried_ = false;
+  bool release_mode_ = false;
+  mutable std::unique_ptr<PackedWeights> packed_;
 };
 
 }  // namespace ftp::engine

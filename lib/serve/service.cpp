@@ -63,6 +63,11 @@ Service::Service(const model::Model& model, ServiceConfig config)
   // (a build without CUDA, no GPU): a BackendError naming why.
   backend_ = &engine::backend_named(cfg_.backend);
   store_ = std::make_unique<engine::WeightStore>(model);
+  // Release weight mode frees the mapped pages the domains read: with any
+  // gear in that mode, the CPU backend reads the mapped tensors, not a
+  // packed copy (WeightStore::use_release_mode).
+  for (const auto& g : cfg_.gears.gears)
+    if (g.weight_mode == "release") store_->use_release_mode();
   // The CPU virtual devices the table names (vd0, vd1, ...): the CPU and its
   // memory split evenly among as many as the highest index needs.
   int n_vd = 0;

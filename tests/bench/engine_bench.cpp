@@ -18,14 +18,23 @@
 // stderr. Goals: batch-1 bandwidth fraction >= 0.8; batch-16 tokens/s >= 8 x
 // batch 1. --min-bw-fraction turns the first into a gate (exit 6).
 // The roofline column is the largest bN/b1 the machine allows: batch N runs
-// at best at the SGEMM FLOP/s measured in the same run (ftp-probe's
-// measure_cpu_gemm_tflops with the rank threads), so bN/b1 <= min(N,
-// SGEMM FLOP/s / batch-1 FLOP/s); the JSON also gives the bound for a
-// batch 1 at 0.8 of the triad bandwidth.
+// at best at the compute rate measured in the same run with the rank
+// threads, so bN/b1 <= min(N, peak ops/s / batch-1 ops/s) (2 ops per weight
+// and token); the JSON also gives the bound for a batch 1 at 0.8 of the
+// triad bandwidth. The peak is the SGEMM FLOP/s (ftp-probe's
+// measure_cpu_gemm_tflops) for float weights, and for Q8_0, whose kernels
+// multiply int8 with AVX-512 VNNI, the vpdpbusd rate
+// (measure_cpu_int8_tops; SGEMM where the CPU has no VNNI).
+//
+// Q8_0 on the CPU backend reads the store's packed copy (PackedWeights,
+// made once before the domain: the "layout" column says packed, the JSON
+// gives its bytes and packing time); FTP_Q8_PACK=0 in the environment reads
+// the mapped file's blocks instead (the A/B of the packed layout).
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -134,6 +143,11 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
   model::Model m = model::load_model(path);
   engine::WeightStore store(m);
   const auto& hp = m.hparams;
+  // The store's one-time preparation for the CPU backend (packing Q8_0),
+  // which the domain would otherwise do when it builds its stage.
+  t0 = Clock::now();
+  const engine::PackedWeights* packed = store.packed_for_cpu();
+  const double pack_s = since(t0);
 
   engine::DomainConfig cfg;
   cfg.stages = {engine::StageLayout{0, hp.n_layer, tp}};
@@ -199,6 +213,10 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
   j["weight_bytes_per_decode_step"] = per_step;
   j["flops_per_token"] = 2.0 * static_cast<double>(step_elements(m));
   j["write_seconds"] = write_s;
+  j["layout"] = packed ? "packed" : "mapped";
+  j["packed"] = {{"bytes", store.packed_bytes()},
+                 {"seconds", pack_s},
+                 {"released_file_bytes", packed ? packed->released_bytes() : 0}};
   j["prefill"] = {{"tokens", o.prompt}, {"seconds", prefill_s}, {"tokens_per_s", o.prompt / prefill_s}};
   j["decode"] = decode;
   j["rss"] = {{"peak_bytes", rss},
@@ -290,25 +308,33 @@ int main(int argc, char** argv) {
 
     // The bandwidth, measured after the children so nothing else runs.
     const bool quick = o.shape != "1b";
-    std::map<int, backend::Measurement> triad, gemm;
+    std::map<int, backend::Measurement> triad, gemm, int8;
+    const bool any_q8 = std::find(o.dtypes.begin(), o.dtypes.end(), "q8_0") != o.dtypes.end();
     for (int tp : o.tps) {
       triad.emplace(tp, backend::measure_cpu_triad_gbs(tp, quick));
       gemm.emplace(tp, backend::measure_cpu_gemm_tflops(tp, quick));
+      if (any_q8) int8.emplace(tp, backend::measure_cpu_int8_tops(tp, quick));
     }
     bool gate_ok = true;
     for (auto& r : runs) {
       const auto& m = triad.at(r["tp"].get<int>());
       r["triad_gbs"] = m.value;
       // Roofline of the batch-N speedup: batch N can at best run at the
-      // measured SGEMM FLOP/s, so bN/b1 <= min(N, SGEMM FLOP/s / batch-1 FLOP/s),
-      // and with batch 1 at 0.8 of the triad bandwidth the goal of 8x needs
-      // SGEMM FLOP/s >= 8 x 0.8 x triad B/s x FLOP per weight byte.
-      const double gemm_flops = gemm.at(r["tp"].get<int>()).value * 1e12;
+      // measured peak (SGEMM FLOP/s; for Q8_0 the int8 VNNI ops/s), so
+      // bN/b1 <= min(N, peak / batch-1 ops/s), and with batch 1 at 0.8 of
+      // the triad bandwidth the goal of 8x needs peak >= 8 x 0.8 x triad B/s
+      // x ops per weight byte.
+      const int tp = r["tp"].get<int>();
+      const double gemm_flops = gemm.at(tp).value * 1e12;
+      const bool use_int8 = r["dtype"] == "Q8_0" && int8.count(tp) && int8.at(tp).value > 0;
+      const double peak = use_int8 ? int8.at(tp).value * 1e12 : gemm_flops;
       const double flop_per_byte = r["flops_per_token"].get<double>() / r["weight_bytes_per_decode_step"].get<double>();
       const double b1_flops = r["decode"][0]["tokens_per_s"].get<double>() * r["flops_per_token"].get<double>();
       r["sgemm_tflops"] = gemm_flops / 1e12;
-      r["batch_n_speedup_roofline"] = std::min<double>(o.batch, gemm_flops / b1_flops);
-      r["batch_n_speedup_roofline_at_0_8_bw"] = std::min<double>(o.batch, gemm_flops / (0.8 * m.value * 1e9 * flop_per_byte));
+      if (int8.count(tp)) r["int8_tops"] = int8.at(tp).value;
+      r["roofline_peak"] = use_int8 ? "int8 vnni" : "sgemm";
+      r["batch_n_speedup_roofline"] = std::min<double>(o.batch, peak / b1_flops);
+      r["batch_n_speedup_roofline_at_0_8_bw"] = std::min<double>(o.batch, peak / (0.8 * m.value * 1e9 * flop_per_byte));
       for (auto& d : r["decode"]) {
         d["bandwidth_fraction"] = d["weight_bytes_per_s"].get<double>() / (m.value * 1e9);
         if (d["batch"] == 1 && min_bw_fraction > 0 && d["bandwidth_fraction"].get<double>() < min_bw_fraction) gate_ok = false;
@@ -327,6 +353,9 @@ int main(int argc, char** argv) {
     json::Json gm = json::Json::object();
     for (const auto& [tp, m] : gemm) gm[std::to_string(tp)] = {{"threads", tp}, {"tflops", m.value}, {"method", m.method}};
     doc["sgemm"] = gm;
+    json::Json i8 = json::Json::object();
+    for (const auto& [tp, m] : int8) i8[std::to_string(tp)] = {{"threads", tp}, {"tops", m.value}, {"method", m.method}};
+    doc["int8"] = i8;
     doc["decode_context_tokens"] = o.context;
     doc["runs"] = runs;
     doc["goals"] = {{"batch_1_bandwidth_fraction", 0.8}, {"batch_16_speedup", 8.0}, {"rss_over_weights_plus_kv", 1.1}};
@@ -335,15 +364,17 @@ int main(int argc, char** argv) {
 
     std::ostringstream t;
     char line[320];
-    std::snprintf(line, sizeof line, "%-5s %-3s %10s %10s %10s %8s %8s %8s %7s %10s %9s %9s\n", "dtype", "tp", "prefill/s",
-                  "b1 tok/s", "bN tok/s", "bN/b1", "roofline", "b1 GB/s", "b1 frac", "triad GB/s", "RSS MiB", "budget");
+    std::snprintf(line, sizeof line, "%-5s %-3s %-6s %10s %10s %10s %8s %8s %8s %7s %10s %9s %9s\n", "dtype", "tp", "layout",
+                  "prefill/s", "b1 tok/s", "bN tok/s", "bN/b1", "roofline", "b1 GB/s", "b1 frac", "triad GB/s", "RSS MiB",
+                  "budget");
     t << "engine-bench: shape " << o.shape << ", kernels " << o.kernels << ", batch N = " << o.batch
       << ", each TP rank one thread\n" << line;
     for (const auto& r : runs) {
       const auto& d1 = r["decode"][0];
       const auto& dn = r["decode"][1];
-      std::snprintf(line, sizeof line, "%-5s %-3d %10.1f %10.2f %10.2f %8.2f %8.2f %8.2f %7.3f %10.2f %9.0f %9.0f\n",
-                    r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(), r["prefill"]["tokens_per_s"].get<double>(),
+      std::snprintf(line, sizeof line, "%-5s %-3d %-6s %10.1f %10.2f %10.2f %8.2f %8.2f %8.2f %7.3f %10.2f %9.0f %9.0f\n",
+                    r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(), r["layout"].get<std::string>().c_str(),
+                    r["prefill"]["tokens_per_s"].get<double>(),
                     d1["tokens_per_s"].get<double>(), dn["tokens_per_s"].get<double>(),
                     dn["speedup_over_batch_1"].get<double>(), r["batch_n_speedup_roofline"].get<double>(),
                     d1["weight_bytes_per_s"].get<double>() / 1e9,
@@ -351,7 +382,16 @@ int main(int argc, char** argv) {
                     r["rss"]["peak_bytes"].get<double>() / 1048576.0, r["rss"]["budget_bytes"].get<double>() / 1048576.0);
       t << line;
     }
-    t << "roofline: the best bN/b1 the measured SGEMM FLOP/s allows over this run's batch 1, min(N, SGEMM / b1 FLOP/s)\n";
+    t << "roofline: the best bN/b1 the measured peak allows over this run's batch 1, min(N, peak / b1 ops/s); peak:";
+    for (const auto& [tp, m] : gemm) {
+      std::snprintf(line, sizeof line, " tp %d SGEMM %.3f TFLOP/s", tp, m.value);
+      t << line;
+    }
+    for (const auto& [tp, m] : int8) {
+      std::snprintf(line, sizeof line, ", tp %d int8 VNNI %.3f TOP/s (Q8_0 rows)", tp, m.value);
+      t << line;
+    }
+    t << "\n";
     std::cerr << t.str();
     if (!gate_ok) {
       std::cerr << "engine-bench: error: a batch-1 bandwidth fraction is below --min-bw-fraction " << min_bw_fraction << "\n";

@@ -12,10 +12,13 @@
 #include <new>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "core/error.hpp"
 #include "engine/domain.hpp"
 #include "engine/weight_store.hpp"
 #include "model/model.hpp"
+#include "synthetic_gguf.hpp"
 #include "test_data.hpp"
 
 using namespace ftp::engine;
@@ -69,6 +72,25 @@ std::vector<Gear> gears() {
       {"tp2 x pp2", {{0, 2, 2}, {2, 3, 2}}, 2},
       {"pp5", {{0, 1, 1}, {1, 1, 1}, {2, 1, 1}, {3, 1, 1}, {4, 1, 1}}, 3},
   };
+}
+
+/// Builds a domain of gear `g` on `store` and checks that it allocated its
+/// KV pool and bookkeeping (< 64 KiB) only: no weight byte copied.
+void expect_domain_allocates_kv_only(const WeightStore& store, const Gear& g) {
+  const auto& hp = store.hparams();
+  DomainConfig cfg;
+  cfg.stages = g.stages;
+  cfg.kv_blocks = 8;
+  g_allocated = 0;
+  g_counting = true;
+  auto d = std::make_unique<Domain>(store, cfg);
+  g_counting = false;
+  std::uint64_t kv = 0;
+  for (const auto& st : g.stages)
+    kv += 2ull * st.n_layers * st.tp * (st.tp <= hp.n_head_kv ? hp.n_head_kv / st.tp : 1) * cfg.kv_blocks *
+          cfg.block_tokens * hp.head_dim * sizeof(float);
+  ASSERT_GE(g_allocated.load(), kv) << g.name;
+  EXPECT_LT(g_allocated.load() - kv, 64u * 1024) << g.name << ": allocated " << g_allocated << " bytes, KV " << kv;
 }
 
 /// Runs requests to completion; returns each request's output tokens.
@@ -154,7 +176,6 @@ TEST_F(Fixture, LogitsAgreeAcrossGearsOver64Steps) {
 }
 
 TEST_F(Fixture, DomainsOfAnyGearTakeViewsNotCopies) {
-  const auto& hp = store->hparams();
   const auto& w = model->weights;
   for (const auto& g : gears()) {
     for (const auto& st : g.stages)
@@ -171,24 +192,46 @@ TEST_F(Fixture, DomainsOfAnyGearTakeViewsNotCopies) {
           EXPECT_EQ(v.w_up.t->data, lw.w_up.data);
           EXPECT_EQ(v.w_down.t->data, lw.w_down.data);
         }
-    DomainConfig cfg;
-    cfg.stages = g.stages;
-    cfg.kv_blocks = 8;
-    g_allocated = 0;
-    g_counting = true;
-    auto d = std::make_unique<Domain>(*store, cfg);
-    g_counting = false;
-    std::uint64_t kv = 0;
-    for (const auto& st : g.stages)
-      kv += 2ull * st.n_layers * st.tp * (st.tp <= hp.n_head_kv ? hp.n_head_kv / st.tp : 1) * cfg.kv_blocks *
-            cfg.block_tokens * hp.head_dim * sizeof(float);
-    // A domain allocates its KV pool and bookkeeping; a copy of any weight
-    // set of weights (about 1 MB here, 1/8 of it per TP-8 rank) would show.
-    ASSERT_GE(g_allocated.load(), kv) << g.name;
-    EXPECT_LT(g_allocated.load() - kv, 64u * 1024) << g.name << ": allocated " << g_allocated << " bytes, KV " << kv;
+    // A copy of any set of weights (about 1 MB here, 1/8 of it per TP-8
+    // rank) would show.
+    expect_domain_allocates_kv_only(*store, g);
   }
   EXPECT_GT(store->weight_bytes(), 1000000u);
   EXPECT_LT(store->owned_bytes(), 8u * 1024);  // the float32 norm vectors only
+}
+
+// A Q8_0 model on the CPU backend: the store packs its matrices once (its
+// one-time preparation, PackedWeights: anonymous memory counted in
+// packed_bytes, not a per-domain allocation); after that, a domain of any
+// gear allocates its KV pool and bookkeeping only, as above, and the
+// packed copy stays the one object of the store.
+TEST(PackedQ8Domains, DomainsOfAnyGearShareTheStoresPackedCopy) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ftp-engine-q8-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  ftp::testing::SyntheticShape s;
+  s.n_layer = 4, s.n_embd = 128, s.n_ff = 256, s.n_head = 4, s.n_head_kv = 2, s.n_vocab = 300, s.n_ctx = 128;
+  s.dtype = ftp::model::DType::q8_0;
+  const std::string path = (dir / "q8.gguf").string();
+  ftp::testing::write_synthetic_gguf(path, s);
+  auto model = ftp::model::load_model(path);
+  std::filesystem::remove_all(dir);  // the mapping stays valid
+  WeightStore store(model);
+  const PackedWeights* packed = store.packed_for_cpu();
+  if (PackedWeights::wanted()) {
+    ASSERT_NE(packed, nullptr);
+    EXPECT_GE(store.packed_bytes(), store.weight_bytes() / 2);  // the matrices, not the embedding
+  } else {
+    EXPECT_EQ(packed, nullptr);
+  }
+  const std::uint64_t packed_bytes = store.packed_bytes();
+  const std::vector<Gear> gs = {{"tp1", {{0, 4, 1}}}, {"tp2", {{0, 4, 2}}}, {"tp4", {{0, 4, 4}}},
+                                {"tp2 x pp2", {{0, 2, 2}, {2, 2, 2}}, 2}};
+  for (const auto& g : gs) {
+    // A copy of the weights (about 0.5 MB here) or of the packed copy would show.
+    expect_domain_allocates_kv_only(store, g);
+    EXPECT_EQ(store.packed_for_cpu(), packed) << g.name;
+    EXPECT_EQ(store.packed_bytes(), packed_bytes) << g.name;
+  }
 }
 
 TEST_F(Fixture, ContinuousBatchingGivesTheTokensOfARequestAlone) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -213,14 +214,17 @@ RandomTensor random_tensor(DType dt, std::int64_t rows, std::int64_t cols, std::
   return r;
 }
 
-void expect_matches_reference(const MatView& w, int t, std::uint32_t seed, const std::string& what) {
+using MatmulFn = std::function<void(const float*, const MatView&, float*, int)>;
+
+void expect_matches_reference(const MatView& w, int t, std::uint32_t seed, const std::string& what,
+                              const MatmulFn& fast = ops::matmul) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1, 1);
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   std::vector<float> x(static_cast<std::size_t>(t) * k), out(static_cast<std::size_t>(t) * n, NAN),
       ref(static_cast<std::size_t>(t) * n);
   for (auto& v : x) v = u(rng);
-  ops::matmul(x.data(), w, out.data(), t);
+  fast(x.data(), w, out.data(), t);
   ops::matmul_reference(x.data(), w, ref.data(), t);
   std::vector<float> row(static_cast<std::size_t>(w.t->cols));
   for (int i = 0; i < n; ++i) {
@@ -243,6 +247,27 @@ void expect_matches_reference(const MatView& w, int t, std::uint32_t seed, const
       ASSERT_NEAR(out[o], dot, fast_tol) << what << " t=" << t << " row " << i << " token " << tok;
       ASSERT_NEAR(ref[o], dot, tol) << what << " (reference) t=" << t << " row " << i << " token " << tok;
     }
+  }
+}
+
+/// Each token's outputs of `fast` for t = 1..33 tokens at once, bit for bit
+/// those of the token alone (t = 1).
+void expect_batch_invariant(const MatView& w, std::uint32_t seed, const std::string& what,
+                            const MatmulFn& fast = ops::matmul) {
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> x(static_cast<std::size_t>(33) * k);
+  for (auto& v : x) v = u(rng);
+  std::vector<float> alone(static_cast<std::size_t>(33) * n);
+  for (int tok = 0; tok < 33; ++tok)
+    fast(&x[static_cast<std::size_t>(tok) * k], w, &alone[static_cast<std::size_t>(tok) * n], 1);
+  for (int t = 1; t <= 33; ++t) {
+    std::vector<float> out(static_cast<std::size_t>(t) * n, NAN);
+    fast(x.data(), w, out.data(), t);
+    for (std::size_t o = 0; o < out.size(); ++o)
+      ASSERT_EQ(std::memcmp(&out[o], &alone[o], 4), 0)
+          << what << " t=" << t << " row " << o % n << " token " << o / n << ": " << out[o] << " vs " << alone[o];
   }
 }
 
@@ -304,23 +329,152 @@ TEST(Matmul, ResultsDoNotDependOnTheBatch) {
     for (const auto& c : cases) {
       RandomTensor rt = random_tensor(c.dt, c.rows, c.cols, seed++);
       MatView w{&rt.view, c.r0, c.nr, c.c0, c.nc};
-      const int n = static_cast<int>(c.nr), k = static_cast<int>(c.nc);
-      std::mt19937 rng(seed++);
-      std::uniform_real_distribution<float> u(-1, 1);
-      std::vector<float> x(static_cast<std::size_t>(33) * k);
-      for (auto& v : x) v = u(rng);
-      std::vector<float> alone(static_cast<std::size_t>(33) * n);
-      for (int tok = 0; tok < 33; ++tok)
-        ops::matmul(&x[static_cast<std::size_t>(tok) * k], w, &alone[static_cast<std::size_t>(tok) * n], 1);
-      for (int t = 1; t <= 33; ++t) {
-        std::vector<float> out(static_cast<std::size_t>(t) * n, NAN);
-        ops::matmul(x.data(), w, out.data(), t);
-        for (std::size_t o = 0; o < out.size(); ++o)
-          ASSERT_EQ(std::memcmp(&out[o], &alone[o], 4), 0)
-              << ftp::model::dtype_name(c.dt) << (kernels == ops::MatmulKernels::best ? " best" : " avx2")
-              << " t=" << t << " row " << o % n << " token " << o / n << ": " << out[o] << " vs " << alone[o];
-      }
+      expect_batch_invariant(w, seed++,
+                             std::string(ftp::model::dtype_name(c.dt)) +
+                                 (kernels == ops::MatmulKernels::best ? " best" : " avx2"));
     }
   }
   ops::set_matmul_kernels(ops::MatmulKernels::best);
+}
+
+// ---------------------------------------------------------------------------
+// The packed Q8_0 layout (PackedWeights) and its kernel (ops::matmul_packed).
+
+namespace {
+
+/// A packed copy of a random Q8_0 tensor in a 64-aligned buffer.
+struct PackedTensor {
+  RandomTensor rt;
+  std::vector<std::uint8_t> buf;
+  PackedQ8 p;
+  PackedTensor(std::int64_t rows, std::int64_t cols, std::uint32_t seed) : rt(random_tensor(DType::q8_0, rows, cols, seed)) {
+    buf.resize(PackedWeights::packed_size(rt.view) + 64);
+    auto* at = reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(buf.data()) + 63) / 64 * 64);
+    PackedWeights::pack(rt.view, at, p);
+  }
+};
+
+bool cpu_has_vnni() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
+         __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+// The layout as packed_weights.hpp describes it, read back element by
+// element against the tensor's own Q8_0 blocks; rows past the end are zero.
+TEST(PackedQ8, LayoutHoldsEveryScaleAndWeight) {
+  PackedTensor pt(37, 224, 11);
+  const PackedQ8& p = pt.p;
+  EXPECT_EQ(p.groups, 3);
+  EXPECT_EQ(p.blocks, 7);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p.quants(1)) % 64, 0u);
+  EXPECT_EQ(PackedWeights::packed_size(pt.rt.view), static_cast<std::size_t>(p.groups) * p.group_stride);
+  for (std::int64_t row = 0; row < 48; ++row)
+    for (std::int64_t b = 0; b < p.blocks; ++b) {
+      const std::int64_t g = row / 16, r = row % 16;
+      const std::uint8_t* blk = row < 37 ? &pt.rt.bytes[static_cast<std::size_t>((row * 7 + b) * 34)] : nullptr;
+      std::uint16_t scale = 0;
+      if (blk) std::memcpy(&scale, blk, 2);
+      ASSERT_EQ(p.scales(g)[b * 16 + r], scale) << "row " << row << " block " << b;
+      for (int c = 0; c < 32; ++c) {
+        const std::uint8_t stored = p.quants(g)[b * 512 + (c / 4) * 64 + r * 4 + c % 4];
+        const int w = blk ? static_cast<std::int8_t>(blk[2 + c]) : 0;
+        ASSERT_EQ(static_cast<int>(stored), w + 128) << "row " << row << " block " << b << " column " << c;
+      }
+    }
+}
+
+// matmul_packed against the float32 reference (within the quantisation of
+// the activations, as the other Q8_0 kernels), on views whose rows start
+// and end inside groups of 16, columns from a block boundary, and 1..17
+// tokens; and each token's outputs bit-identical to the same token alone.
+TEST(PackedQ8, MatchesTheReferenceAndDoesNotDependOnTheBatch) {
+  if (!cpu_has_vnni()) std::printf("note: no AVX-512 VNNI here: matmul_packed runs ops::matmul\n");
+  EXPECT_EQ(ops::packed_kernels_available(), cpu_has_vnni());
+  struct Case {
+    std::int64_t rows, cols, r0, nr, c0, nc;
+  };
+  const std::vector<Case> cases = {
+      {37, 224, 0, 37, 0, 224},   // rows past the last whole group
+      {37, 224, 2, 35, 64, 96},   // a view starting inside a group, columns from block 2
+      {37, 224, 5, 9, 32, 160},   // inside one group
+      {37, 224, 16, 16, 192, 32}, // exactly one group, one block
+      {70, 320, 1, 69, 32, 256},
+      {64, 320, 0, 64, 0, 320},   // whole groups only
+      {100, 256, 16, 84, 32, 224},  // from a group's start: 4 groups at once (t = 1), one, a part
+  };
+  std::uint32_t seed = 300;
+  for (const auto& c : cases) {
+    PackedTensor pt(c.rows, c.cols, seed++);
+    MatView w{&pt.rt.view, c.r0, c.nr, c.c0, c.nc};
+    const std::string what = "packed q8_0 [" + std::to_string(c.rows) + "x" + std::to_string(c.cols) + "] rows " +
+                             std::to_string(c.r0) + "+" + std::to_string(c.nr) + " cols " + std::to_string(c.c0) + "+" +
+                             std::to_string(c.nc);
+    const PackedQ8& p = pt.p;
+    auto packed = [&p](const float* x, const MatView& v, float* out, int t) { ops::matmul_packed(x, p, v, out, t); };
+    for (int t = 1; t <= 17; ++t) expect_matches_reference(w, t, seed++, what, packed);
+
+    expect_batch_invariant(w, seed++, what, packed);
+  }
+}
+
+// A store packs once, for the CPU backend, and a domain built after it
+// gives the tokens of the mapped tensors' kernels within Q8_0's rounding:
+// greedy tokens of the tiny model equal with the packed copy and without.
+TEST(PackedQ8, TheStorePacksOnceAndTheEngineUsesIt) {
+  TempDir dir;
+  const SyntheticShape shape = tiny(DType::q8_0);
+  const std::string path = (dir.path / "tiny.gguf").string();
+  ftp::testing::write_synthetic_gguf(path, shape);
+  ftp::model::Model m = ftp::model::load_model(path);
+  WeightStore store(m);
+  std::vector<int> prompt = {1, 40, 41, 42, 43, 44, 45, 46};
+  const auto packed_tokens = generate(store, {{0, 4, 1}}, 1, prompt, 24);
+  const PackedWeights* p = store.packed_for_cpu();
+  if (!PackedWeights::wanted()) {
+    EXPECT_EQ(p, nullptr);
+    EXPECT_EQ(store.packed_bytes(), 0u);
+    return;
+  }
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p, store.packed_for_cpu());  // once
+  EXPECT_EQ(p->tensors(), static_cast<std::size_t>(shape.n_layer) * 7 + 1);
+  std::uint64_t expect = PackedWeights::packed_size(*store.output().t);
+  for (const auto& l : m.weights.layers)
+    for (const auto* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      ASSERT_NE(p->find(t), nullptr) << t->name;
+      expect += PackedWeights::packed_size(*t);
+    }
+  EXPECT_EQ(store.packed_bytes(), expect);
+  EXPECT_EQ(p->bytes(), expect);
+  // The same store's mapped tensors through ops::matmul (FTP_MATMUL=avx2
+  // here: matmul_packed falls back), the domain at TP 2 too.
+  ops::set_matmul_kernels(ops::MatmulKernels::avx2);
+  const auto mapped_tokens = generate(store, {{0, 4, 1}}, 1, prompt, 24);
+  ops::set_matmul_kernels(ops::MatmulKernels::best);
+  EXPECT_EQ(packed_tokens, mapped_tokens);
+  EXPECT_EQ(generate(store, {{0, 4, 2}}, 1, prompt, 24), packed_tokens);
+}
+
+// Release weight mode reads the mapped tensors: a store in that mode never
+// packs, and switching to it after packing is refused.
+TEST(PackedQ8, ReleaseModeDoesNotPack) {
+  TempDir dir;
+  const std::string path = (dir.path / "tiny.gguf").string();
+  ftp::testing::write_synthetic_gguf(path, tiny(DType::q8_0));
+  ftp::model::Model m = ftp::model::load_model(path);
+  WeightStore released(m);
+  released.use_release_mode();
+  EXPECT_EQ(released.packed_for_cpu(), nullptr);
+  EXPECT_EQ(released.packed_bytes(), 0u);
+  if (!PackedWeights::wanted()) return;
+  WeightStore packed(m);
+  ASSERT_NE(packed.packed_for_cpu(), nullptr);
+  EXPECT_THROW(packed.use_release_mode(), ftp::Error);
 }

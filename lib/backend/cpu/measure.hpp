@@ -19,6 +19,16 @@ namespace ftp::backend {
 /// share caches and memory bandwidth). Throws ftp::BackendError if threads < 1.
 Measurement measure_cpu_gemm_tflops(int threads, bool quick);
 
+/// Peak int8 multiply-add rate of the CPU's AVX-512 VNNI instruction (the
+/// one the CPU backend's packed Q8_0 kernel is built on): `threads` threads,
+/// each running vpdpbusd on 512-bit registers into 16 independent
+/// accumulators (no loads, no dependency stalls), counted as 2 ops per
+/// int8 multiply-add (64 per instruction). Best of 3 (quick) or 5 timed
+/// runs of ~0.05 s (quick) or ~0.2 s after one warm-up; unit "TOP/s"
+/// (1e12 ops/s). Where the CPU has no AVX-512 VNNI: value 0 and a method
+/// saying so. Throws ftp::BackendError if threads < 1.
+Measurement measure_cpu_int8_tops(int threads, bool quick);
+
 /// STREAM triad a[i] = b[i] + s * c[i] over doubles with `threads` threads
 /// (each pinned to nothing, first-touching its own slice). Arrays are
 /// 3 x 64 MiB (3 x 32 MiB with `quick`), far above the last-level caches of
