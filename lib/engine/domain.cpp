@@ -33,11 +33,13 @@ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 int kv_blocks_for_bytes(const model::HParams& hp, const std::vector<StageLayout>& stages, int block_tokens,
                         std::uint64_t bytes) {
   std::uint64_t per_block = 0;
-  for (const auto& st : stages) {
-    int kv_heads_per_rank = st.tp <= hp.n_head_kv ? hp.n_head_kv / st.tp : 1;
-    per_block += 2ull * st.n_layers * st.tp * kv_heads_per_rank * block_tokens * hp.head_dim * sizeof(float);
-  }
+  for (const auto& st : stages) per_block += static_cast<std::uint64_t>(st.tp) * kv_block_bytes_per_rank(hp, st, block_tokens);
   return per_block ? static_cast<int>(bytes / per_block) : 0;
+}
+
+std::uint64_t kv_block_bytes_per_rank(const model::HParams& hp, const StageLayout& st, int block_tokens) {
+  const int kv_heads_per_rank = st.tp <= hp.n_head_kv ? hp.n_head_kv / st.tp : 1;
+  return 2ull * st.n_layers * kv_heads_per_rank * block_tokens * hp.head_dim * sizeof(float);
 }
 
 Domain::EngineFactory Domain::real_engine(const WeightStore& weights) {

@@ -107,6 +107,33 @@ int gpu_ordinal(const std::string& name) {
 
 }  // namespace
 
+int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep,
+                           const std::vector<engine::StageLayout>& stages) const {
+  if (cfg_.kv_blocks > 0) return cfg_.kv_blocks;
+  const int bt = cfg_.block_tokens, ctx = context_length();
+  auto pages = [bt](std::int64_t tokens) { return static_cast<int>((tokens + bt - 1) / bt); };
+  // No more than the running batch can use: max_running requests of the full context.
+  int blocks = pages(static_cast<std::int64_t>(cfg_.max_running) * ctx);
+  // The gear's cap: a fraction of each virtual device's free memory, so that
+  // a shadow domain built beside this one still finds room for its own.
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    const std::uint64_t per = engine::kv_block_bytes_per_rank(model_.hparams, stages[s], bt);
+    for (std::size_t r = 0; r < stages[s].devices.size(); ++r) {
+      const backend::VirtualDevice& d = *stages[s].devices[r];
+      const double room = gear.kv_cache_cap * static_cast<double>(d.memory_available());
+      const int fit = static_cast<int>(std::min(room / static_cast<double>(per), static_cast<double>(blocks)));
+      if (fit < pages(ctx))
+        throw InputError("gear " + gear.name + ": device " + rep.stages[s].devices[r] + " has " +
+                         std::to_string(d.memory_available()) + " bytes free; its KV pool at kv_cache_cap " +
+                         fmt(gear.kv_cache_cap) + " holds " + std::to_string(fit) + " pages of " + std::to_string(bt) +
+                         " tokens, fewer than one request of the full context needs (" + std::to_string(pages(ctx)) +
+                         ")");
+      blocks = std::min(blocks, fit);
+    }
+  }
+  return blocks;
+}
+
 std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gear& gear, bool slow_start) {
   std::vector<std::shared_ptr<DomainRunner>> out;
   for (const auto& rep : gear.replicas) {
@@ -125,7 +152,7 @@ std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gea
       dc.stages.push_back(std::move(sl));
       devices.insert(devices.end(), st.devices.begin(), st.devices.end());
     }
-    dc.kv_blocks = cfg_.kv_blocks;
+    dc.kv_blocks = kv_blocks_for(gear, rep, dc.stages);
     dc.block_tokens = cfg_.block_tokens;
     dc.max_batched_tokens = std::min(cfg_.max_batched_tokens, gear.max_batched_tokens);
     dc.max_running = cfg_.max_running;
@@ -601,7 +628,8 @@ Json Service::status() const {
                         {"traffic_share", d->weight()},
                         {"running", d->domain().running()},
                         {"waiting", d->domain().waiting()},
-                        {"kv_usage", d->domain().kv_usage()}});
+                        {"kv_usage", d->domain().kv_usage()},
+                        {"kv_blocks", d->domain().config().kv_blocks}});
   Json devs = Json::array();
   for (const auto& [name, d] : vdevs_)
     devs.push_back(Json{{"id", name}, {"threads", d->threads()}, {"cpus", d->cpus()},

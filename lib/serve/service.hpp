@@ -62,7 +62,10 @@ struct ServiceConfig {
   std::string model_name;              ///< id in /v1/models
   doc::GearTable gears;                ///< the gear table (a one-gear table for --gear)
   std::string start_gear;              ///< default: gears[0]
-  int kv_blocks = 512;                 ///< KV pages per domain
+  /// KV pages per domain; 0 (the default): the gear's kv_cache_cap of the
+  /// free memory of each of its CPU virtual devices, at most what
+  /// max_running requests of the full context need (Service::kv_blocks_for).
+  int kv_blocks = 0;
   int block_tokens = 16;
   int max_batched_tokens = 256;
   int max_running = 64;
@@ -189,6 +192,8 @@ class Service {
   struct Shared;
   std::shared_ptr<DomainRunner> route(const CompletionRequest& r, int prompt_len);
   std::vector<std::shared_ptr<DomainRunner>> build_domains(const doc::Gear& gear, bool slow_start);
+  /// KV pages of a domain of `gear` on these stages (ServiceConfig::kv_blocks).
+  int kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const std::vector<engine::StageLayout>& stages) const;
   void set_weights(const std::vector<std::shared_ptr<DomainRunner>>& doms, double share);
   bool wait_drained(const std::vector<std::shared_ptr<DomainRunner>>& doms, int timeout_ms);
   std::int64_t now_ms() const;

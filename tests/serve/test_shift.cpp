@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "core/error.hpp"
 #include "doc/gear_table.hpp"
 #include "model/model.hpp"
 #include "control/clock.hpp"
@@ -358,4 +359,80 @@ TEST_F(ShiftFixture, RouterSendsLongPromptsToTheLargestTpDomain) {
   EXPECT_GE(short_domains.size(), 2u);  // spread over both by weight
   // The TP-4 domain is the one left after the shift.
   EXPECT_EQ(*long_domains.begin(), svc.status()["domains"][0]["id"].get<std::string>());
+}
+
+// Without --kv-blocks, a domain's KV pool is the gear's kv_cache_cap of each
+// virtual device's free memory, at most what max_running requests of the
+// full context need; a shadow domain is sized from what the serving one
+// left free.
+TEST_F(ShiftFixture, KvPoolFollowsTheGearsCapOfFreeDeviceMemory) {
+  const auto& hp = model->hparams;
+  const int bt = 16, full = (hp.n_ctx_train + bt - 1) / bt;
+  ServiceConfig c = config();
+  c.kv_blocks = 0;
+  c.max_running = 64;
+  // economy: TP 1 on vd0, every KV head of every layer on one rank.
+  const std::uint64_t per_page = 2ull * hp.n_layer * hp.n_head_kv * bt * hp.head_dim * sizeof(float);
+  const int needed = 64 * full;
+  std::uint64_t budget = 0;
+  {
+    Service probe(*model, c);
+    const auto st = probe.status();
+    for (const auto& d : st["devices"])
+      if (d["id"] == "vd0") budget = d["memory_budget"].get<std::uint64_t>();
+  }
+  ASSERT_GT(budget, 0u);
+  // A cap that holds half of what the batch could use.
+  const double cap = 0.5 * static_cast<double>(needed) * static_cast<double>(per_page) / static_cast<double>(budget);
+  for (auto& g : c.gears.gears) g.kv_cache_cap = cap;
+  c.start_gear = "economy";
+  Service svc(*model, c);
+  svc.start();
+  auto kv_blocks_of = [&](const std::string& state) {
+    const auto st = svc.status();
+    for (const auto& d : st["domains"])
+      if (d["state"] == state) return d["kv_blocks"].get<int>();
+    return -1;
+  };
+  const int first = kv_blocks_of("serving");
+  EXPECT_EQ(first, static_cast<int>(cap * static_cast<double>(budget) / static_cast<double>(per_page)));
+  EXPECT_LT(first, needed);
+  EXPECT_GE(first, needed / 2 - 1);
+  // Requests still complete, with the static output.
+  EXPECT_EQ(complete(svc, "kv-1", "Zoo", 40).text, reference["Zoo"]);
+  // A shift to standard (TP 2 on vd0, vd1): the shadow is sized while the
+  // economy domain still holds its pages on vd0.
+  Service::ShiftOptions o;
+  o.to = "standard";
+  ASSERT_EQ(svc.shift(o, nullptr).outcome, "committed");
+  const double per_rank = static_cast<double>(per_page / 2);  // half the KV heads each
+  const double free_vd0 = static_cast<double>(budget - static_cast<std::uint64_t>(first) * per_page);
+  const int expect = static_cast<int>(std::min(cap * free_vd0 / per_rank, static_cast<double>(needed)));
+  EXPECT_EQ(kv_blocks_of("serving"), expect);
+  EXPECT_LT(expect, needed);
+
+  // Without a cap that binds, the batch's need decides.
+  ServiceConfig wide = config();
+  wide.kv_blocks = 0;
+  wide.start_gear = "economy";
+  Service svc2(*model, wide);
+  svc2.start();
+  EXPECT_EQ(svc2.status()["domains"][0]["kv_blocks"].get<int>(), needed);
+}
+
+TEST_F(ShiftFixture, KvCapTooSmallForOneRequestNamesTheDevice) {
+  ServiceConfig c = config();
+  c.kv_blocks = 0;
+  for (auto& g : c.gears.gears) g.kv_cache_cap = 1e-9;
+  c.start_gear = "economy";
+  Service svc(*model, c);
+  try {
+    svc.start();
+    FAIL() << "a KV pool of no page was built";
+  } catch (const ftp::InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("device vd0"), std::string::npos) << m;
+    EXPECT_NE(m.find("kv_cache_cap"), std::string::npos) << m;
+    EXPECT_NE(m.find("bytes free"), std::string::npos) << m;
+  }
 }

@@ -62,7 +62,9 @@ int main(int argc, char** argv) {
                  "CPU virtual devices vd0..vd<N-1>; the gears must stay on them (default: those the table names)")
       ->check(CLI::NonNegativeNumber)
       ->option_text("N");
-  app.add_option("--kv-blocks", d.service.kv_blocks, "KV-cache pages of 16 tokens per domain (default 512)")
+  app.add_option("--kv-blocks", d.service.kv_blocks,
+                 "KV-cache pages of 16 tokens per domain (default: the gear's kv_cache_cap of each virtual device's "
+                 "free memory, at most what --max-running requests of the full context need)")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-running", d.service.max_running, "Sequences in a domain's running batch (default 64)")
       ->check(CLI::PositiveNumber);
