@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string_view>
 #include <utility>
 #if defined(__x86_64__)
@@ -18,13 +19,6 @@
 #include <vector>
 
 namespace ftp::engine::ops {
-
-void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
-  float ss = 0;
-  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
-  ss = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int i = 0; i < n; ++i) out[i] = w[i] * (ss * x[i]);
-}
 
 namespace {
 
@@ -690,6 +684,84 @@ FTP_AVX512 void matmul_packed512(const float* x, const PackedQ8& p, const MatVie
     }
   }
 }
+
+// ---------------------------------------------------------------------------
+// Element-wise operations of the forward pass, 16 floats at a time.
+
+/// e^x, 16 lanes: Cody-Waite reduction by ln 2 and Cephes' degree-6
+/// polynomial for expf (within 2 ulp of the exact value), then 2^n by
+/// vscalefps, which handles underflow to 0 and denormals; x is clamped to
+/// [-88.38, 88.38] (e^x overflows float32 beyond).
+FTP_AVX512 inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.3762626647949f)), _mm512_set1_ps(88.3762626647949f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, n);
+}
+
+/// Lanes [i, n) of a tail: the mask of the last, partial vector.
+FTP_AVX512 inline __mmask16 tail_mask(std::size_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+FTP_AVX512 void silu_mul512(float* g, const float* u, std::size_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    const __m512 r = _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(m, u + i));
+    _mm512_mask_storeu_ps(g + i, m, r);
+  }
+}
+
+/// Sixteen partial sums, lane l over elements l, l + 16, ..., then the
+/// lanes added in a fixed order: the same result for the same n on every
+/// call.
+FTP_AVX512 void softmax512(float* x, int n) {
+  const std::size_t N = static_cast<std::size_t>(n);
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (std::size_t i = 0; i < N; i += 16)
+    mx = _mm512_mask_max_ps(mx, tail_mask(N - i), mx, _mm512_maskz_loadu_ps(tail_mask(N - i), x + i));
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  __m512 sum = _mm512_setzero_ps();
+  for (std::size_t i = 0; i < N; i += 16) {
+    const __mmask16 k = tail_mask(N - i);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+    _mm512_mask_storeu_ps(x + i, k, e);
+    sum = _mm512_mask_add_ps(sum, k, sum, e);
+  }
+  const __m512 s = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
+  for (std::size_t i = 0; i < N; i += 16) {
+    const __mmask16 k = tail_mask(N - i);
+    _mm512_mask_storeu_ps(x + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, x + i), s));
+  }
+}
+
+FTP_AVX512 void rmsnorm512(const float* x, const float* w, float* out, int n, float eps) {
+  const std::size_t N = static_cast<std::size_t>(n);
+  __m512 ss = _mm512_setzero_ps();
+  for (std::size_t i = 0; i < N; i += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(tail_mask(N - i), x + i);
+    ss = _mm512_fmadd_ps(v, v, ss);
+  }
+  const float r = 1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(n) + eps);
+  const __m512 rv = _mm512_set1_ps(r);
+  for (std::size_t i = 0; i < N; i += 16) {
+    const __mmask16 k = tail_mask(N - i);
+    _mm512_mask_storeu_ps(out + i, k,
+                          _mm512_mul_ps(_mm512_maskz_loadu_ps(k, w + i), _mm512_mul_ps(rv, _mm512_maskz_loadu_ps(k, x + i))));
+  }
+}
 #pragma GCC diagnostic pop
 #endif
 
@@ -789,11 +861,27 @@ void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta) 
   }
 }
 
+void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
+#if FTP_X86
+  if (have_avx512()) return rmsnorm512(x, w, out, n, eps);
+#endif
+  float ss = 0;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  ss = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int i = 0; i < n; ++i) out[i] = w[i] * (ss * x[i]);
+}
+
 void silu_mul(float* g, const float* u, std::size_t n) {
+#if FTP_X86
+  if (have_avx512()) return silu_mul512(g, u, n);
+#endif
   for (std::size_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
 void softmax(float* x, int n) {
+#if FTP_X86
+  if (have_avx512()) return softmax512(x, n);
+#endif
   float m = *std::max_element(x, x + n);
   float sum = 0;
   for (int i = 0; i < n; ++i) {

@@ -4,7 +4,10 @@
 // batching, chunked prefill, preemption, request errors, sampling.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <random>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +19,7 @@
 
 #include "core/error.hpp"
 #include "engine/domain.hpp"
+#include "engine/ops.hpp"
 #include "engine/weight_store.hpp"
 #include "model/model.hpp"
 #include "synthetic_gguf.hpp"
@@ -370,4 +374,47 @@ TEST_F(Fixture, VirtualDevicesAccountKvAndRefuseWhatDoesNotFit) {
   }
   EXPECT_EQ(devs[0]->memory_used(), 0u);
   EXPECT_EQ(devs[1]->memory_used(), 0u);
+}
+
+// The element-wise operations (vectorised where the CPU has AVX-512)
+// against the same formulas in double precision, at lengths that leave
+// partial vectors, over the range of values a forward pass feeds them.
+TEST(ElementwiseOps, MatchDoublePrecisionFormulas) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> wide(-30.0f, 30.0f), unit(-2.0f, 2.0f);
+  auto rel = [](double got, double want) { return std::abs(got - want) / std::max(std::abs(want), 1e-30); };
+  for (int n : {1, 7, 15, 16, 17, 33, 100, 2048}) {
+    std::vector<float> g(static_cast<std::size_t>(n)), u(g.size()), x(g.size()), w(g.size()), out(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = wide(rng), u[i] = unit(rng), x[i] = unit(rng) * 4, w[i] = unit(rng);
+    // silu(g) * u
+    std::vector<float> s = g;
+    ftp::engine::ops::silu_mul(s.data(), u.data(), s.size());
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const double want = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+      EXPECT_LT(std::abs(s[i] - want), 1e-6 * std::max(1.0, std::abs(want))) << "silu n " << n << " i " << i << " g " << g[i];
+    }
+    // softmax: sums to 1, each within 1e-6 relative
+    std::vector<float> p = x;
+    ftp::engine::ops::softmax(p.data(), n);
+    const double m = *std::max_element(x.begin(), x.end());
+    double z = 0, total = 0;
+    for (float v : x) z += std::exp(v - m);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      EXPECT_LT(rel(p[i], std::exp(x[i] - m) / z), 1e-5) << "softmax n " << n << " i " << i;
+      total += p[i];
+    }
+    EXPECT_NEAR(total, 1.0, 1e-5) << "softmax n " << n;
+    // rmsnorm
+    ftp::engine::ops::rmsnorm(x.data(), w.data(), out.data(), n, 1e-5f);
+    double ss = 0;
+    for (float v : x) ss += static_cast<double>(v) * v;
+    const double r = 1.0 / std::sqrt(ss / n + 1e-5);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      EXPECT_LT(std::abs(out[i] - w[i] * r * x[i]), 1e-5 * std::max(1.0, std::abs(w[i] * r * x[i]))) << "rmsnorm n " << n;
+  }
+  // Softmax of scores far below the maximum: exact zeros, no NaN.
+  std::vector<float> far = {0.0f, -200.0f, -1000.0f, -87.0f, -89.0f};
+  ftp::engine::ops::softmax(far.data(), static_cast<int>(far.size()));
+  EXPECT_NEAR(far[0], 1.0f, 1e-6f);
+  for (float v : far) EXPECT_TRUE(std::isfinite(v) && v >= 0.0f);
 }
