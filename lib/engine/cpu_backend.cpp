@@ -76,7 +76,11 @@ class CpuRank final : public RankBackend {
     for (int r = 0; r < b_->n_rows; ++r) {
       int slot = b_->slot[static_cast<std::size_t>(r)], blk = slot / B, s = slot % B;
       for (int j = 0; j < kvh_; ++j) {
-        std::copy_n(row(k, r, kvh_ * hd) + j * hd, hd, kv_->k(layer, blk, j) + s * hd);
+        // K pages transposed, [head_dim][slot]: attention reads a page's
+        // positions as vectors (ops::attention_head).
+        const float* kr = row(k, r, kvh_ * hd) + j * hd;
+        float* kt = kv_->k(layer, blk, j) + s;
+        for (int d = 0; d < hd; ++d) kt[static_cast<std::ptrdiff_t>(d) * B] = kr[d];
         std::copy_n(row(v, r, kvh_ * hd) + j * hd, hd, kv_->v(layer, blk, j) + s * hd);
       }
     }
@@ -86,43 +90,23 @@ class CpuRank final : public RankBackend {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* scores = scores_.data();
     for (int r = 0; r < b_->n_rows; ++r) {
-      const int pos = b_->pos[static_cast<std::size_t>(r)];
+      const int n = b_->pos[static_cast<std::size_t>(r)] + 1;
       const int* table = &b_->block_table[static_cast<std::size_t>(b_->seq[static_cast<std::size_t>(r)]) * b_->max_blocks];
+      const int pages = (n + B - 1) / B;
+      kp_.resize(static_cast<std::size_t>(pages));
+      vp_.resize(static_cast<std::size_t>(pages));
+      int kv_now = -1;
       for (int h = 0; h < nq; ++h) {
-        const float* qh = row(q, r, nq * hd) + h * hd;
         const int kvj = (q_head0 + h) / group - kv_head0;
-        // Eight positions at a time: eight independent sums, each over d in
-        // order as one position alone (the same result, 8x the ILP).
-        constexpr int P = 8;
-        int p = 0;
-        for (; p + P <= pos + 1; p += P) {
-          const float* kp[P];
-          float sp[P];
-#pragma GCC unroll 8
-          for (int i = 0; i < P; ++i) {
-            kp[i] = kv_->k(layer, table[(p + i) / B], kvj) + ((p + i) % B) * hd;
-            sp[i] = 0;
+        if (kvj != kv_now) {  // the pages of this KV head (query heads of a group share them)
+          for (int b = 0; b < pages; ++b) {
+            kp_[static_cast<std::size_t>(b)] = kv_->k(layer, table[b], kvj);
+            vp_[static_cast<std::size_t>(b)] = kv_->v(layer, table[b], kvj);
           }
-          for (int d = 0; d < hd; ++d)
-#pragma GCC unroll 8
-            for (int i = 0; i < P; ++i) sp[i] += qh[d] * kp[i][d];
-#pragma GCC unroll 8
-          for (int i = 0; i < P; ++i) scores[p + i] = sp[i] * scale;
+          kv_now = kvj;
         }
-        for (; p <= pos; ++p) {
-          const float* kp = kv_->k(layer, table[p / B], kvj) + (p % B) * hd;
-          float s = 0;
-          for (int d = 0; d < hd; ++d) s += qh[d] * kp[d];
-          scores[p] = s * scale;
-        }
-        ops::softmax(scores, pos + 1);
-        float* o = row(out, r, nq * hd) + h * hd;
-        std::fill_n(o, hd, 0.0f);
-        for (int p = 0; p <= pos; ++p) {
-          const float* vp = kv_->v(layer, table[p / B], kvj) + (p % B) * hd;
-          const float a = scores[p];
-          for (int d = 0; d < hd; ++d) o[d] += a * vp[d];
-        }
+        ops::attention_head(row(q, r, nq * hd) + h * hd, kp_.data(), vp_.data(), n, hd, B, scale, scores,
+                            row(out, r, nq * hd) + h * hd);
       }
     }
   }
@@ -156,6 +140,7 @@ class CpuRank final : public RankBackend {
   std::unique_ptr<KvStore> kv_;
   std::array<std::vector<float>, static_cast<std::size_t>(Buf::count)> bufs_;
   std::vector<float> scores_;
+  std::vector<const float*> kp_, vp_;  // one head's KV pages (attention)
   const BatchLayout* b_ = nullptr;
 };
 

@@ -28,7 +28,9 @@ class BlockAllocator {
 };
 
 /// The KV storage of one rank of one pipeline stage: for each of the
-/// stage's layers, K and V pages [block][kv_head][slot][head_dim].
+/// stage's layers, K and V pages [block][kv_head] of slot x head_dim floats
+/// each: the CPU backend keeps K transposed in its page, [head_dim][slot],
+/// and V as [slot][head_dim] (ops::attention_head).
 class KvStore {
  public:
   KvStore(int n_layers, int n_blocks, int block_tokens, int kv_heads, int head_dim);

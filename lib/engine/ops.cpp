@@ -762,6 +762,26 @@ FTP_AVX512 void rmsnorm512(const float* x, const float* w, float* out, int n, fl
                           _mm512_mul_ps(_mm512_maskz_loadu_ps(k, w + i), _mm512_mul_ps(rv, _mm512_maskz_loadu_ps(k, x + i))));
   }
 }
+/// Scores of the positions [b x B, b x B + m) of one K page (transposed):
+/// lane s sums q[d] x K[d][s] over d in order.
+FTP_AVX512 void page_scores512(const float* q, const float* kt, int m, int hd, int B, float scale, float* scores) {
+  for (int s0 = 0; s0 < m; s0 += 16) {
+    const __mmask16 k = tail_mask(static_cast<std::size_t>(m - s0));
+    __m512 acc = _mm512_setzero_ps();
+    for (int d = 0; d < hd; ++d)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_maskz_loadu_ps(k, kt + static_cast<std::ptrdiff_t>(d) * B + s0), acc);
+    _mm512_mask_storeu_ps(scores + s0, k, _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
+  }
+}
+
+/// out[d] += a x v[d] for one position, 16 dimensions at a time.
+FTP_AVX512 void axpy512(float a, const float* v, float* out, int hd) {
+  const __m512 av = _mm512_set1_ps(a);
+  for (int d = 0; d < hd; d += 16) {
+    const __mmask16 k = tail_mask(static_cast<std::size_t>(hd - d));
+    _mm512_mask_storeu_ps(out + d, k, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(k, v + d), _mm512_maskz_loadu_ps(k, out + d)));
+  }
+}
 #pragma GCC diagnostic pop
 #endif
 
@@ -869,6 +889,43 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
   for (int i = 0; i < n; ++i) ss += x[i] * x[i];
   ss = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   for (int i = 0; i < n; ++i) out[i] = w[i] * (ss * x[i]);
+}
+
+void attention_head(const float* q, const float* const* kp, const float* const* vp, int n, int hd, int B, float scale,
+                    float* scores, float* out) {
+  const int pages = (n + B - 1) / B;
+#if FTP_X86
+  const bool wide = have_avx512();
+#else
+  const bool wide = false;
+#endif
+  for (int b = 0; b < pages; ++b) {
+    const int m = std::min(B, n - b * B);
+    float* sc = scores + static_cast<std::ptrdiff_t>(b) * B;
+#if FTP_X86
+    if (wide) {
+      page_scores512(q, kp[b], m, hd, B, scale, sc);
+      continue;
+    }
+#endif
+    for (int s = 0; s < m; ++s) {
+      float acc = 0;
+      for (int d = 0; d < hd; ++d) acc = std::fma(q[d], kp[b][static_cast<std::ptrdiff_t>(d) * B + s], acc);
+      sc[s] = acc * scale;
+    }
+  }
+  softmax(scores, n);
+  std::fill_n(out, hd, 0.0f);
+  for (int p = 0; p < n; ++p) {
+    const float* v = vp[p / B] + static_cast<std::ptrdiff_t>(p % B) * hd;
+#if FTP_X86
+    if (wide) {
+      axpy512(scores[p], v, out, hd);
+      continue;
+    }
+#endif
+    for (int d = 0; d < hd; ++d) out[d] = std::fma(scores[p], v[d], out[d]);
+  }
 }
 
 void silu_mul(float* g, const float* u, std::size_t n) {

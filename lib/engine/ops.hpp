@@ -61,6 +61,15 @@ void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta);
 /// g[i] = silu(g[i]) * u[i].
 void silu_mul(float* g, const float* u, std::size_t n);
 
+/// One query head's attention over positions [0, n) held in KV pages of
+/// `B` positions each: `kp[b]` is page b's K of this head transposed,
+/// [head_dim][B], `vp[b]` its V, [B][head_dim]. out[head_dim] =
+/// sum_p softmax(q . k_p x scale)_p v_p. Each score sums over d in order and
+/// each output over p in order, whatever the vector width (16 positions of
+/// a K page at a time where the CPU has AVX-512). `scores`: n floats.
+void attention_head(const float* q, const float* const* kp, const float* const* vp, int n, int head_dim, int B,
+                    float scale, float* scores, float* out);
+
 /// In-place softmax of one row of n.
 ///
 /// rmsnorm, silu_mul and softmax run 16 floats at a time where the CPU has

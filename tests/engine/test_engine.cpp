@@ -418,3 +418,48 @@ TEST(ElementwiseOps, MatchDoublePrecisionFormulas) {
   EXPECT_NEAR(far[0], 1.0f, 1e-6f);
   for (float v : far) EXPECT_TRUE(std::isfinite(v) && v >= 0.0f);
 }
+
+// One head's attention over transposed K pages and V pages, against the
+// formula in double precision: page sizes that do and do not fill a vector,
+// head sizes below, at and above one vector, positions ending mid-page.
+TEST(ElementwiseOps, AttentionHeadMatchesTheFormula) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+  for (int B : {16, 5, 32})
+    for (int hd : {6, 8, 64})
+      for (int n : {1, 4, 16, 17, 40}) {
+        const int pages = (n + B - 1) / B;
+        std::vector<std::vector<float>> kt(static_cast<std::size_t>(pages)), v(kt.size());
+        std::vector<const float*> kp, vp;
+        for (int b = 0; b < pages; ++b) {
+          kt[static_cast<std::size_t>(b)].resize(static_cast<std::size_t>(hd) * B);
+          v[static_cast<std::size_t>(b)].resize(static_cast<std::size_t>(hd) * B);
+          for (float& x : kt[static_cast<std::size_t>(b)]) x = val(rng);
+          for (float& x : v[static_cast<std::size_t>(b)]) x = val(rng);
+          kp.push_back(kt[static_cast<std::size_t>(b)].data());
+          vp.push_back(v[static_cast<std::size_t>(b)].data());
+        }
+        std::vector<float> q(static_cast<std::size_t>(hd)), out(q.size()), scores(static_cast<std::size_t>(n));
+        for (float& x : q) x = val(rng) * 3;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        ftp::engine::ops::attention_head(q.data(), kp.data(), vp.data(), n, hd, B, scale, scores.data(), out.data());
+        std::vector<double> s(static_cast<std::size_t>(n));
+        double mx = -1e300, z = 0;
+        for (int p = 0; p < n; ++p) {
+          double acc = 0;
+          for (int d = 0; d < hd; ++d)
+            acc += static_cast<double>(q[static_cast<std::size_t>(d)]) *
+                   kt[static_cast<std::size_t>(p / B)][static_cast<std::size_t>(d) * B + p % B];
+          s[static_cast<std::size_t>(p)] = acc * scale;
+          mx = std::max(mx, s[static_cast<std::size_t>(p)]);
+        }
+        for (double& x : s) z += (x = std::exp(x - mx));
+        for (int d = 0; d < hd; ++d) {
+          double want = 0;
+          for (int p = 0; p < n; ++p)
+            want += s[static_cast<std::size_t>(p)] / z *
+                    v[static_cast<std::size_t>(p / B)][static_cast<std::size_t>(p % B) * hd + static_cast<std::size_t>(d)];
+          EXPECT_NEAR(out[static_cast<std::size_t>(d)], want, 1e-5) << "B " << B << " hd " << hd << " n " << n << " d " << d;
+        }
+      }
+}
