@@ -799,6 +799,17 @@ std::atomic<int> g_kernels{[] {
 }()};
 }  // namespace
 
+#if FTP_X86
+namespace {
+/// The AVX-512 element-wise operations: where the CPU has them and the
+/// kernels are the best (FTP_MATMUL=avx2 or reference, set_matmul_kernels,
+/// take the scalar ones too: A/B runs, and the tests reach both).
+bool wide_elementwise() {
+  return have_avx512() && g_kernels.load(std::memory_order_relaxed) == static_cast<int>(MatmulKernels::best);
+}
+}  // namespace
+#endif
+
 void set_matmul_kernels(MatmulKernels k) { g_kernels.store(static_cast<int>(k), std::memory_order_relaxed); }
 MatmulKernels matmul_kernels() { return static_cast<MatmulKernels>(g_kernels.load(std::memory_order_relaxed)); }
 
@@ -883,7 +894,7 @@ void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta) 
 
 void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
 #if FTP_X86
-  if (have_avx512()) return rmsnorm512(x, w, out, n, eps);
+  if (wide_elementwise()) return rmsnorm512(x, w, out, n, eps);
 #endif
   float ss = 0;
   for (int i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -895,7 +906,7 @@ void attention_head(const float* q, const float* const* kp, const float* const* 
                     float* scores, float* out) {
   const int pages = (n + B - 1) / B;
 #if FTP_X86
-  const bool wide = have_avx512();
+  const bool wide = wide_elementwise();
 #else
   const bool wide = false;
 #endif
@@ -910,7 +921,7 @@ void attention_head(const float* q, const float* const* kp, const float* const* 
 #endif
     for (int s = 0; s < m; ++s) {
       float acc = 0;
-      for (int d = 0; d < hd; ++d) acc = std::fma(q[d], kp[b][static_cast<std::ptrdiff_t>(d) * B + s], acc);
+      for (int d = 0; d < hd; ++d) acc += q[d] * kp[b][static_cast<std::ptrdiff_t>(d) * B + s];
       sc[s] = acc * scale;
     }
   }
@@ -924,20 +935,20 @@ void attention_head(const float* q, const float* const* kp, const float* const* 
       continue;
     }
 #endif
-    for (int d = 0; d < hd; ++d) out[d] = std::fma(scores[p], v[d], out[d]);
+    for (int d = 0; d < hd; ++d) out[d] += scores[p] * v[d];
   }
 }
 
 void silu_mul(float* g, const float* u, std::size_t n) {
 #if FTP_X86
-  if (have_avx512()) return silu_mul512(g, u, n);
+  if (wide_elementwise()) return silu_mul512(g, u, n);
 #endif
   for (std::size_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
 void softmax(float* x, int n) {
 #if FTP_X86
-  if (have_avx512()) return softmax512(x, n);
+  if (wide_elementwise()) return softmax512(x, n);
 #endif
   float m = *std::max_element(x, x + n);
   float sum = 0;

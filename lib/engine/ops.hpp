@@ -72,10 +72,11 @@ void attention_head(const float* q, const float* const* kp, const float* const* 
 
 /// In-place softmax of one row of n.
 ///
-/// rmsnorm, silu_mul and softmax run 16 floats at a time where the CPU has
-/// AVX-512 (e^x by a polynomial within 2 ulp; sums in 16 partial lanes
-/// added in a fixed order), scalar elsewhere: the same results for the same
-/// inputs on a given machine, whatever the gear or the batch.
+/// rmsnorm, silu_mul, softmax and attention_head run 16 floats at a time
+/// where the CPU has AVX-512 and the kernels are the best (e^x by a
+/// polynomial within 2 ulp; sums in 16 partial lanes added in a fixed
+/// order), scalar elsewhere and under FTP_MATMUL=avx2|reference: the same
+/// results for the same inputs and kernels, whatever the gear or the batch.
 void softmax(float* x, int n);
 
 /// Sets the BLAS library to run single-threaded in each caller: a virtual

@@ -379,7 +379,19 @@ TEST_F(Fixture, VirtualDevicesAccountKvAndRefuseWhatDoesNotFit) {
 // The element-wise operations (vectorised where the CPU has AVX-512)
 // against the same formulas in double precision, at lengths that leave
 // partial vectors, over the range of values a forward pass feeds them.
-TEST(ElementwiseOps, MatchDoublePrecisionFormulas) {
+/// Runs `body` with the vector (where the CPU has them) and the scalar
+/// element-wise operations, then restores the best kernels.
+template <class F>
+void for_both_kernel_sets(F body) {
+  for (auto k : {ftp::engine::ops::MatmulKernels::best, ftp::engine::ops::MatmulKernels::reference}) {
+    SCOPED_TRACE(k == ftp::engine::ops::MatmulKernels::best ? "best kernels" : "scalar kernels");
+    ftp::engine::ops::set_matmul_kernels(k);
+    body();
+  }
+  ftp::engine::ops::set_matmul_kernels(ftp::engine::ops::MatmulKernels::best);
+}
+
+TEST(ElementwiseOps, MatchDoublePrecisionFormulas) { for_both_kernel_sets([] {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> wide(-30.0f, 30.0f), unit(-2.0f, 2.0f);
   auto rel = [](double got, double want) { return std::abs(got - want) / std::max(std::abs(want), 1e-30); };
@@ -417,12 +429,12 @@ TEST(ElementwiseOps, MatchDoublePrecisionFormulas) {
   ftp::engine::ops::softmax(far.data(), static_cast<int>(far.size()));
   EXPECT_NEAR(far[0], 1.0f, 1e-6f);
   for (float v : far) EXPECT_TRUE(std::isfinite(v) && v >= 0.0f);
-}
+}); }
 
 // One head's attention over transposed K pages and V pages, against the
 // formula in double precision: page sizes that do and do not fill a vector,
 // head sizes below, at and above one vector, positions ending mid-page.
-TEST(ElementwiseOps, AttentionHeadMatchesTheFormula) {
+TEST(ElementwiseOps, AttentionHeadMatchesTheFormula) { for_both_kernel_sets([] {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> val(-1.0f, 1.0f);
   for (int B : {16, 5, 32})
@@ -462,4 +474,4 @@ TEST(ElementwiseOps, AttentionHeadMatchesTheFormula) {
           EXPECT_NEAR(out[static_cast<std::size_t>(d)], want, 1e-5) << "B " << B << " hd " << hd << " n " << n << " d " << d;
         }
       }
-}
+}); }
