@@ -24,17 +24,34 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
-/// thread gets the result. `red` holds 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float v, float* red) {
+struct Plus {
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct Min {
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return b < a ? b : a; }
+};
+
+/// `op` over the block (blockDim.x a multiple of 32, at most 1024): within
+/// each warp, then over the warps' results; every thread gets the result.
+/// `red` holds 32 T of shared memory; `identity` is op's neutral element.
+template <class T, class Op>
+__device__ __forceinline__ T block_reduce(T v, T* red, T identity, Op op) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = warp_sum(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   __syncthreads();  // red may still be read by a previous call
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  v = lane < nw ? red[lane] : 0.0f;
-  return warp_sum(v);
+  v = lane < nw ? red[lane] : identity;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
+
+/// Sum over the block (block_reduce); `red` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* red) { return block_reduce(v, red, 0.0f, Plus{}); }
 
 __device__ __forceinline__ float bf16_bits_to_f32(std::uint16_t h) { return __uint_as_float(static_cast<std::uint32_t>(h) << 16); }
 __device__ __forceinline__ float f16_bits_to_f32(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }

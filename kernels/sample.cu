@@ -11,28 +11,6 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr std::uint32_t kOneBits = 0x3F800000u;  // bits of 1.0f: the largest probability
 
-__device__ double block_sum_d(double v, double* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0.0;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ int block_min_i(int v, int* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0x7fffffff;
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 __device__ __forceinline__ float prob(const float* row, int i, float mx, float temp) {
   return expf((row[i] - mx) / temp);
 }
@@ -44,25 +22,14 @@ __device__ double mass_at_least(const float* row, int n, float mx, float temp, s
     const float p = prob(row, i, mx, temp);
     if (__float_as_uint(p) >= b) s += p;
   }
-  return block_sum_d(s, red);
-}
-
-__device__ int block_sum_i(int v, int* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+  return detail::block_reduce(s, red, 0.0, detail::Plus{});
 }
 
 /// Tokens among the first m whose probability has bits b.
 __device__ int count_at(const float* row, int m, float mx, float temp, std::uint32_t b, int* red) {
   int c = 0;
   for (int i = threadIdx.x; i < m; i += blockDim.x) c += __float_as_uint(prob(row, i, mx, temp)) == b;
-  return block_sum_i(c, red);
+  return detail::block_reduce(c, red, 0, detail::Plus{});
 }
 
 /// The id of the j-th (from 0, in id order) token whose probability has bits b.
@@ -106,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
     int cand = 0x7fffffff;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
       if (row[i] == mx) cand = min(cand, i);
-    cand = block_min_i(cand, red_i);
+    cand = detail::block_reduce(cand, red_i, 0x7fffffff, detail::Min{});
     if (threadIdx.x == 0) out[blockIdx.x] = cand == 0x7fffffff ? 0 : cand;
     return;
   }

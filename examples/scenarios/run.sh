@@ -59,6 +59,27 @@ table() {
   } | tee -a "$md"
 }
 
+# compare PREFIX TITLE SIMULATE-ARGS...: (b)'s five policies on the same traffic -- static
+# economy, standard and performance, the gear shifter and the naive policy -- their run names in
+# the array names.
+compare() {
+  local prefix=$1 title=$2; shift 2
+  names=()
+  for g in economy standard performance; do
+    run "$prefix-static-$g" "(b) static $g, $title" "$@" --policy "static:$g"
+    names+=("$prefix-static-$g")
+  done
+  for p in gear-shifter naive; do
+    run "$prefix-$p" "(b) $p, $title" "$@" --policy "$p" --start-gear standard
+    names+=("$prefix-$p")
+  done
+}
+
+# gears_line LABEL GEARS.json: a planned table's gears and their estimated capacity, one line.
+gears_line() {
+  jq -r --arg l "$1" '"gears, \($l) (estimated max req/s): " + ([.gears[] | "\(.name) tp=\(.tp) pp=\(.pp) dp=\(.dp) \(.estimated.max_rps * 10 | round / 10)"] | join(", "))' "$2"
+}
+
 # load NAME: mean and peak of the 10 s load of a run, and their ratio.
 load() {
   jq -s -r '[.[].load_rps] as $l | ($l | add / length) as $m
@@ -104,21 +125,13 @@ table "static TP4, static TP8, dynamic-tp" a-static-tp4 a-static-tp8 a-dynamic-t
 {
   echo "## (b) the fragmented cluster"
   echo
-  jq -r '"gears, tinyllama-1.1b (estimated max req/s): " + ([.gears[] | "\(.name) tp=\(.tp) pp=\(.pp) dp=\(.dp) \(.estimated.max_rps * 10 | round / 10)"] | join(", "))' "$out/b-gears.json"
+  gears_line tinyllama-1.1b "$out/b-gears.json"
   echo
 } | tee -a "$md"
 for variant in poisson:1 bursty:4; do
   v=${variant%%:*}; cv=${variant#*:}
-  b_args=(--gears "$out/b-gears.json" --rate-pattern steps:100,600,100@1200 --burstiness "$cv" --seed 3)
-  names=()
-  for g in economy standard performance; do
-    run "b-$v-static-$g" "(b) static $g, 100-600-100 req/s ($v), fragmented" "${b_args[@]}" --policy "static:$g"
-    names+=("b-$v-static-$g")
-  done
-  for p in gear-shifter naive; do
-    run "b-$v-$p" "(b) $p, 100-600-100 req/s ($v), fragmented" "${b_args[@]}" --policy "$p" --start-gear standard
-    names+=("b-$v-$p")
-  done
+  compare "b-$v" "100-600-100 req/s ($v), fragmented" \
+    --gears "$out/b-gears.json" --rate-pattern steps:100,600,100@1200 --burstiness "$cv" --seed 3
   table "100 -> 600 -> 100 req/s, 20 min each, gamma CV $cv" "${names[@]}"
 done
 
@@ -129,19 +142,11 @@ if [ -r "$azure" ]; then
   "$plan" --topology "$out/fragmented.topo.json" --model "$root/examples/models/llama-7b.json" \
     --prompt-tokens 1155 --output-tokens 211 --json=short >"$out/b-azure-gears.json"
   {
-    jq -r '"gears, llama-7b for the trace'"'"'s mean request (estimated max req/s): " + ([.gears[] | "\(.name) tp=\(.tp) pp=\(.pp) dp=\(.dp) \(.estimated.max_rps * 10 | round / 10)"] | join(", "))' "$out/b-azure-gears.json"
+    gears_line "llama-7b for the trace's mean request" "$out/b-azure-gears.json"
     echo
   } | tee -a "$md"
-  z_args=(--gears "$out/b-azure-gears.json" --trace "$azure" --service-time-s 3)
-  names=()
-  for g in economy standard performance; do
-    run "b-azure-static-$g" "(b) static $g, Azure conversation trace, fragmented" "${z_args[@]}" --policy "static:$g"
-    names+=("b-azure-static-$g")
-  done
-  for p in gear-shifter naive; do
-    run "b-azure-$p" "(b) $p, Azure conversation trace, fragmented" "${z_args[@]}" --policy "$p" --start-gear standard
-    names+=("b-azure-$p")
-  done
+  compare b-azure "Azure conversation trace, fragmented" \
+    --gears "$out/b-azure-gears.json" --trace "$azure" --service-time-s 3
   load b-azure-static-standard
   table "Azure LLM 2023 conversation trace" "${names[@]}"
 else

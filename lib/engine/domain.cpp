@@ -26,20 +26,15 @@ namespace {
 
 using EventList = std::vector<std::pair<std::function<void(const GenerationEvent&)>, GenerationEvent>>;
 
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
 }  // namespace
 
-int kv_blocks_for_bytes(const model::HParams& hp, const std::vector<StageLayout>& stages, int block_tokens,
-                        std::uint64_t bytes) {
-  std::uint64_t per_block = 0;
-  for (const auto& st : stages) per_block += static_cast<std::uint64_t>(st.tp) * kv_block_bytes_per_rank(hp, st, block_tokens);
-  return per_block ? static_cast<int>(bytes / per_block) : 0;
+std::uint64_t kv_block_bytes_per_rank(const model::HParams& hp, const StageLayout& st, int block_tokens) {
+  const auto kv_heads = static_cast<std::uint64_t>(split_rank(hp, st.tp, 0).kv_heads.size());  // the same on every rank
+  return 2ull * st.n_layers * kv_heads * block_tokens * hp.head_dim * sizeof(float);
 }
 
-std::uint64_t kv_block_bytes_per_rank(const model::HParams& hp, const StageLayout& st, int block_tokens) {
-  const int kv_heads_per_rank = st.tp <= hp.n_head_kv ? hp.n_head_kv / st.tp : 1;
-  return 2ull * st.n_layers * kv_heads_per_rank * block_tokens * hp.head_dim * sizeof(float);
+int kv_pages(std::int64_t tokens, int block_tokens) {
+  return static_cast<int>((tokens + block_tokens - 1) / block_tokens);
 }
 
 Domain::EngineFactory Domain::real_engine(const WeightStore& weights) {
@@ -79,8 +74,8 @@ void Domain::submit(GenerationRequest r) {
   if (static_cast<int>(r.prompt.size()) >= cfg_.max_context)
     throw InputError(who + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
                      std::to_string(cfg_.max_context));
-  if (ceil_div(std::min(need, cfg_.max_context), cfg_.block_tokens) > cfg_.kv_blocks)
-    throw InputError(who + std::to_string(need) + " tokens need " + std::to_string(ceil_div(need, cfg_.block_tokens)) +
+  if (kv_pages(std::min(need, cfg_.max_context), cfg_.block_tokens) > cfg_.kv_blocks)
+    throw InputError(who + std::to_string(need) + " tokens need " + std::to_string(kv_pages(need, cfg_.block_tokens)) +
                      " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));
   std::lock_guard lk(mu_);
   incoming_.push_back(std::make_unique<Seq>(std::move(r), arrivals_++));
@@ -112,7 +107,7 @@ DomainStats Domain::stats() const {
 }
 
 bool Domain::ensure_blocks(Seq& s, int upto_tokens) {
-  int need = ceil_div(upto_tokens, cfg_.block_tokens);
+  int need = kv_pages(upto_tokens, cfg_.block_tokens);
   while (static_cast<int>(s.blocks.size()) < need) {
     int b = blocks_.allocate();
     if (b < 0) return false;

@@ -130,13 +130,11 @@ class Domain {
   int cap_ = 0, cap_steps_ = 0;  // slow start
 };
 
-/// KV pages that fit `bytes` for a domain of these stages (every rank of a
-/// stage holds its KV heads of the stage's layers for each page).
-int kv_blocks_for_bytes(const model::HParams& hp, const std::vector<StageLayout>& stages, int block_tokens,
-                        std::uint64_t bytes);
 /// Bytes one KV page takes on one rank of `stage`: K and V of its KV heads
 /// (one, replicated, when tp exceeds the model's KV heads) for the stage's
 /// layers, float32.
 std::uint64_t kv_block_bytes_per_rank(const model::HParams& hp, const StageLayout& stage, int block_tokens);
+/// KV pages that hold `tokens` positions, `block_tokens` to a page.
+int kv_pages(std::int64_t tokens, int block_tokens);
 
 }  // namespace ftp::engine

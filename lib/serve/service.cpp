@@ -111,9 +111,8 @@ int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep,
                            const std::vector<engine::StageLayout>& stages) const {
   if (cfg_.kv_blocks > 0) return cfg_.kv_blocks;
   const int bt = cfg_.block_tokens, ctx = context_length();
-  auto pages = [bt](std::int64_t tokens) { return static_cast<int>((tokens + bt - 1) / bt); };
   // No more than the running batch can use: max_running requests of the full context.
-  int blocks = pages(static_cast<std::int64_t>(cfg_.max_running) * ctx);
+  int blocks = engine::kv_pages(static_cast<std::int64_t>(cfg_.max_running) * ctx, bt);
   // The gear's cap: a fraction of each virtual device's free memory, so that
   // a shadow domain built beside this one still finds room for its own.
   for (std::size_t s = 0; s < stages.size(); ++s) {
@@ -122,11 +121,11 @@ int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep,
       const backend::VirtualDevice& d = *stages[s].devices[r];
       const double room = gear.kv_cache_cap * static_cast<double>(d.memory_available());
       const int fit = static_cast<int>(std::min(room / static_cast<double>(per), static_cast<double>(blocks)));
-      if (fit < pages(ctx))
+      if (fit < engine::kv_pages(ctx, bt))
         throw InputError("gear " + gear.name + ": device " + rep.stages[s].devices[r] + " has " +
                          std::to_string(d.memory_available()) + " bytes free; its KV pool at kv_cache_cap " +
                          fmt(gear.kv_cache_cap) + " holds " + std::to_string(fit) + " pages of " + std::to_string(bt) +
-                         " tokens, fewer than one request of the full context needs (" + std::to_string(pages(ctx)) +
+                         " tokens, fewer than one request of the full context needs (" + std::to_string(engine::kv_pages(ctx, bt)) +
                          ")");
       blocks = std::min(blocks, fit);
     }
