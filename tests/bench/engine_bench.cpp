@@ -10,8 +10,9 @@
 //   run with the same number of threads (ftp-probe's measure_cpu_triad_gbs),
 //   peak RSS against weights + KV cap + 10 %.
 // Each dtype runs in a child process so that its peak RSS is its own.
-// --tp 2 adds a TP-2 domain (two rank threads), compared with a 2-thread
-// triad. --kernels reference times ops::matmul_reference (the portable
+// By default it also runs a domain over the machine's cores: TP = the
+// largest power of two <= the hardware threads, at most 8 (rank threads),
+// compared with a triad of as many threads; --tp picks the degrees. --kernels reference times ops::matmul_reference (the portable
 // tile + sgemm path) instead of the fused kernels.
 //
 // Output: one JSON document (kind ftp.engine-bench/v1) on stdout, a table on
@@ -58,10 +59,19 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+/// TP 1 and, where the machine has more, the largest power of two <= its
+/// hardware threads, at most 8: one core and the whole machine.
+std::vector<int> default_tps() {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int tp = 1;
+  while (tp * 2 <= std::min(hw, 8)) tp *= 2;
+  return tp > 1 ? std::vector<int>{1, tp} : std::vector<int>{1};
+}
+
 struct Options {
   std::string shape = "1b";
   std::vector<std::string> dtypes = {"f16", "q8_0"};
-  std::vector<int> tps = {1};
+  std::vector<int> tps;   // empty: 1 and the machine's cores (default_tps)
   int steps = 8;          // timed decode steps per batch size
   int warmup = 2;         // untimed decode steps first
   int prompt = 128;       // prefill tokens
@@ -273,7 +283,8 @@ int main(int argc, char** argv) {
   auto& app = tool.app();
   app.add_option("--shape", o.shape, "1b (TinyLlama 1.1B shape) or tiny")->capture_default_str();
   app.add_option("--dtype", o.dtypes, "Weight dtypes: f32, f16, bf16, q8_0")->delimiter(',')->capture_default_str();
-  app.add_option("--tp", o.tps, "Tensor-parallel degrees (each rank one thread)")->delimiter(',')->capture_default_str();
+  app.add_option("--tp", o.tps, "Tensor-parallel degrees, each rank one thread (default: 1 and the machine's cores, a power of two, at most 8)")
+      ->delimiter(',');
   app.add_option("--steps", o.steps, "Timed decode steps per batch size")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed decode steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--prompt", o.prompt, "Prefill tokens")->check(CLI::PositiveNumber)->capture_default_str();
@@ -285,6 +296,7 @@ int main(int argc, char** argv) {
 
   return tool.run(argc, argv, [&]() -> int {
     for (const auto& d : o.dtypes) dtype_of(d);
+    if (o.tps.empty()) o.tps = default_tps();
     shape_of(o.shape, model::DType::f32);
     if (o.kernels == "reference") setenv("FTP_MATMUL", "reference", 1);
     bool own_dir = o.dir.empty();
