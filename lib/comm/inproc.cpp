@@ -70,6 +70,11 @@ void InprocCommunicator::wait_all() {
   if (aborted()) throw Error("inproc communicator aborted");
 }
 
+void InprocCommunicator::reset() noexcept {
+  arrived_.store(0, std::memory_order_relaxed);
+  aborted_.store(false, std::memory_order_release);
+}
+
 void InprocCommunicator::abort() noexcept {
   aborted_.store(true, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_release);

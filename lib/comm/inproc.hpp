@@ -23,7 +23,7 @@ namespace ftp::comm {
 ///
 /// A rank that fails can call abort(): ranks waiting inside a collective
 /// (now or later) throw ftp::Error("inproc communicator aborted") instead of
-/// hanging. An aborted communicator stays aborted.
+/// hanging. An aborted communicator stays aborted until reset().
 class InprocCommunicator {
  public:
   /// Throws ftp::InputError if n_ranks < 1.
@@ -47,6 +47,9 @@ class InprocCommunicator {
 
   /// Wakes every waiting rank with an error; later collectives throw too.
   void abort() noexcept;
+  /// Makes an aborted communicator usable again. Only while no rank is
+  /// inside a collective (e.g. after every rank's step has returned).
+  void reset() noexcept;
   bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
  private:

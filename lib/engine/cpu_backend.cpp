@@ -124,6 +124,10 @@ class CpuRank final : public RankBackend {
       std::copy_n(row(x, b_->logit_rows[i], E), E, out + i * static_cast<std::size_t>(E));
   }
   void abort() noexcept override { comm_->abort(); }
+  bool recover() noexcept override {
+    comm_->reset();
+    return true;
+  }
 
  private:
   template <typename T>

@@ -74,8 +74,9 @@ void Domain::submit(GenerationRequest r) {
   if (static_cast<int>(r.prompt.size()) >= cfg_.max_context)
     throw InputError(who + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
                      std::to_string(cfg_.max_context));
-  if (kv_pages(std::min(need, cfg_.max_context), cfg_.block_tokens) > cfg_.kv_blocks)
-    throw InputError(who + std::to_string(need) + " tokens need " + std::to_string(kv_pages(need, cfg_.block_tokens)) +
+  const int held = std::min(need, cfg_.max_context);  // a request never holds more than the context
+  if (kv_pages(held, cfg_.block_tokens) > cfg_.kv_blocks)
+    throw InputError(who + std::to_string(held) + " tokens need " + std::to_string(kv_pages(held, cfg_.block_tokens)) +
                      " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));
   std::lock_guard lk(mu_);
   incoming_.push_back(std::make_unique<Seq>(std::move(r), arrivals_++));
@@ -273,7 +274,10 @@ int Domain::step() {
   } catch (const std::exception& ex) {
     // A failed forward fails the requests of this step with an error event;
     // the domain keeps serving the others.
+    // Requests that already finished in this step (their events are in
+    // `events`) keep their outcome: one finish per request.
     for (auto [s, n] : plan) {
+      if (std::find(done.begin(), done.end(), s) != done.end()) continue;
       finish(*s, "error", std::string("domain ") + cfg_.id + ": " + ex.what(), events);
       done.push_back(s);
     }

@@ -107,6 +107,8 @@ class Domain {
   std::vector<double> stage_busy_s() const { return exec_->stage_busy_s(); }
   /// The engine's later steps run at a lower CPU priority (Engine::set_background).
   void set_background() { exec_->set_background(); }
+  /// Why the engine cannot run another step, or empty (Engine::failure).
+  std::string failure() const { return exec_->failure(); }
 
  private:
   struct Seq;

@@ -27,11 +27,19 @@ std::vector<std::vector<const SeqChunk*>> split_micro_batches(const std::vector<
   for (const auto& c : chunks) total += static_cast<int>(c.tokens.size());
   const int m = std::max(1, std::min<int>(micro_batches, static_cast<int>(chunks.size())));
   std::vector<std::vector<const SeqChunk*>> groups(static_cast<std::size_t>(m));
-  int acc = 0, idx = 0;
+  // A chunk opens the next group when its middle lies past the current
+  // group's share of the tokens (group idx ends near (idx + 1) x total / m):
+  // a large prefill after many decodes gets a group of its own instead of
+  // joining theirs. In integers: 2 acc + n > 2 (idx + 1) total / m.
+  long long acc = 0;
+  int idx = 0;
   for (const auto& c : chunks) {
-    if (idx < m - 1 && acc >= (idx + 1) * total / m && !groups[static_cast<std::size_t>(idx)].empty()) ++idx;
+    const long long n = static_cast<long long>(c.tokens.size());
+    if (idx < m - 1 && !groups[static_cast<std::size_t>(idx)].empty() &&
+        (2 * acc + n) * m > 2LL * (idx + 1) * total)
+      ++idx;
     groups[static_cast<std::size_t>(idx)].push_back(&c);
-    acc += static_cast<int>(c.tokens.size());
+    acc += n;
   }
   groups.erase(std::remove_if(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); }), groups.end());
   return groups;

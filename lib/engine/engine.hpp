@@ -45,7 +45,8 @@ struct SeqChunk {
 void check_chunks(const std::vector<SeqChunk>& chunks, int n_vocab, int block_tokens, const std::string& who);
 
 /// The micro-batches of one forward: contiguous groups of chunks of about
-/// equal token counts, at most `micro_batches` of them, none empty. The real
+/// equal token counts, at most `micro_batches` of them, none empty (a chunk
+/// goes to the group whose share of the tokens holds its middle). The real
 /// and the simulated engine split the same way.
 std::vector<std::vector<const SeqChunk*>> split_micro_batches(const std::vector<SeqChunk>& chunks, int micro_batches);
 
@@ -80,6 +81,12 @@ class Engine {
   /// its requests without holding up the new domain's first tokens. Not
   /// undone (a draining domain only retires). Default: nothing to do.
   virtual void set_background() {}
+
+  /// Why this engine cannot run another step (a failure it could not
+  /// recover from, e.g. a rank's collectives gone), or empty while it can.
+  /// A failed engine's domain takes no new requests and fails the ones it
+  /// has; the daemon serves on with its other domains.
+  virtual std::string failure() const { return {}; }
 };
 
 }  // namespace ftp::engine

@@ -218,7 +218,13 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   be.download(logits, mb.logits.data(), mb.logits.size());
 }
 
+std::string Executor::failure() const {
+  std::lock_guard lk(failure_mu_);
+  return failure_;
+}
+
 std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& chunks, int micro_batches) {
+  if (std::string f = failure(); !f.empty()) throw Error("executor: " + f);
   const int pp = static_cast<int>(st_.size());
   check_chunks(chunks, hp_.n_vocab, block_tokens_, "executor");
   auto groups = split_micro_batches(chunks, micro_batches);
@@ -233,6 +239,8 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
   // The step's ranks count as running while it lasts: whether a waiting
   // rank may spin depends on the ranks of every step running now.
   comm::StepRanks running(collective_ranks_);
+  std::mutex cause_mu;
+  std::exception_ptr cause;  // the first rank failure of this forward
   std::fill(stage_busy_s_.begin(), stage_busy_s_.end(), 0.0);
   for (int tick = 0; tick < m + pp - 1; ++tick) {
     std::vector<std::pair<int, int>> active;  // (stage, micro-batch)
@@ -245,14 +253,26 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
       Stage& st = st_[static_cast<std::size_t>(s)];
       rank_s[a].assign(static_cast<std::size_t>(st.layout.tp), 0.0);
       for (int r = 0; r < st.layout.tp; ++r)
-        st.ranks[static_cast<std::size_t>(r)].thread->post([this, &st, r, &mbs, b, a, &rank_s] {
+        st.ranks[static_cast<std::size_t>(r)].thread->post([this, &st, r, &mbs, b, a, &rank_s, &cause_mu, &cause] {
           Rank& me = st.ranks[static_cast<std::size_t>(r)];
           if (background_.load(std::memory_order_relaxed) && !me.background) {
             backend::lower_current_thread_priority(kBackgroundNice);  // best effort
             me.background = true;
           }
           auto t_task = std::chrono::steady_clock::now();
-          run_stage_rank(st, r, mbs[static_cast<std::size_t>(b)]);
+          try {
+            run_stage_rank(st, r, mbs[static_cast<std::size_t>(b)]);
+          } catch (...) {
+            // The first failure is the cause (its peers then fail with
+            // "aborted"). Wake the peers out of their collectives now: the
+            // domain thread may be waiting on one of them, not on this rank.
+            std::lock_guard lk(cause_mu);
+            if (!cause) {
+              cause = std::current_exception();
+              for (auto& peer : st.ranks) peer.be->abort();
+            }
+            throw;
+          }
           rank_s[a][static_cast<std::size_t>(r)] =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_task).count();
         });
@@ -260,19 +280,45 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
     std::exception_ptr err;
     for (std::size_t a = 0; a < active.size(); ++a) {
       Stage& st = st_[static_cast<std::size_t>(active[a].first)];
+      bool failed_stage = false;
       for (auto& rk : st.ranks) {
         try {
           rk.thread->wait();
         } catch (...) {
-          // One rank failed: wake its peers out of the collective, then report.
+          // One rank failed (it woke its peers out of the collective).
           if (!err) err = std::current_exception();
-          for (auto& peer : st.ranks) peer.be->abort();
+          failed_stage = true;
+        }
+      }
+      if (failed_stage) {
+        // Every rank of the stage has returned: make its collectives usable
+        // for the next step, or mark the engine failed where they cannot be.
+        bool ok = true;
+        for (auto& rk : st.ranks) ok = rk.be->recover() && ok;
+        if (!ok) {
+          std::string why = "a rank failed and the stage's collectives cannot be restored";
+          std::exception_ptr root;
+          {
+            std::lock_guard lk(cause_mu);
+            root = cause ? cause : err;
+          }
+          try {
+            std::rethrow_exception(root);
+          } catch (const std::exception& e) {
+            why += " (" + std::string(e.what()) + ")";
+          } catch (...) {
+          }
+          std::lock_guard lk(failure_mu_);
+          if (failure_.empty()) failure_ = std::move(why);
         }
       }
       stage_busy_s_[static_cast<std::size_t>(active[a].first)] +=
           *std::max_element(rank_s[a].begin(), rank_s[a].end());
     }
-    if (err) std::rethrow_exception(err);
+    if (err) {
+      std::lock_guard lk(cause_mu);
+      std::rethrow_exception(cause ? cause : err);
+    }
   }
 
   // Logits in chunk order: micro-batches hold contiguous groups of chunks.

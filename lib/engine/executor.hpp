@@ -69,6 +69,8 @@ class Executor final : public Engine {
   /// Each rank thread lowers its own priority (nice + 10) before its next task.
   void set_background() override { background_ = true; }
 
+  std::string failure() const override;
+
  private:
   struct Rank {
     std::vector<RankLayerView> layers;   // views of the stage's layers
@@ -100,6 +102,8 @@ class Executor final : public Engine {
   int block_tokens_;
   std::vector<double> stage_busy_s_;
   int collective_ranks_ = 0;  // ranks of the stages of more than one rank
+  mutable std::mutex failure_mu_;
+  std::string failure_;       // set when a failed step's stage could not recover
   std::atomic<bool> background_{false};
 };
 

@@ -112,6 +112,11 @@ class RankBackend {
   virtual void gather_logit_rows(const float* x, float* out) = 0;
   /// Wakes ranks waiting in all_reduce with an error (a peer failed).
   virtual void abort() noexcept = 0;
+  /// After abort(), once every rank of the stage has returned from its
+  /// task: makes the stage's collectives usable again and returns true, or
+  /// returns false where the backend cannot (an aborted NCCL communicator
+  /// is gone), and the domain cannot run again. Default: cannot.
+  virtual bool recover() noexcept { return false; }
 
   /// Runs `ops`, a sequence of the calls above that reads nothing back to
   /// the host. `graph_key` >= 0 names a replayable shape (a decode batch of

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/control.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include "doc/gear_table.hpp"
@@ -33,18 +34,33 @@ void ControlPlane::stop() {
     stopping_ = true;
   }
   server_->stop();  // cancels streams: watch loops end, shift/drain answers are dropped
-  std::vector<std::thread> w;
+  std::vector<Worker> w;
   {
     std::lock_guard lk(mu_);
     w.swap(workers_);
   }
   for (auto& t : w)
-    if (t.joinable()) t.join();
+    if (t.thread.joinable()) t.thread.join();
 }
 
 void ControlPlane::spawn(std::function<void()> fn) {
   std::lock_guard lk(mu_);
-  workers_.emplace_back(std::move(fn));
+  // Join the workers that have ended, so that a long-lived daemon does not
+  // keep a thread per stream it ever served.
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->done->load()) {
+      it->thread.join();
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  workers_.push_back(Worker{std::thread([fn = std::move(fn), done] {
+                              fn();
+                              done->store(true);
+                            }),
+                            done});
 }
 
 namespace {
@@ -122,8 +138,19 @@ std::vector<ipc::Method> ControlPlane::methods() {
                  std::vector<std::string> ids;
                  if (p.contains("domain")) ids.push_back(p["domain"].get<std::string>());
                  if (p.contains("devices")) {
-                   auto more = svc_.domains_on_devices(p["devices"].get<std::vector<std::string>>());
-                   ids.insert(ids.end(), more.begin(), more.end());
+                   std::vector<std::string> devices;
+                   for (std::size_t i = 0; i < p["devices"].size(); ++i) {
+                     if (!p["devices"][i].is_string()) {
+                       c.error(ipc::Errc::invalid_params, "devices[" + std::to_string(i) +
+                                                              "]: expected a device id string, got " +
+                                                              p["devices"][i].type_name());
+                       return;
+                     }
+                     devices.push_back(p["devices"][i].get<std::string>());
+                   }
+                   auto more = svc_.domains_on_devices(devices);
+                   for (auto& id : more)
+                     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(std::move(id));
                  }
                  if (ids.empty()) {
                    c.error(control_error_code("ftp.NoSuchDomain"), "ftp.NoSuchDomain",
@@ -132,6 +159,14 @@ std::vector<ipc::Method> ControlPlane::methods() {
                  }
                  bool force = p.value("force", false);
                  int timeout = p.value("timeout_ms", 600000);
+                 // All or nothing: refuse before draining any domain when
+                 // none would be left serving.
+                 if (!force && svc_.serving_domains_except(ids) == 0) {
+                   c.error(control_error_code("ftp.LastDomain"), "ftp.LastDomain",
+                           "draining " + std::to_string(ids.size()) +
+                               " domain(s) would leave no serving domain; use force to drain them anyway");
+                   return;
+                 }
                  auto call = c.share();
                  spawn([this, call, ids, force, timeout] {
                    try {

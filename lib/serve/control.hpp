@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,7 +44,11 @@ class ControlPlane {
   std::string path_, gears_path_;
   std::unique_ptr<ipc::Server> server_;
   std::mutex mu_;
-  std::vector<std::thread> workers_;
+  struct Worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;  ///< set when its function returned
+  };
+  std::vector<Worker> workers_;
   bool stopping_ = false;
 };
 

@@ -62,6 +62,12 @@ doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& 
   return t;
 }
 
+int default_http_threads(const ServiceConfig& c) {
+  std::size_t replicas = 1;
+  for (const auto& g : c.gears.gears) replicas = std::max(replicas, g.replicas.size());
+  return 2 * c.max_running * static_cast<int>(replicas) + 16;
+}
+
 doc::Topology virtual_topology(int n) {
   doc::Topology t;
   t.source = "probe";
@@ -141,6 +147,10 @@ int run_daemon(DaemonOptions o) {
       throw InputError((o.gears_path.empty() ? std::string("--gear") : o.gears_path) + ": " + e.what());
     }
   }
+  if (o.virtual_devices > 0) {
+    const doc::Topology vt = virtual_topology(o.virtual_devices);
+    o.service.reload_check = [vt](const doc::GearTable& t) { doc::validate_against(t, vt); };
+  }
   Service svc(model, o.service);
   svc.start();
   log("service started: model=" + name + " gear=" + svc.current_gear());
@@ -154,6 +164,7 @@ int run_daemon(DaemonOptions o) {
 
   if (!o.http.log) o.http.log = [&](std::string_view line) { log("http: " + std::string(line)); };
   if (o.http.chat_template.empty()) o.http.chat_template = model.tokenizer.chat_template;
+  if (o.http.threads == 0) o.http.threads = default_http_threads(o.service);
   HttpServer http(svc, o.http);
   http.start();
   log("http: listening on " + o.http.host + ":" + std::to_string(http.port()));
@@ -165,15 +176,28 @@ int run_daemon(DaemonOptions o) {
     control::PolicyConfig pc;
     if (!o.policy_path.empty())
       pc = json::parse_file(o.policy_path, [](const json::Json& j) { return control::policy_config_from_json(j); });
-    auto policy = std::shared_ptr<control::Policy>(control::make_policy(o.policy_name, o.service.gears, pc));
+    // The policy reads the table it is made with: keep it alive beside it.
+    auto table = std::make_shared<const doc::GearTable>(svc.gear_table());
+    auto policy = std::shared_ptr<control::Policy>(control::make_policy(o.policy_name, *table, pc));
+    std::uint64_t table_seen = svc.gear_table_generation();
     log("auto: policy " + o.policy_name + ", an observation every " + std::to_string(o.observe_interval_ms) + " ms");
-    loop = std::thread([&, policy] {
+    loop = std::thread([&, table, policy, table_seen, pc]() mutable {
       std::optional<doc::Decision> pending;
       while (!stop_loop) {
         for (int w = 0; w < o.observe_interval_ms && !stop_loop; w += 10)
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         if (stop_loop) break;
         try {
+          if (const auto gen = svc.gear_table_generation(); gen != table_seen) {
+            // A reloaded table: the policy starts over on it (its windows
+            // and dwell with it), and a decision for the old one is dropped.
+            auto next_table = std::make_shared<const doc::GearTable>(svc.gear_table());
+            policy = std::shared_ptr<control::Policy>(control::make_policy(o.policy_name, *next_table, pc));
+            table = std::move(next_table);  // after the policy that read the old one has gone
+            table_seen = gen;
+            pending.reset();
+            log("auto: gear table reloaded; the policy starts over on it");
+          }
           doc::Observation obs = svc.observe();
           doc::Decision d = policy->observe(obs);
           if (d.action == "shift") {

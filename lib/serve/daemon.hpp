@@ -50,6 +50,13 @@ struct DaemonOptions {
 doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g,
                                    const std::vector<std::string>& devices = {});
 
+/// HTTP connection threads when none are given: every request in flight,
+/// streaming or not, holds one until it ends, so there are enough for the
+/// running batches of two gears at once (a shift) plus as many waiting, and
+/// 16 more for probes (/health, /ready, /metrics) and new connections:
+/// 2 x max_running x the most replicas of a gear + 16.
+int default_http_threads(const ServiceConfig& config);
+
 /// A topology of `n` CPU virtual devices vd0..vd<n-1> in one island (what
 /// --virtual-devices offers), to check a gear table against.
 doc::Topology virtual_topology(int n);

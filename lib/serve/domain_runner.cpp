@@ -29,13 +29,17 @@ void DomainRunner::set_state(std::string s) {
   state_ = std::move(s);
 }
 
-void DomainRunner::submit(engine::GenerationRequest r) {
-  domain_->submit(std::move(r));
+bool DomainRunner::submit(engine::GenerationRequest&& r) {
   {
+    // Under mu_: loop() decides to end under it too, so a request queued
+    // here is one the thread sees before it can end.
     std::lock_guard lk(mu_);
+    if (stop_ || !domain_->failure().empty()) return false;
+    domain_->submit(std::move(r));
     ++submitted_;
   }
   cv_.notify_all();
+  return true;
 }
 
 int DomainRunner::inflight() const { return domain_->running() + domain_->waiting(); }

@@ -37,8 +37,12 @@ class DomainRunner {
   double weight() const noexcept { return weight_.load(); }
   void set_weight(double w) noexcept { weight_.store(w); }
 
-  /// Queues a request on the domain (engine::Domain::submit) and wakes its thread.
-  void submit(engine::GenerationRequest r);
+  /// Queues a request on the domain (engine::Domain::submit) and wakes its
+  /// thread. Returns false, leaving `r` as it was, once stop() has begun or
+  /// the engine has failed (engine::Engine::failure): a request routed to a
+  /// domain that retires before it arrives goes to another one instead of
+  /// waiting on a thread that has ended.
+  bool submit(engine::GenerationRequest&& r);
   /// Requests running or waiting, including ones submitted but not yet stepped.
   int inflight() const;
   engine::Domain& domain() noexcept { return *domain_; }

@@ -16,7 +16,10 @@
 #include <random>
 #include <thread>
 
+#include <strings.h>
+
 #include "core/error.hpp"
+#include "core/escape.hpp"
 #include "core/json.hpp"
 #include "serve/chat.hpp"
 #include "serve/service.hpp"
@@ -59,16 +62,7 @@ std::string logval(std::string_view v) {
   for (char c : v)
     if (c <= ' ' || c == '"' || c == '=' || c == '\\' || static_cast<unsigned char>(c) >= 0x7f) plain = false;
   if (plain) return std::string(v);
-  std::string out = "\"";
-  for (char c : v) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
+  return "\"" + backslash_escape(v) + "\"";
 }
 
 /// The log callback, shared with the requests still running in domains, so
@@ -163,7 +157,10 @@ Parsed parse_common(const Json& body, const Service& service, int default_max_to
   const int limit = service.config().max_tokens_limit;
   const char* mt_key = field(body, "max_completion_tokens") && !field(body, "max_tokens") ? "max_completion_tokens" : "max_tokens";
   p.max_tokens_given = field(body, mt_key) != nullptr;
-  std::int64_t mt = get_int(body, mt_key, default_max_tokens, 1, INT_MAX);
+  // A request that names no max_tokens gets the default, within the limit:
+  // only a value the client sends can be over it.
+  const int fallback = limit > 0 ? std::min(default_max_tokens, limit) : default_max_tokens;
+  std::int64_t mt = get_int(body, mt_key, fallback, 1, INT_MAX);
   if (limit > 0 && mt > limit)
     bad(mt_key, std::string(mt_key) + ": " + std::to_string(mt) + " is over this server's limit of " + std::to_string(limit));
   p.req.max_tokens = static_cast<int>(mt);
@@ -219,7 +216,7 @@ void parse_prompt(const Json& body, Parsed& p) {
     bad("prompt", std::string("prompt: expected a string, an array of one string or an array of token ids, got ") +
                       (f->is_array() ? "an empty array" : f->type_name()));
   }
-  if (p.req.prompt.empty() && p.req.prompt_tokens.empty() && f->is_array())
+  if (p.req.prompt.empty() && p.req.prompt_tokens.empty() && f->is_array() && !(f->size() == 1 && (*f)[0].is_string()))
     bad("prompt", "prompt: empty array of token ids");
 }
 
@@ -324,7 +321,7 @@ struct HttpServer::Impl {
   }
 
   void routes();
-  void completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void completion(const std::string& body_text, httplib::Response& res, bool chat);
   void answer_whole(httplib::Response& res, const std::shared_ptr<Pending>& st, const std::string& id, bool chat,
                     std::int64_t created_s);
   void answer_stream(httplib::Response& res, const std::shared_ptr<Pending>& st, const std::string& id, bool chat,
@@ -347,8 +344,10 @@ void HttpServer::Impl::routes() {
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opts.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
-    const std::string want = "Bearer " + opts.api_key;
-    if (const_time_equal(auth, want)) return httplib::Server::HandlerResponse::Unhandled;
+    // The scheme is case-insensitive (RFC 7235 section 2.1), the key is not.
+    const bool bearer = auth.size() > 7 && strncasecmp(auth.c_str(), "bearer ", 7) == 0;
+    if (bearer && const_time_equal(std::string_view(auth).substr(7), opts.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
     res.set_header("WWW-Authenticate", "Bearer");
     send_error(res, {401, "invalid_request_error", "", "invalid_api_key",
                      auth.empty() ? "Missing API key: send the header 'Authorization: Bearer <key>'"
@@ -383,9 +382,40 @@ void HttpServer::Impl::routes() {
     send_error(res, {500, "server_error", "", "", what});
   });
 
-  svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
-  svr.Post("/v1/chat/completions",
-           [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
+  // The body is read here rather than by httplib: its own reading has no
+  // limit on chunked bodies and a fixed 8 KiB one on form-encoded ones (the
+  // type curl -d sends), while a completion body is JSON whatever the type.
+  auto post = [this](bool chat) {
+    return [this, chat](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      bool over = false;
+      std::size_t seen = 0;
+      const auto limit = static_cast<std::size_t>(opts.max_body_bytes);
+      const bool read = reader([&](const char* data, std::size_t n) {
+        seen += n;
+        // Over the limit: read on, keeping nothing, so that the client gets
+        // its 413 rather than a reset; past twice the limit, hang up.
+        if (seen > limit) {
+          over = true;
+          body.clear();
+          return seen <= 2 * limit;
+        }
+        body.append(data, n);
+        return true;
+      });
+      over = over || res.status == 413;  // httplib's check of a Content-Length
+      if (over || !read) {
+        ApiError e = over ? ApiError{413, "invalid_request_error", "", "request_too_large",
+                                     "The request body is over the limit of " + std::to_string(opts.max_body_bytes) + " bytes"}
+                          : ApiError{400, "invalid_request_error", "", "invalid_body", "the request body could not be read"};
+        refused("-", e);
+        return send_error(res, e);
+      }
+      completion(body, res, chat);
+    };
+  };
+  svr.Post("/v1/completions", post(false));
+  svr.Post("/v1/chat/completions", post(true));
 
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     Json m{{"id", service.config().model_name}, {"object", "model"}, {"created", created}, {"owned_by", "flextp"}};
@@ -412,13 +442,13 @@ void HttpServer::Impl::routes() {
   });
 }
 
-void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+void HttpServer::Impl::completion(const std::string& body_text, httplib::Response& res, bool chat) {
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + id_suffix();
   const auto created_s = static_cast<std::int64_t>(std::time(nullptr));
   try {
     Json body;
     try {
-      body = json::parse(req.body, "request body");
+      body = json::parse(body_text, "request body");
     } catch (const std::exception& e) {
       throw ApiError{400, "invalid_request_error", "", "invalid_json", e.what()};
     }

@@ -17,7 +17,7 @@ namespace {
 /// Turns an RPC error into the exit code a tool reports.
 [[noreturn]] void rethrow_rpc(const ipc::RpcError& e) {
   const std::string& n = e.name();
-  Exit exit = Exit::failure;
+  Exit exit = e.exit();  // the protocol's own errors carry theirs (TooManyConnections: 3, IdleTimeout: 4, ...)
   if (n == "ftp.NoSuchGear" || n == "ftp.SameGear" || n == "ftp.InvalidParams" || n == "ftp.NoSuchDomain")
     exit = Exit::usage;
   else if (n == "ftp.DrainTimeout" || n == "ftp.Timeout")

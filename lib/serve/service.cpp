@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backend/cpu/cpu_info.hpp"
+#include "core/escape.hpp"
 #include "engine/rank_backend.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
@@ -37,6 +38,15 @@ std::string fmt(double v) {
   return o.str();
 }
 
+/// A sample value of the Prometheus text format at full precision: a
+/// histogram's _sum grows for as long as the daemon runs.
+std::string prom(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.15g", v);
+  return b;
+}
+
+
 }  // namespace
 
 Service::Service(const model::Model& model, ServiceConfig config)
@@ -44,13 +54,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
       eog_(end_of_generation(model, tok_)) {
   if (!cfg_.clock) cfg_.clock = std::make_shared<control::SystemClock>();
   t0_us_ = cfg_.clock->now_us();
-  const auto& hp = model.hparams;
-  const auto& m = cfg_.gears.model;
-  if (m.n_layers != hp.n_layer || m.n_heads != hp.n_head || m.n_kv_heads != hp.n_head_kv)
-    throw InputError("gear table: model.n_layers/n_heads/n_kv_heads (" + std::to_string(m.n_layers) + "/" +
-                     std::to_string(m.n_heads) + "/" + std::to_string(m.n_kv_heads) + ") do not match the model (" +
-                     std::to_string(hp.n_layer) + "/" + std::to_string(hp.n_head) + "/" + std::to_string(hp.n_head_kv) +
-                     ")");
+  check_model(cfg_.gears);
   doc::validate(cfg_.gears);
   if (cfg_.start_gear.empty()) cfg_.start_gear = cfg_.gears.gears.at(0).name;
   if (!cfg_.gears.find(cfg_.start_gear))
@@ -230,7 +234,7 @@ std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int pro
   std::vector<std::shared_ptr<DomainRunner>> cand;
   for (auto& d : domains_) {
     std::string st = d->state();
-    if ((st == "serving" || st == "warming") && d->weight() > 0) cand.push_back(d);
+    if ((st == "serving" || st == "warming") && d->weight() > 0 && d->domain().failure().empty()) cand.push_back(d);
   }
   if (cand.empty()) return nullptr;
   if (r.priority > 0 || (cfg_.route_long_prompt_tokens > 0 && prompt_len >= cfg_.route_long_prompt_tokens)) {
@@ -271,24 +275,15 @@ void Service::submit(CompletionRequest r) {
     throw RequestError(400, "invalid_request_error", "max_tokens",
                        "this model's context is " + std::to_string(ctx) + " tokens; the prompt (" + std::to_string(n) +
                            ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it");
-  auto dom = route(r, n);
-  if (!dom) throw RequestError(503, "unavailable_error", "", "no serving domain");
 
   struct Track {
-    std::int64_t arrival_ms, first_ms = -1;
+    std::int64_t arrival_us, first_us = -1;  // the service's clock, microseconds: sub-ms TTFTs are not 0
     int tokens = 0;
     std::unique_ptr<TextStream> text;
   };
   auto tr = std::make_shared<Track>();
-  tr->arrival_ms = now_ms();
+  tr->arrival_us = cfg_.clock->now_us() - t0_us_;
   tr->text = std::make_unique<TextStream>(tok_, prompt, r.stop);
-  {
-    std::lock_guard lk(metrics_mu_);
-    arrivals_.push_back(tr->arrival_ms);
-    while (!arrivals_.empty() && arrivals_.front() < tr->arrival_ms - 60000) arrivals_.pop_front();
-  }
-  ++requests_total_;
-  tokens_in_ += static_cast<std::uint64_t>(n);
 
   engine::GenerationRequest g;
   g.id = r.id;
@@ -305,19 +300,23 @@ void Service::submit(CompletionRequest r) {
     return ts->stopped();
   };
   auto on_event = r.on_event;
-  DomainRunner* dp = dom.get();
-  g.on_event = [this, tr, on_event, dp, n](const engine::GenerationEvent& e) {
+  // The domain that takes the request, set before it is queued there (the
+  // events come after).
+  auto where = std::make_shared<DomainRunner*>(nullptr);
+  g.on_event = [this, tr, on_event, where, n](const engine::GenerationEvent& e) {
+    DomainRunner* dp = *where;
     CompletionEvent ce;
     ce.request_id = e.request_id;
     ce.domain_id = e.domain_id;
     ce.prompt_tokens = n;
-    std::int64_t t = now_ms();
+    const std::int64_t t_us = cfg_.clock->now_us() - t0_us_, t = t_us / 1000;
+    auto ms_since = [t_us](std::int64_t us) { return static_cast<double>(t_us - us) / 1000.0; };
     if (e.token >= 0) {
       ++tr->tokens;
       ++tokens_out_;
-      if (tr->first_ms < 0) {
-        tr->first_ms = t;
-        double ttft = static_cast<double>(t - tr->arrival_ms);
+      if (tr->first_us < 0) {
+        tr->first_us = t_us;
+        double ttft = ms_since(tr->arrival_us);
         ttft_.add(ttft, t);
         std::lock_guard lk(metrics_mu_);
         observe_ms(hist_[0], ttft);
@@ -330,7 +329,7 @@ void Service::submit(CompletionRequest r) {
       ce.finished = true;
       ce.finish_reason = e.finish_reason;
       ce.error = e.error;
-      double e2e = static_cast<double>(t - tr->arrival_ms);
+      double e2e = ms_since(tr->arrival_us);
       e2e_.add(e2e, t);
       dp->e2e.add(e2e, t);
       {
@@ -345,19 +344,36 @@ void Service::submit(CompletionRequest r) {
       }
       std::lock_guard lk(metrics_mu_);
       observe_ms(hist_[2], e2e);
-      if (tr->tokens > 1 && tr->first_ms >= 0) {
-        double tpot = static_cast<double>(t - tr->first_ms) / (tr->tokens - 1);
+      if (tr->tokens > 1 && tr->first_us >= 0) {
+        double tpot = ms_since(tr->first_us) / (tr->tokens - 1);
         tpot_.add(tpot, t);
         observe_ms(hist_[1], tpot);
       }
     }
     if (on_event && (ce.finished || !ce.text.empty())) on_event(ce);
   };
-  try {
-    dom->submit(std::move(g));
-  } catch (const InputError& e) {
-    throw RequestError(400, "invalid_request_error", "prompt", e.what());
+  // A domain can retire between route() and its submit (a shift's last
+  // step, a drain, a rollback): it then refuses, and the request goes to
+  // the domains that serve now.
+  for (int attempt = 0;; ++attempt) {
+    auto dom = route(r, n);
+    if (!dom || attempt == 4) throw RequestError(503, "unavailable_error", "", "no serving domain");
+    *where = dom.get();
+    try {
+      if (dom->submit(std::move(g))) break;
+    } catch (const InputError& e) {
+      throw RequestError(400, "invalid_request_error", "prompt", e.what());
+    }
   }
+  // Counted once accepted: a refused request is neither traffic nor load.
+  {
+    std::lock_guard lk(metrics_mu_);
+    const std::int64_t arrival_ms = tr->arrival_us / 1000;
+    arrivals_.push_back(arrival_ms);
+    while (!arrivals_.empty() && arrivals_.front() < arrival_ms - 60000) arrivals_.pop_front();
+  }
+  ++requests_total_;
+  tokens_in_ += static_cast<std::uint64_t>(n);
 }
 
 void Service::set_weights(const std::vector<std::shared_ptr<DomainRunner>>& doms, double share) {
@@ -376,13 +392,15 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
   std::unique_lock sl(shift_mu_, std::try_to_lock);
   if (!sl.owns_lock())
     throw ControlError("ftp.ShiftInProgress", "a shift is in progress; one shift at a time");
+  reap_drained();
   const doc::Gear* target = cfg_.gears.find(o.to);
   if (!target) throw ControlError("ftp.NoSuchGear", "no gear \"" + o.to + "\" in the gear table", Exit::usage);
   if (!accepting_) throw ControlError("ftp.NotServing", "the service is draining");
   std::string from = current_gear();
-  if (from == o.to) throw ControlError("ftp.SameGear", "already in gear \"" + o.to + "\"", Exit::usage);
+  if (from == o.to && serving_domains() > 0)
+    throw ControlError("ftp.SameGear", "already in gear \"" + o.to + "\"", Exit::usage);
   std::vector<double> ramp = o.ramp.empty() ? cfg_.ramp : o.ramp;
-  if (ramp.back() != 1.0) throw ControlError("ftp.InvalidParams", "ramp: the last step must be 1.0", Exit::usage);
+  if (ramp.empty() || ramp.back() != 1.0) throw InputError("ramp: the last step must be 1.0");
   int step_ms = o.step_interval_ms >= 0 ? o.step_interval_ms : cfg_.step_interval_ms;
 
   shifting_ = true;
@@ -560,6 +578,7 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
 int Service::drain_domain(const std::string& id, bool force, int timeout_ms,
                           const std::function<void(const Json&)>& progress) {
   std::lock_guard sl(shift_mu_);  // not during a shift
+  reap_drained();
   std::shared_ptr<DomainRunner> dom;
   std::vector<std::shared_ptr<DomainRunner>> others;
   {
@@ -581,7 +600,7 @@ int Service::drain_domain(const std::string& id, bool force, int timeout_ms,
   int waited = dom->inflight();
   if (progress) progress(Json{{"domain", id}, {"state", "draining"}, {"inflight", waited}});
   bool ok = wait_drained({dom}, timeout_ms);
-  if (!ok) throw ControlError("ftp.Timeout", "domain " + id + " still has " + std::to_string(dom->inflight()) +
+  if (!ok) throw ControlError("ftp.DrainTimeout", "domain " + id + " still has " + std::to_string(dom->inflight()) +
                                                 " request(s) after " + std::to_string(timeout_ms) + " ms",
                               Exit::timeout);
   dom->stop();
@@ -606,14 +625,63 @@ std::vector<std::string> Service::domains_on_devices(const std::vector<std::stri
   return out;
 }
 
+void Service::check_model(const doc::GearTable& table) const {
+  const auto& hp = model_.hparams;
+  const auto& m = table.model;
+  if (m.n_layers != hp.n_layer || m.n_heads != hp.n_head || m.n_kv_heads != hp.n_head_kv)
+    throw InputError("gear table: model.n_layers/n_heads/n_kv_heads (" + std::to_string(m.n_layers) + "/" +
+                     std::to_string(m.n_heads) + "/" + std::to_string(m.n_kv_heads) + ") do not match the model (" +
+                     std::to_string(hp.n_layer) + "/" + std::to_string(hp.n_head) + "/" + std::to_string(hp.n_head_kv) +
+                     ")");
+}
+
 void Service::reload(doc::GearTable table) {
   doc::validate(table);
-  std::lock_guard sl(shift_mu_);
+  check_model(table);
+  if (cfg_.reload_check) cfg_.reload_check(table);
+  // Not during a shift: the control socket's loop and the signal thread
+  // call this, and neither may wait for a shift's ramp.
+  std::unique_lock sl(shift_mu_, std::try_to_lock);
+  if (!sl.owns_lock())
+    throw ControlError("ftp.ShiftInProgress", "a shift is in progress; reload the gear table after it");
   std::string cur = current_gear();
   if (!table.find(cur))
     throw ControlError("ftp.NoSuchGear", "the new gear table lacks the current gear \"" + cur + "\"", Exit::usage);
   std::lock_guard lk(mu_);
   cfg_.gears = std::move(table);
+  ++table_generation_;
+}
+
+doc::GearTable Service::gear_table() const {
+  std::lock_guard lk(mu_);
+  return cfg_.gears;
+}
+
+int Service::serving_domains() const { return serving_domains_except({}); }
+
+int Service::serving_domains_except(const std::vector<std::string>& ids) const {
+  std::lock_guard lk(mu_);
+  return static_cast<int>(std::count_if(domains_.begin(), domains_.end(), [&](const auto& d) {
+    return d->state() == "serving" && d->domain().failure().empty() &&
+           std::find(ids.begin(), ids.end(), d->id()) == ids.end();
+  }));
+}
+
+void Service::reap_drained() {
+  std::vector<std::shared_ptr<DomainRunner>> idle;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& d : domains_)
+      if (d->state() == "draining" && d->inflight() == 0) idle.push_back(d);
+  }
+  for (auto& d : idle) {
+    d->stop();
+    d->set_state("retired");
+  }
+  std::lock_guard lk(mu_);
+  domains_.erase(std::remove_if(domains_.begin(), domains_.end(),
+                                [&](const auto& d) { return std::find(idle.begin(), idle.end(), d) != idle.end(); }),
+                 domains_.end());
 }
 
 Json Service::status() const {
@@ -628,7 +696,8 @@ Json Service::status() const {
                         {"running", d->domain().running()},
                         {"waiting", d->domain().waiting()},
                         {"kv_usage", d->domain().kv_usage()},
-                        {"kv_blocks", d->domain().config().kv_blocks}});
+                        {"kv_blocks", d->domain().config().kv_blocks},
+                        {"failure", d->domain().failure().empty() ? Json() : Json(d->domain().failure())}});
   Json devs = Json::array();
   for (const auto& [name, d] : vdevs_)
     devs.push_back(Json{{"id", name}, {"threads", d->threads()}, {"cpus", d->cpus()},
@@ -794,7 +863,7 @@ std::string Service::prometheus() const {
   m << "# HELP ftp_kv_usage_ratio KV pages in use over the cap (largest domain).\n# TYPE ftp_kv_usage_ratio gauge\n"
     << "ftp_kv_usage_ratio " << kv << "\n";
   m << "# HELP ftp_gear_info The current gear.\n# TYPE ftp_gear_info gauge\n"
-    << "ftp_gear_info{gear=\"" << st["gear"].get<std::string>() << "\"} 1\n";
+    << "ftp_gear_info{gear=\"" << backslash_escape(st["gear"].get<std::string>()) << "\"} 1\n";
   m << "# HELP ftp_domains Domains by state.\n# TYPE ftp_domains gauge\n";
   for (const auto& [s, n] : by_state) m << "ftp_domains{state=\"" << s << "\"} " << n << "\n";
   std::lock_guard lk(metrics_mu_);
@@ -815,7 +884,7 @@ std::string Service::prometheus() const {
     }
     acc += h.counts.back();
     m << names[i] << "_bucket{le=\"+Inf\"} " << acc << "\n";
-    m << names[i] << "_sum " << fmt(h.sum / 1000.0) << "\n" << names[i] << "_count " << h.count << "\n";
+    m << names[i] << "_sum " << prom(h.sum / 1000.0) << "\n" << names[i] << "_count " << h.count << "\n";
   }
   return m.str();
 }

@@ -92,6 +92,9 @@ struct ServiceConfig {
   /// the domain's config. Set: the service loads no weights and creates no
   /// CPU virtual devices, and the model needs only hparams and tokenizer.
   std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine::DomainConfig&)> engine_factory;
+  /// Extra checks of a reloaded gear table (e.g. the daemon's virtual
+  /// devices); throws InputError. Null: none beyond the model's shapes.
+  std::function<void(const doc::GearTable&)> reload_check;
 };
 
 /// A completion to serve (already validated for shape by the API layer).
@@ -133,7 +136,13 @@ class Service {
   /// Stops routing new requests (submit answers 503), lets every in-flight
   /// request finish, stops the domains. Idempotent.
   void drain_and_stop();
-  bool ready() const noexcept { return ready_.load(); }
+  /// Started, not stopping, and at least one domain serving (a forced drain
+  /// of the last one leaves the service alive but not ready).
+  bool ready() const { return ready_.load() && serving_domains() > 0; }
+  /// Domains in state "serving" whose engine has not failed.
+  int serving_domains() const;
+  /// The same, not counting the domains named in `ids`.
+  int serving_domains_except(const std::vector<std::string>& ids) const;
   bool accepting() const noexcept { return accepting_.load(); }
 
   const model::Tokenizer& tokenizer() const noexcept { return tok_; }
@@ -174,6 +183,10 @@ class Service {
 
   json::Json status() const;
   json::Json gears_json() const;
+  /// The gear table in force (a copy: reload may replace it) and how many
+  /// times it was replaced.
+  doc::GearTable gear_table() const;
+  std::uint64_t gear_table_generation() const noexcept { return table_generation_.load(); }
   json::Json records() const;
   /// The observation of ARCHITECTURE.md from live data: queue depth (now and
   /// its 30 s mean), estimated queue time (mean E2E x queue length), request
@@ -189,6 +202,12 @@ class Service {
   std::string current_gear() const;
 
  private:
+  /// The gear table's model shapes against the loaded model; InputError.
+  void check_model(const doc::GearTable& table) const;
+  /// Retires draining domains left idle by a drain that timed out: called
+  /// by shift and drain (under shift_mu_), so that their devices return.
+  void reap_drained();
+
   struct Shared;
   std::shared_ptr<DomainRunner> route(const CompletionRequest& r, int prompt_len);
   std::vector<std::shared_ptr<DomainRunner>> build_domains(const doc::Gear& gear, bool slow_start);
@@ -208,6 +227,7 @@ class Service {
   /// pinned to them and KV pages accounted against their memory budget.
   std::map<std::string, std::unique_ptr<backend::VirtualDevice>> vdevs_;
   std::atomic<bool> ready_{false}, accepting_{false}, stopped_{false};
+  std::atomic<std::uint64_t> table_generation_{0};
   std::int64_t t0_us_ = 0;  // cfg_.clock at construction
 
   mutable std::mutex mu_;                                  // domains_, gear_, counters below

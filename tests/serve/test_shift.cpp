@@ -9,6 +9,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -18,6 +20,8 @@
 #include "doc/gear_table.hpp"
 #include "model/model.hpp"
 #include "control/clock.hpp"
+#include "engine/weight_store.hpp"
+#include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
 #include "serve/service.hpp"
 #include "test_data.hpp"
@@ -71,6 +75,35 @@ Result complete(Service& svc, const std::string& id, const std::string& prompt, 
   std::unique_lock lk(mu);
   cv.wait(lk, [&] { return done; });
   return r;
+}
+
+/// The name of the error `fn` throws: a ControlError's name, "InputError: "
+/// and the message, or "<none>".
+std::string refusal(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ControlError& e) {
+    return e.name();
+  } catch (const ftp::InputError& e) {
+    return std::string("InputError: ") + e.what();
+  }
+  return "<none>";
+}
+
+/// Starts a shift to `to` with ramp steps of `step_ms` on a thread and
+/// returns once its shadow is warm (the ramp has begun).
+std::thread slow_shift(Service& svc, const std::string& to, int step_ms) {
+  auto in_ramp = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([&svc, to, step_ms, in_ramp] {
+    Service::ShiftOptions slow;
+    slow.to = to;
+    slow.step_interval_ms = step_ms;
+    svc.shift(slow, [&](const ftp::doc::ShiftEvent& e) {
+      if (e.phase == "warm") *in_ramp = true;
+    });
+  });
+  while (!*in_ramp) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return t;
 }
 
 struct ShiftFixture : ::testing::Test {
@@ -220,38 +253,21 @@ TEST_F(ShiftFixture, FailedCheckRollsBackWithoutFailingRequests) {
 TEST_F(ShiftFixture, RefusalsAreNamed) {
   Service svc(*model, config());
   svc.start();
-  auto name_of = [&](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const ControlError& e) {
-      return e.name();
-    }
-    return std::string("<none>");
-  };
   Service::ShiftOptions o;
   o.to = "turbo";
-  EXPECT_EQ(name_of([&] { svc.shift(o, nullptr); }), "ftp.NoSuchGear");
+  EXPECT_EQ(refusal([&] { svc.shift(o, nullptr); }), "ftp.NoSuchGear");
   o.to = "economy";
-  EXPECT_EQ(name_of([&] { svc.shift(o, nullptr); }), "ftp.SameGear");
+  EXPECT_EQ(refusal([&] { svc.shift(o, nullptr); }), "ftp.SameGear");
   // A shift during a shift.
-  std::atomic<bool> in_ramp{false};
-  std::thread t([&] {
-    Service::ShiftOptions slow;
-    slow.to = "standard";
-    slow.step_interval_ms = 300;
-    svc.shift(slow, [&](const ftp::doc::ShiftEvent& e) {
-      if (e.phase == "warm") in_ramp = true;
-    });
-  });
-  while (!in_ramp) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread t = slow_shift(svc, "standard", 300);
   o.to = "performance";
-  EXPECT_EQ(name_of([&] { svc.shift(o, nullptr); }), "ftp.ShiftInProgress");
+  EXPECT_EQ(refusal([&] { svc.shift(o, nullptr); }), "ftp.ShiftInProgress");
   t.join();
   EXPECT_EQ(svc.current_gear(), "standard");
   // The last serving domain is not drained without force.
   std::string last = svc.status()["domains"][0]["id"];
-  EXPECT_EQ(name_of([&] { svc.drain_domain(last, false, 1000, nullptr); }), "ftp.LastDomain");
-  EXPECT_EQ(name_of([&] { svc.drain_domain("d999", false, 1000, nullptr); }), "ftp.NoSuchDomain");
+  EXPECT_EQ(refusal([&] { svc.drain_domain(last, false, 1000, nullptr); }), "ftp.LastDomain");
+  EXPECT_EQ(refusal([&] { svc.drain_domain("d999", false, 1000, nullptr); }), "ftp.NoSuchDomain");
 }
 
 TEST_F(ShiftFixture, DrainingAReplicaKeepsServing) {
@@ -435,4 +451,118 @@ TEST_F(ShiftFixture, KvCapTooSmallForOneRequestNamesTheDevice) {
     EXPECT_NE(m.find("kv_cache_cap"), std::string::npos) << m;
     EXPECT_NE(m.find("bytes free"), std::string::npos) << m;
   }
+}
+
+TEST_F(ShiftFixture, StoppedDomainRefusesNewRequestsUntouched) {
+  // A request routed to a domain that retires before its submit must not
+  // wait on a thread that has ended: the runner refuses it, intact, and the
+  // service routes it again.
+  ftp::engine::WeightStore store(*model);
+  ftp::engine::DomainConfig dc;
+  dc.kv_blocks = 64;
+  DomainRunner d("dx", "economy", {}, model->hparams, dc, ftp::engine::Domain::real_engine(store));
+  ftp::engine::GenerationRequest ok;
+  ok.id = "before";
+  ok.prompt = {1};
+  ok.max_tokens = 1;
+  std::promise<std::string> finished;
+  ok.on_event = [&](const ftp::engine::GenerationEvent& e) {
+    if (e.finished) finished.set_value(e.finish_reason);
+  };
+  ASSERT_TRUE(d.submit(std::move(ok)));
+  EXPECT_EQ(finished.get_future().get(), "length");
+  d.stop();
+  ftp::engine::GenerationRequest late;
+  late.id = "late";
+  late.prompt = {1, 2};
+  EXPECT_FALSE(d.submit(std::move(late)));
+  EXPECT_EQ(late.id, "late");
+  EXPECT_EQ(late.prompt.size(), 2u);
+}
+
+TEST_F(ShiftFixture, MetricsEscapeTheGearLabel) {
+  ServiceConfig c = config();
+  c.gears.gears[0].name = "eco\"no\\my\nx";
+  c.start_gear = c.gears.gears[0].name;
+  Service svc(*model, c);
+  svc.start();
+  const std::string m = svc.prometheus();
+  EXPECT_NE(m.find("ftp_gear_info{gear=\"eco\\\"no\\\\my\\nx\"} 1\n"), std::string::npos) << m;
+}
+
+TEST_F(ShiftFixture, ReloadDuringAShiftAnswersAtOnceAndWrongModelsAreRefused) {
+  Service svc(*model, config());
+  svc.start();
+  std::thread t = slow_shift(svc, "standard", 500);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(refusal([&] { svc.reload(table); }), "ftp.ShiftInProgress");
+  // It did not wait for the ramp (two steps of 500 ms).
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(400));
+  t.join();
+  EXPECT_EQ(svc.gear_table_generation(), 0u);
+  ftp::doc::GearTable other = table;
+  other.model.n_layers = 8;
+  const std::string refused = refusal([&] { svc.reload(other); });
+  EXPECT_EQ(refused.rfind("InputError: ", 0), 0u) << refused;
+  EXPECT_NE(refused.find("the model has 8"), std::string::npos) << refused;
+  EXPECT_EQ(refusal([&] { svc.reload(table); }), "<none>");
+  EXPECT_EQ(svc.gear_table_generation(), 1u);
+}
+
+TEST_F(ShiftFixture, AfterAForcedDrainOfTheLastDomainAShiftBringsTheGearBack) {
+  Service svc(*model, config());
+  svc.start();
+  EXPECT_TRUE(svc.ready());
+  std::string last = svc.status()["domains"][0]["id"];
+  svc.drain_domain(last, true, 60000, nullptr);
+  EXPECT_FALSE(svc.ready());
+  EXPECT_EQ(svc.serving_domains(), 0);
+  try {
+    complete(svc, "none", "Zoo", 4);
+    ADD_FAILURE() << "a request was accepted with no serving domain";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status(), 503);
+  }
+  Service::ShiftOptions o;
+  o.to = svc.current_gear();  // the same gear: nothing serves it any more
+  EXPECT_EQ(svc.shift(o, nullptr).outcome, "committed");
+  EXPECT_TRUE(svc.ready());
+  EXPECT_EQ(complete(svc, "back", "Zoo", 40).text, reference["Zoo"]);
+}
+
+TEST_F(ShiftFixture, ADrainThatTimesOutIsRetiredOnceIdle) {
+  Service svc(*model, config());
+  svc.start();
+  Service::ShiftOptions o;
+  o.to = "replicated";
+  ASSERT_EQ(svc.shift(o, nullptr).outcome, "committed");
+  auto ids = svc.domains_on_devices({"vd3"});
+  ASSERT_EQ(ids.size(), 1u);
+  // Keep the replica busy, then drain it with no time to wait.
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i)
+    clients.emplace_back([&, i] { complete(svc, "busy" + std::to_string(i), "Zoo", 40); });
+  std::string name;
+  for (int tries = 0; tries < 200 && name.empty(); ++tries) {
+    try {
+      svc.drain_domain(ids[0], false, 0, nullptr);
+      break;  // it was idle: nothing to test this time around
+    } catch (const ControlError& e) {
+      name = e.name();
+    }
+  }
+  for (auto& c : clients) c.join();
+  if (name.empty()) GTEST_SKIP() << "the replica was never busy when drained";
+  EXPECT_EQ(name, "ftp.DrainTimeout");
+  bool draining = false;
+  const auto st = svc.status();  // named: a range-for over a temporary's member would dangle
+  for (const auto& d : st["domains"]) draining |= d["state"] == "draining";
+  EXPECT_TRUE(draining) << st["domains"].dump();
+  // The next drain (or shift) retires it, now idle, and frees its device.
+  auto others = svc.domains_on_devices({"vd2"});
+  ASSERT_EQ(others.size(), 1u);
+  EXPECT_THROW(svc.drain_domain(others[0], false, 1000, nullptr), ControlError);  // the last serving one
+  const auto after = svc.status();
+  for (const auto& d : after["domains"]) EXPECT_NE(d["state"], "draining") << d.dump();
+  EXPECT_EQ(after["domains"].size(), 1u);
 }

@@ -46,6 +46,9 @@ check "auto: up-shift during the burst" wait_gear standard 8
 wait "${burst[@]}" 2>/dev/null; burst=()
 check "auto: down-shift after it" wait_gear economy 15
 check "auto: log shows the policy's decisions" grep -q "auto: decision shift economy -> standard" "$tmp/serve.log"
+kill -HUP $daemon
+for _ in $(seq 1 30); do grep -q "auto: gear table reloaded" "$tmp/serve.log" && break; sleep 0.1; done
+check "auto: SIGHUP reloads the table, the policy starts over on it" grep -q "auto: gear table reloaded" "$tmp/serve.log"
 kill -TERM $daemon; wait $daemon; rc=$?; daemon=
 check "auto: exit 0 after SIGTERM" test $rc -eq 0
 

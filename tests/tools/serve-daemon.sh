@@ -60,6 +60,13 @@ check "drain last domain: refused, exit 1" test $rc -eq 1
 check "drain last domain: named" grep -q "ftp.LastDomain" "$tmp/err"
 "$drain" --domain d999 2>"$tmp/err"; rc=$?
 check "drain unknown domain: exit 2" test $rc -eq 2
+# Draining every serving domain at once is refused before any drains.
+"$shift_tool" --to replicated >/dev/null
+"$drain" --devices vd2-3 2>"$tmp/err"; rc=$?
+check "drain of every serving domain: refused, exit 1" test $rc -eq 1
+check "drain of every serving domain: named" grep -q "ftp.LastDomain" "$tmp/err"
+check "drain of every serving domain: none drained" test "$("$(dirname "$serve")/ftp-probe" --watch --count 1 | jq '[.domains[] | select(.state=="serving")] | length')" = 2
+"$shift_tool" --to standard >/dev/null
 
 printf '%s\n' '{"kind":"ftp.decision/v1","t_ms":1,"action":"hold","from":"standard","policy":"test"}' \
   'not json' \

@@ -16,8 +16,8 @@ int main(int argc, char** argv) {
   app.add_option("--domain", domain, "Domain id, as the status method or ftp-probe watch output shows it")->option_text("ID");
   app.add_option("--devices", devices, "Devices: vd0,vd1 or a range of indices such as vd4-7")->option_text("LIST");
   app.add_flag("--force", force, "Allow draining the last serving domain (the daemon then refuses new requests)");
-  app.add_option("--timeout", timeout_s, "Give up after this many seconds (exit 4; default 600)")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--timeout", timeout_s, "Give up after this many seconds, at most 2000000 (exit 4; default 600)")
+      ->check(CLI::Range(1, 2000000))
       ->option_text("S");
   app.add_flag("-f,--follow", follow, "Print progress as JSON Lines");
   tool.add_socket_option("");

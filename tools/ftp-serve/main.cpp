@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
   app.add_option("--port", d.http.port, "HTTP port (default 8080; 0 picks a free one)")->check(CLI::Range(0, 65535));
   app.add_option("--socket", d.socket_path, "Control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
       ->option_text("PATH");
+  app.add_option("--http-threads", d.http.threads,
+                 "HTTP connection threads; each request in flight holds one (default: 2 x --max-running x the most "
+                 "replicas of a gear + 16)")
+      ->check(CLI::PositiveNumber)
+      ->option_text("N");
   app.add_option("--api-key", d.http.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (default: $FTP_API_KEY)")
       ->envname("FTP_API_KEY")
       ->option_text("KEY");
