@@ -79,6 +79,7 @@ void Domain::submit(GenerationRequest r) {
     throw InputError(who + std::to_string(held) + " tokens need " + std::to_string(kv_pages(held, cfg_.block_tokens)) +
                      " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));
   std::lock_guard lk(mu_);
+  cancelled_.erase(r.id);  // an earlier cancel of a request of the same id is not for this one
   incoming_.push_back(std::make_unique<Seq>(std::move(r), arrivals_++));
   ++n_waiting_;
 }
@@ -162,10 +163,17 @@ void Domain::limit_running(int cap, int steps) {
   cap_steps_ = steps;
 }
 
+void Domain::cancel(const std::string& id) {
+  std::lock_guard lk(mu_);
+  cancelled_.insert(id);
+}
+
 int Domain::step() {
   int max_running = cfg_.max_running;
+  std::unordered_set<std::string> cancel;
   {
     std::lock_guard lk(mu_);
+    cancel.swap(cancelled_);
     if (cap_steps_ > 0) {
       max_running = std::min(max_running, cap_);
       --cap_steps_;
@@ -174,6 +182,28 @@ int Domain::step() {
       waiting_.push_back(std::move(incoming_.front()));
       incoming_.pop_front();
     }
+  }
+  if (!cancel.empty()) {
+    // Cancelled requests leave before the plan: their pages go back now.
+    EventList gone;
+    auto drop = [&](auto& seqs) {
+      for (auto it = seqs.begin(); it != seqs.end();) {
+        if (cancel.count((*it)->req.id)) {
+          finish(**it, "cancelled", "", gone);
+          it = seqs.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    };
+    drop(running_);
+    drop(waiting_);
+    {
+      std::lock_guard lk(mu_);
+      n_running_ = static_cast<int>(running_.size());
+      n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
+    }
+    for (auto& [fn, e] : gone) fn(e);
   }
   int budget = cfg_.max_batched_tokens;
   std::vector<std::pair<Seq*, int>> plan;  // sequence, tokens this step

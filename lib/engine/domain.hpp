@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/engine.hpp"
@@ -89,6 +90,11 @@ class Domain {
   /// never be served: empty prompt, token ids outside the vocabulary, prompt
   /// plus max_tokens beyond the context or beyond the whole KV cache.
   void submit(GenerationRequest request);
+  /// Cancels request `id` if this domain holds it: at its next step the
+  /// request finishes with reason "cancelled" (no error) and gives back its
+  /// KV pages. For a client that has gone away. Thread-safe; an id this
+  /// domain does not hold is forgotten at that step.
+  void cancel(const std::string& id);
 
   /// One iteration: schedule, forward, sample, deliver events. Returns the
   /// tokens computed (0 when there was nothing to do).
@@ -124,6 +130,7 @@ class Domain {
   BlockAllocator blocks_;
   mutable std::mutex mu_;                 // guards incoming_ and the counters read by others
   std::deque<std::unique_ptr<Seq>> incoming_;
+  std::unordered_set<std::string> cancelled_;  // ids to cancel at the next step (under mu_)
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
   std::uint64_t arrivals_ = 0;

@@ -42,6 +42,11 @@ bool DomainRunner::submit(engine::GenerationRequest&& r) {
   return true;
 }
 
+void DomainRunner::cancel(const std::string& request_id) {
+  domain_->cancel(request_id);
+  cv_.notify_all();
+}
+
 int DomainRunner::inflight() const { return domain_->running() + domain_->waiting(); }
 
 void DomainRunner::slow_start(int cap, int steps) { domain_->limit_running(cap, steps); }

@@ -43,6 +43,8 @@ class DomainRunner {
   /// domain that retires before it arrives goes to another one instead of
   /// waiting on a thread that has ended.
   bool submit(engine::GenerationRequest&& r);
+  /// Cancels a request this domain may hold (engine::Domain::cancel) and wakes its thread.
+  void cancel(const std::string& request_id);
   /// Requests running or waiting, including ones submitted but not yet stepped.
   int inflight() const;
   engine::Domain& domain() noexcept { return *domain_; }

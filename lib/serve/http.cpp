@@ -267,7 +267,7 @@ struct Pending {
   std::condition_variable cv;
   std::deque<CompletionEvent> events;
   bool finished = false;   // the finish event is queued (or was consumed)
-  bool gone = false;       // the client went away: events are dropped
+  bool gone = false;       // the client went away: events are dropped, the request cancelled
   std::string domain_id = "-";
 };
 
@@ -614,17 +614,22 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, const std::shared_p
             dom = st->domain_id;
           }
           (*log)("request_id=" + id + " domain_id=" + logval(dom) +
-                 " event=client_gone detail=\"write failed; the request runs to its end, its events are dropped\"");
+                 " event=client_gone detail=\"write failed; the request is cancelled\"");
+          service.cancel(id);
           return false;
         }
         if (done) sink.done();
         return true;
       },
-      [st](bool success) {
+      [st, id, this](bool success) {
         if (success) return;
-        std::lock_guard lk(st->mu);
-        st->gone = true;
-        st->events.clear();
+        {
+          std::lock_guard lk(st->mu);
+          if (st->finished) return;
+          st->gone = true;
+          st->events.clear();
+        }
+        service.cancel(id);  // the stream ended early (the client left, the server stops)
       });
 }
 

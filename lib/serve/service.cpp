@@ -376,6 +376,16 @@ void Service::submit(CompletionRequest r) {
   tokens_in_ += static_cast<std::uint64_t>(n);
 }
 
+void Service::cancel(const std::string& request_id) {
+  std::vector<std::shared_ptr<DomainRunner>> doms;
+  {
+    std::lock_guard lk(mu_);
+    doms = domains_;
+  }
+  // The request is in one of them; the others forget the id at their next step.
+  for (auto& d : doms) d->cancel(request_id);
+}
+
 void Service::set_weights(const std::vector<std::shared_ptr<DomainRunner>>& doms, double share) {
   for (auto& d : doms) d->set_weight(doms.empty() ? 0 : share / static_cast<double>(doms.size()));
 }

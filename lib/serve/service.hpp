@@ -153,6 +153,10 @@ class Service {
   /// it stays until it finishes. Throws RequestError on bad input or when
   /// the service is not accepting.
   void submit(CompletionRequest request);
+  /// Cancels an accepted request whose client has gone: it finishes with
+  /// reason "cancelled" at its domain's next step, and its KV pages return.
+  /// An unknown or finished id is ignored.
+  void cancel(const std::string& request_id);
 
   /// Progress of a shift, one event per phase step.
   using ShiftProgress = std::function<void(const doc::ShiftEvent&)>;

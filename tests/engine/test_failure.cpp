@@ -5,7 +5,7 @@
 // same outputs; where a backend cannot restore them the domain reports its
 // failure and fails later requests with it. A request that finishes in a
 // step that then fails for another request keeps its one finish event. And
-// the micro-batch split of a step's chunks.
+// the micro-batch split of a step's chunks, and cancellation.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -247,4 +247,40 @@ TEST(MicroBatches, ALargeChunkAfterSmallOnesGetsAGroupOfItsOwn) {
     }
     ASSERT_EQ(next, cs.size());
   }
+}
+
+TEST_F(FailureTest, CancelledRequestsLeaveAtTheNextStepAndOthersAreUntouched) {
+  DomainConfig c;
+  c.kv_blocks = 32;
+  c.max_running = 1;  // "later" waits while "running" runs
+  Domain d(*store, c);
+  auto alone = run(d, {req("alone", 20)})["alone"];
+  auto out = std::make_shared<std::map<std::string, Outcome>>();
+  for (const char* id : {"running", "later", "kept"}) {
+    GenerationRequest r = req(id, 20);
+    r.on_event = [out](const GenerationEvent& e) {
+      Outcome& o = (*out)[e.request_id];
+      if (e.token >= 0) o.tokens.push_back(e.token);
+      if (e.finished) {
+        ++o.finishes;
+        o.reason = e.finish_reason;
+      }
+    };
+    d.submit(r);
+  }
+  d.step();
+  d.step();
+  d.cancel("running");
+  d.cancel("later");
+  d.cancel("not-here");  // forgotten at the next step
+  for (int guard = 0; !d.idle() && guard < 1000; ++guard) d.step();
+  EXPECT_EQ((*out)["running"].reason, "cancelled");
+  EXPECT_EQ((*out)["running"].finishes, 1);
+  EXPECT_LT((*out)["running"].tokens.size(), 20u);
+  EXPECT_EQ((*out)["later"].reason, "cancelled");
+  EXPECT_TRUE((*out)["later"].tokens.empty());
+  EXPECT_EQ((*out)["kept"].reason, "length");
+  EXPECT_EQ((*out)["kept"].tokens, alone.tokens);
+  EXPECT_EQ(d.kv_usage(), 0.0);
+  EXPECT_EQ(d.stats().failed, 0u);
 }
