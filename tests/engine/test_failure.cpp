@@ -108,19 +108,23 @@ struct FailureTest : ::testing::Test {
     model.reset();
   }
 
+  /// An on_event that records each request's outcome into `out`.
+  static std::function<void(const GenerationEvent&)> recorder(std::shared_ptr<std::map<std::string, Outcome>> out) {
+    return [out](const GenerationEvent& e) {
+      Outcome& o = (*out)[e.request_id];
+      if (e.token >= 0) o.tokens.push_back(e.token);
+      if (e.finished) {
+        ++o.finishes;
+        o.reason = e.finish_reason;
+        o.error = e.error;
+      }
+    };
+  }
   /// Runs the requests (submitted together) to the end; each one's outcome.
   static std::map<std::string, Outcome> run(Domain& d, const std::vector<GenerationRequest>& reqs) {
     auto out = std::make_shared<std::map<std::string, Outcome>>();
     for (GenerationRequest r : reqs) {
-      r.on_event = [out](const GenerationEvent& e) {
-        Outcome& o = (*out)[e.request_id];
-        if (e.token >= 0) o.tokens.push_back(e.token);
-        if (e.finished) {
-          ++o.finishes;
-          o.reason = e.finish_reason;
-          o.error = e.error;
-        }
-      };
+      r.on_event = recorder(out);
       d.submit(r);
     }
     for (int guard = 0; !d.idle() && guard < 10000; ++guard) d.step();
@@ -258,14 +262,7 @@ TEST_F(FailureTest, CancelledRequestsLeaveAtTheNextStepAndOthersAreUntouched) {
   auto out = std::make_shared<std::map<std::string, Outcome>>();
   for (const char* id : {"running", "later", "kept"}) {
     GenerationRequest r = req(id, 20);
-    r.on_event = [out](const GenerationEvent& e) {
-      Outcome& o = (*out)[e.request_id];
-      if (e.token >= 0) o.tokens.push_back(e.token);
-      if (e.finished) {
-        ++o.finishes;
-        o.reason = e.finish_reason;
-      }
-    };
+    r.on_event = recorder(out);
     d.submit(r);
   }
   d.step();
