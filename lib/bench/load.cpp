@@ -45,7 +45,11 @@ void one_request(const Target& t, const Planned& p, Sample& s, Clock::time_point
   auto [base, prefix] = split_url(t.url);
   httplib::Client cli(base);
   cli.set_connection_timeout(5, 0);
-  cli.set_read_timeout(static_cast<time_t>(t.timeout_s), 0);
+  {
+    // Seconds and microseconds: a fraction of a second is a timeout too.
+    const auto us = static_cast<long long>(t.timeout_s * 1e6);
+    cli.set_read_timeout(static_cast<time_t>(us / 1000000), static_cast<time_t>(us % 1000000));
+  }
   const auto sent = Clock::now();
   s.sent_s = ms_between(run_start, sent) / 1000.0;
   Clock::time_point last{};

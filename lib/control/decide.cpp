@@ -28,6 +28,8 @@ DecideStats decide(std::istream& in, std::string_view source, Policy& policy,
         std::string what = e.what();
         auto pos = what.find("syntax error");
         throw InputError("malformed JSON: " + (pos == std::string::npos ? what : what.substr(pos)));
+      } catch (const json::Json::out_of_range& e) {  // a number beyond a double, e.g. 1e400
+        throw InputError(std::string("malformed JSON: ") + e.what());
       }
       doc::Observation o = doc::observation_from_json(j);
       if (last_t && o.t_ms < *last_t)

@@ -429,6 +429,8 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
       if (pending_->load_driven) {
         rollback_.start(o.t_ms, pending_->baseline_p99);
         rollback_to_ = pending_->from;
+      } else {
+        rollback_.stop();  // a guard or rollback shift ends the watch of the shift before it
       }
       pending_.reset();
     } else if (o.t_ms <= pending_->deadline_ms) {
@@ -452,7 +454,19 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
          p99_history_.front().first < o.t_ms - static_cast<std::int64_t>(config_.rollback.baseline_window_s * 1000))
     p99_history_.pop_front();
 
-  // 2. Rollback after a load-driven shift.
+  // 2. Memory guard (before rollback: a rollback out of a gear whose KV is
+  // over the guard's threshold would only be followed by the guard).
+  if (!in_guard && o.kv_watermark > gs.memory_guard_kv) {
+    rollback_.stop();
+    if (guard_ >= 0)
+      return shift(o, table_.gears[guard_].name,
+                   "memory guard: KV watermark " + num(o.kv_watermark) + " > " + num(gs.memory_guard_kv), sig, false,
+                   false);
+    return hold(o, name(), "KV watermark " + num(o.kv_watermark) + " > " + num(gs.memory_guard_kv) +
+                               " but the gear table has no memory-guard gear", sig);
+  }
+
+  // 3. Rollback after a load-driven shift.
   if (rollback_.active()) {
     auto v = rollback_.observe(o);
     sig.push_back({"p99_regression_ms", o.e2e_ms.p99, config_.rollback.p99_factor * rollback_.baseline_ms(),
@@ -465,16 +479,6 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
                    sig, false, false);
   }
 
-  // 3. Memory guard.
-  if (!in_guard && o.kv_watermark > gs.memory_guard_kv) {
-    if (guard_ >= 0)
-      return shift(o, table_.gears[guard_].name,
-                   "memory guard: KV watermark " + num(o.kv_watermark) + " > " + num(gs.memory_guard_kv), sig, false,
-                   false);
-    return hold(o, name(), "KV watermark " + num(o.kv_watermark) + " > " + num(gs.memory_guard_kv) +
-                               " but the gear table has no memory-guard gear", sig);
-  }
-
   // 4. Load.
   int agree = 0;
   if (in_guard) {
@@ -482,7 +486,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     agree = dir ? gs.min_agreeing_signals : 0;
   } else {
     for (const auto& s : sig)
-      if (s.agrees && s.name != "kv_watermark") ++agree;
+      if (s.agrees && s.name != "kv_watermark" && s.name != "p99_regression_ms") ++agree;  // load signals only
   }
   if (dir < 0 && !in_guard && cur == ladder_.front()) {
     confirm_dir_ = confirm_count_ = 0;

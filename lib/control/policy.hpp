@@ -105,6 +105,11 @@ class RollbackMonitor {
   /// Feeds an observation; watching until it says rollback or committed.
   Verdict observe(const doc::Observation& o);
   bool active() const noexcept { return state_ == Verdict::watching; }
+  /// Stops watching (a shift that was not load-driven, e.g. into the memory guard, ended the watch).
+  void stop() noexcept {
+    state_ = Verdict::idle;
+    breach_since_.reset();
+  }
   double baseline_ms() const noexcept { return baseline_; }
   /// How long the current breach has lasted, ms (0: none).
   std::int64_t breach_ms(std::int64_t now_ms) const noexcept { return breach_since_ ? now_ms - *breach_since_ : 0; }

@@ -15,10 +15,15 @@ void Predictor::observe(std::int64_t t_ms, double rate) {
   } else if (t_ms <= last_t_ms_) {
     level_ = a * rate + (1 - a) * level_;
     t_ms = last_t_ms_;
+  } else if (static_cast<double>(t_ms - last_t_ms_) > std::max(config_.horizon_s, 60.0) * 1000.0) {
+    // A gap longer than the horizon and a minute (the observer stopped, the
+    // trace has a hole): the old trend says nothing about now, so start over.
+    level_ = rate;
+    trend_ = 0;
   } else {
     double dt = static_cast<double>(t_ms - last_t_ms_) / 1000.0;
     double prev = level_;
-    level_ = a * rate + (1 - a) * (level_ + trend_ * dt);
+    level_ = std::max(0.0, a * rate + (1 - a) * (level_ + trend_ * dt));  // a rate is never negative
     trend_ = a * (level_ - prev) / dt + (1 - a) * trend_;
   }
   ++n_;

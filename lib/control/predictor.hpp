@@ -21,6 +21,9 @@ struct PredictorConfig {
 ///   trend_k = alpha x (level_k - level_{k-1}) / dt + (1 - alpha) x trend_{k-1}      (per second)
 ///   forecast = max(level + max(trend, 0) x horizon_s, max of level over the last peak_window_s)
 ///
+/// The level is clamped at 0; after a gap longer than horizon_s (and than
+/// 60 s) the level restarts at the new rate with no trend.
+///
 /// Only a rising trend is projected (a falling one is left to the level), and
 /// the peak memory keeps the forecast up for a while after a burst, so that a
 /// lull between bursts does not look like the end of the load. Times come from

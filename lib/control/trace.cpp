@@ -192,14 +192,16 @@ Trace read_mooncake_jsonl(std::istream& in, std::string_view source) {
       std::string what = e.what();
       auto pos = what.find("syntax error");
       throw InputError(where + "malformed JSON: " + (pos == std::string::npos ? what : what.substr(pos)));
+    } catch (const json::Json::out_of_range& e) {  // a number beyond a double, e.g. 1e400
+      throw InputError(where + "malformed JSON: " + e.what());
     }
     TraceRequest r;
     try {
       json::Node node(j, "");
       node.expect_object();
       r.t_ms = node.positive_integer("timestamp", true);
-      r.prompt_tokens = static_cast<int>(node.positive_integer("input_length", true));
-      r.output_tokens = static_cast<int>(node.positive_integer("output_length", true));
+      r.prompt_tokens = node.positive_int("input_length", true);
+      r.output_tokens = node.positive_int("output_length", true);
     } catch (const InputError& e) {
       throw InputError(where + e.what());
     }

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/json.hpp"
 
+#include <limits>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -136,6 +138,13 @@ std::int64_t Node::positive_integer(std::string_view key, bool allow_zero) const
   return i;
 }
 
+int Node::positive_int(std::string_view key, bool allow_zero) const {
+  const std::int64_t i = positive_integer(key, allow_zero);
+  if (i > std::numeric_limits<int>::max())
+    at(key).fail("must be at most " + std::to_string(std::numeric_limits<int>::max()) + ", got " + std::to_string(i));
+  return static_cast<int>(i);
+}
+
 std::string Node::one_of(std::string_view key, const std::vector<std::string>& choices) const {
   Node n = at(key);
   std::string s = n.str();
@@ -153,6 +162,11 @@ std::string dump(const Json& doc, Style style) {
 Json parse(std::string_view text, std::string_view source) {
   try {
     return Json::parse(text.begin(), text.end());
+  } catch (const Json::out_of_range& e) {
+    // A number beyond a double (1e400): nlohmann names no place, so name the source.
+    std::string what = e.what();
+    auto pos = what.find("number overflow");
+    throw InputError(std::string(source) + ": " + (pos != std::string::npos ? what.substr(pos) : what));
   } catch (const Json::parse_error& e) {
     // nlohmann reports a byte offset; turn it into line:column for people.
     std::size_t line = 1, col = 1;

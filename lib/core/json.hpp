@@ -56,6 +56,8 @@ class Node {
   /// A number > 0 (or >= 0 with allow_zero), else "<path>: must be positive, got -1".
   double positive(std::string_view key, bool allow_zero = false) const;
   std::int64_t positive_integer(std::string_view key, bool allow_zero = false) const;
+  /// positive_integer that also fits an int: "<path>: must be at most 2147483647, got ...".
+  int positive_int(std::string_view key, bool allow_zero = false) const;
   /// A string member that must be one of `choices`.
   std::string one_of(std::string_view key, const std::vector<std::string>& choices) const;
 

@@ -28,7 +28,12 @@ bool island_type(const std::string& type) {
 }
 
 std::uint64_t gib_bytes(const Node& n, std::string_view key) {
-  return static_cast<std::uint64_t>(std::llround(n.positive(key) * kGiB));
+  const double bytes = n.positive(key) * kGiB;
+  // Whole bytes that a topology's memory_bytes can hold (at most 2^62).
+  if (!(bytes >= 1.0 && bytes <= 4611686018427387904.0))
+    n.at(key).fail("out of range: must come to between 1 byte and 2^62 bytes (4 EiB), got " + n.at(key).value().dump() +
+                   " GiB");
+  return static_cast<std::uint64_t>(std::llround(bytes));
 }
 
 /// "3g.40gb" -> 3/7 of the GPU's compute (A100/H100 have 7 compute slices).
@@ -99,7 +104,7 @@ Topology topology_from_cluster_spec(const Json& spec) {
       if (existing.id == node.id) nn.at("id").fail("duplicate node \"" + node.id + "\"");
     node.hostname = nn.str_or("hostname", node.id);
     node.cpu_model = nn.str_or("cpu_model", "");
-    node.cpu_cores = nn.has("cpu_cores") ? static_cast<int>(nn.positive_integer("cpu_cores")) : 0;
+    node.cpu_cores = nn.has("cpu_cores") ? nn.positive_int("cpu_cores") : 0;
     node.memory_bytes = nn.has("memory_gib") ? gib_bytes(nn, "memory_gib") : 0;
     t.nodes.push_back(node);
 
@@ -117,10 +122,10 @@ Topology topology_from_cluster_spec(const Json& spec) {
       base.gemm_tflop_s = dn.positive("tflop_s");
       base.gemm_dtype = dn.str_or("dtype", base.type == "gpu" ? "bf16" : "f32");
       base.memory_bandwidth_gb_s = dn.positive("memory_bandwidth_gb_s");
-      base.compute_units = dn.has("compute_units") ? static_cast<int>(dn.positive_integer("compute_units")) : 0;
+      base.compute_units = dn.has("compute_units") ? dn.positive_int("compute_units") : 0;
       base.perf_source = dn.has("perf_source") ? dn.one_of("perf_source", {"measured", "datasheet", "estimated"})
                                                : "datasheet";
-      int count = dn.has("count") ? static_cast<int>(dn.positive_integer("count")) : 1;
+      int count = dn.has("count") ? dn.positive_int("count") : 1;
       auto mig = dn.find("mig");
       if (mig && base.type != "gpu") mig->fail("only a gpu can be cut into MIG slices");
       for (int i = 0; i < count; ++i) {

@@ -106,8 +106,8 @@ Observation observation_from_json(const Json& j) {
       if (auto devs = n.find("devices"))
         for (const auto& dn : devs->items()) d.devices.push_back(dn.str());
       d.traffic_share = ratio(n, "traffic_share");
-      d.running = static_cast<int>(n.has("running") ? n.positive_integer("running", true) : 0);
-      d.waiting = static_cast<int>(n.has("waiting") ? n.positive_integer("waiting", true) : 0);
+      d.running = n.has("running") ? n.positive_int("running", true) : 0;
+      d.waiting = n.has("waiting") ? n.positive_int("waiting", true) : 0;
       o.domains.push_back(std::move(d));
     }
   }

@@ -121,10 +121,10 @@ GearTable gear_table_from_json(const Json& j) {
   Node m = root.at("model");
   m.expect_object();
   t.model.name = m.str_or("name", "");
-  t.model.n_layers = static_cast<int>(m.positive_integer("n_layers"));
-  t.model.n_heads = static_cast<int>(m.positive_integer("n_heads"));
-  t.model.n_kv_heads = m.has("n_kv_heads") ? static_cast<int>(m.positive_integer("n_kv_heads")) : t.model.n_heads;
-  t.model.hidden_size = m.has("hidden_size") ? static_cast<int>(m.positive_integer("hidden_size")) : 0;
+  t.model.n_layers = m.positive_int("n_layers");
+  t.model.n_heads = m.positive_int("n_heads");
+  t.model.n_kv_heads = m.has("n_kv_heads") ? m.positive_int("n_kv_heads") : t.model.n_heads;
+  t.model.hidden_size = m.has("hidden_size") ? m.positive_int("hidden_size") : 0;
   t.model.n_params = m.has("n_params") ? static_cast<std::uint64_t>(m.positive_integer("n_params")) : 0;
   t.topology = root.str_or("topology", "");
   for (const auto& gn : root.at("gears").items()) {
@@ -132,12 +132,12 @@ GearTable gear_table_from_json(const Json& j) {
     Gear g;
     g.name = gn.str("name");
     g.role = gn.has("role") ? gn.one_of("role", {"normal", "memory-guard"}) : "normal";
-    g.tp = static_cast<int>(gn.positive_integer("tp"));
-    g.pp = static_cast<int>(gn.positive_integer("pp"));
-    g.dp = static_cast<int>(gn.positive_integer("dp"));
-    g.micro_batches = gn.has("micro_batches") ? static_cast<int>(gn.positive_integer("micro_batches")) : 1;
+    g.tp = gn.positive_int("tp");
+    g.pp = gn.positive_int("pp");
+    g.dp = gn.positive_int("dp");
+    g.micro_batches = gn.has("micro_batches") ? gn.positive_int("micro_batches") : 1;
     g.max_batched_tokens =
-        gn.has("max_batched_tokens") ? static_cast<int>(gn.positive_integer("max_batched_tokens")) : 2048;
+        gn.has("max_batched_tokens") ? gn.positive_int("max_batched_tokens") : 2048;
     g.kv_cache_cap = gn.has("kv_cache_cap") ? gn.positive("kv_cache_cap") : 0.7;
     g.weight_mode = gn.has("weight_mode") ? gn.one_of("weight_mode", {"resident", "release"}) : "resident";
     for (const auto& rn : gn.at("replicas").items()) {

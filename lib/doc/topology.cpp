@@ -29,7 +29,7 @@ Json allreduce_to_json(const AllReduce& a) {
 AllReduce allreduce_from(const Node& n) {
   n.expect_object();
   AllReduce a;
-  a.ranks = static_cast<int>(n.positive_integer("ranks"));
+  a.ranks = n.positive_int("ranks");
   a.bytes = static_cast<std::uint64_t>(n.positive_integer("bytes", true));
   a.time_us = n.positive("time_us", true);
   a.algbw_gb_s = n.positive("algbw_gb_s", true);
@@ -132,8 +132,8 @@ Topology topology_from_json(const Json& j) {
     node.id = n.str("id");
     node.hostname = n.str_or("hostname", "");
     node.cpu_model = n.str_or("cpu_model", "");
-    node.cpu_cores = static_cast<int>(n.has("cpu_cores") ? n.positive_integer("cpu_cores", true) : 0);
-    node.numa_nodes = static_cast<int>(n.has("numa_nodes") ? n.positive_integer("numa_nodes", true) : 0);
+    node.cpu_cores = n.has("cpu_cores") ? n.positive_int("cpu_cores", true) : 0;
+    node.numa_nodes = n.has("numa_nodes") ? n.positive_int("numa_nodes", true) : 0;
     node.memory_bytes = static_cast<std::uint64_t>(n.has("memory_bytes") ? n.positive_integer("memory_bytes", true) : 0);
     t.nodes.push_back(std::move(node));
   }
@@ -146,7 +146,7 @@ Topology topology_from_json(const Json& j) {
     d.node = n.str("node");
     d.parent = n.str_or("parent", "");
     d.memory_bytes = static_cast<std::uint64_t>(n.positive_integer("memory_bytes"));
-    d.compute_units = static_cast<int>(n.has("compute_units") ? n.positive_integer("compute_units", true) : 0);
+    d.compute_units = n.has("compute_units") ? n.positive_int("compute_units", true) : 0;
     d.gemm_tflop_s = n.positive("gemm_tflop_s", true);
     d.gemm_dtype = n.str_or("gemm_dtype", "");
     d.memory_bandwidth_gb_s = n.positive("memory_bandwidth_gb_s", true);
@@ -222,9 +222,11 @@ void validate(const Topology& t) {
         throw InputError("fabrics[" + std::to_string(i) + "].devices[" + std::to_string(k) + "]: unknown device \"" +
                          t.fabrics[i].devices[k] + "\"");
   std::map<std::string, std::string> owner;
+  std::set<std::string> island_ids;
   for (std::size_t i = 0; i < t.islands.size(); ++i) {
     const auto& is = t.islands[i];
     std::string p = "islands[" + std::to_string(i) + "]";
+    if (!island_ids.insert(is.id).second) throw InputError(p + ".id: duplicate island \"" + is.id + "\"");
     if (is.devices.empty()) throw InputError(p + ".devices: an island holds at least one device");
     for (std::size_t k = 0; k < is.devices.size(); ++k) {
       const auto& d = is.devices[k];

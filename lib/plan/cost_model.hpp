@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <string>
 #include <cstdint>
 #include <vector>
 
@@ -53,6 +54,9 @@ struct GroupPerf {
   double busbw_gb_s = 0;            ///< all-reduce bus bandwidth over the group, GB/s; unused for tp 1
   double allreduce_latency_us = 0;  ///< latency term of one all-reduce over the group, us
   std::uint64_t memory_bytes = 0;   ///< memory of the smallest rank, bytes
+  /// Two ranks with no link between them ("a and b") where no island
+  /// all-reduce covers the group: such a group cannot run its all-reduces.
+  std::string unlinked;
 };
 
 /// Which layers a stage runs: a count, and whether it holds the embedding (first) and the head (last).

@@ -26,7 +26,7 @@ double dtype_bytes(const std::string& dtype) {
   return 0;
 }
 
-int int_field(const Node& n, std::string_view key) { return static_cast<int>(n.positive_integer(key)); }
+int int_field(const Node& n, std::string_view key) { return n.positive_int(key); }
 
 }  // namespace
 

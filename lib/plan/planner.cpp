@@ -112,6 +112,8 @@ GroupPerf group_perf(const doc::Topology& topo, const std::vector<std::string>& 
       if (auto l = topo.link_between(devices[a], devices[b])) {
         bw = std::min(bw, l->bandwidth_gb_s);
         lat = std::max(lat, l->latency_us);
+      } else if (g.unlinked.empty()) {
+        g.unlinked = devices[a] + " and " + devices[b];
       }
   g.busbw_gb_s = std::isfinite(bw) ? bw : 0;
   g.allreduce_latency_us = 2.0 * (g.tp - 1) * lat;
@@ -120,6 +122,7 @@ GroupPerf group_perf(const doc::Topology& topo, const std::vector<std::string>& 
     const auto& island = topo.islands[static_cast<std::size_t>(is)];
     // The whole island: its all-reduce, measured by ftp-probe or estimated from the spec, says it best.
     if (island.devices.size() == devices.size() && island.allreduce && island.allreduce->busbw_gb_s > 0) {
+      g.unlinked.clear();  // the island's own all-reduce figure covers the group
       g.busbw_gb_s = island.allreduce->busbw_gb_s;
       if (island.allreduce->latency_us > 0) g.allreduce_latency_us = island.allreduce->latency_us;
     }
@@ -233,6 +236,12 @@ Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int conte
   c.gear.pp = pp;
   c.gear.dp = dp;
   c.gear.micro_batches = 1;
+  for (const auto& rep : replicas)
+    for (const auto& g : rep)
+      if (!g.perf.unlinked.empty()) {
+        c.reason = "no link between " + g.perf.unlinked + " inside a tensor-parallel group (its all-reduces need one)";
+        return ev;
+      }
   c.gear.max_batched_tokens = w.max_batched_tokens;
   c.gear.kv_cache_cap = kKvCacheCap;
   c.n_devices = tp * pp * dp;
@@ -384,6 +393,7 @@ LayoutRequest parse_layout(const std::string& spec) {
   if (r.name == "memory-guard") throw bad("\"memory-guard\" is the guard's role, not a layout name");
   std::string rest = spec.substr(colon + 1);
   bool has_tp = false;
+  std::set<std::string> keys;
   std::size_t pos = 0;
   while (pos <= rest.size()) {
     std::size_t comma = rest.find(',', pos);
@@ -400,6 +410,7 @@ LayoutRequest parse_layout(const std::string& spec) {
       throw bad(key + ": \"" + val + "\" is not a number");
     }
     if (n < 1) throw bad(key + ": must be >= 1, got " + val);
+    if (!keys.insert(key).second) throw bad(key + " given twice");
     if (key == "tp") r.tp = n, has_tp = true;
     else if (key == "pp") r.pp = n;
     else if (key == "dp") r.dp = n;

@@ -122,6 +122,13 @@ int execute_decisions(ipc::Client& client, std::istream& in, const ShiftRequest&
       continue;
     }
     if (d.action != "shift") continue;
+    if (d.not_before_ms > d.t_ms) {
+      // A staggered decision (replicas that would shift together): wait out
+      // its offset, counted from the decision, as ftp-serve --auto does.
+      const auto wait_ms = std::min<std::int64_t>(d.not_before_ms - d.t_ms, 3600000);
+      warn("stdin:" + std::to_string(n) + ": shift to " + d.to + " staggered: waiting " + std::to_string(wait_ms) + " ms");
+      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    }
     ShiftRequest r = defaults;
     r.to = d.to;
     r.trigger = "policy:" + d.policy;
@@ -133,7 +140,8 @@ int execute_decisions(ipc::Client& client, std::istream& in, const ShiftRequest&
       // A refused decision (a shift in progress, the same gear) does not stop the stream.
       if (e.exit() == Exit::unreachable) throw;
       warn("stdin:" + std::to_string(n) + ": shift to " + d.to + " refused: " + e.what());
-      worst = std::max(worst, static_cast<int>(Exit::failure));
+      // Already in that gear (a policy repeating its decision) is no failure.
+      if (std::string_view(e.what()).rfind("ftp.SameGear", 0) != 0) worst = std::max(worst, static_cast<int>(Exit::failure));
     }
   }
   return worst;

@@ -560,3 +560,67 @@ TEST(PolicyConfig, ValidationErrorsNameThePath) {
   EXPECT_CONTAINS(error_of([] { make_policy("bogus", ftp::test::sample_gears(), PolicyConfig{}); }),
                   "must be one of gear-shifter, tp-planner, naive");
 }
+
+// --------------------------------------------------------- review findings
+
+TEST(Predictor, NeverNegativeAndStartsOverAfterAGap) {
+  Predictor p(PredictorConfig{0.25, 45, 0});
+  p.observe(0, 100);
+  p.observe(10000, 0.1);
+  p.observe(20000, 0.1);
+  EXPECT_GE(p.level(), 0.0);
+  for (int t = 0; t <= 70; t += 10) p.observe(100000 + t * 1000, 30 - 0.2 * t);  // falling
+  p.observe(100000 + 70000 + 3600000, 20);  // an hour later
+  EXPECT_NEAR(p.level(), 20, 1e-9) << "the old trend is not projected across the gap";
+  EXPECT_NEAR(p.trend(), 0, 1e-9);
+  EXPECT_NEAR(p.forecast(), 20, 1e-9);
+}
+
+TEST(GearShifter, AP99RegressionIsNoVoteForLoad) {
+  PolicyConfig c;
+  c.rollback.window_s = 3600;  // no rollback here: the breach only tests the vote
+  c.rollback.watch_s = 3600;
+  Shifter s(c);
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));  // baseline P99 2000 ms
+  ASSERT_EQ(d.action, "shift");
+  s(obs(30, "standard", 300));  // done: the rollback monitor watches
+  // Load above standard's band with quiet queues: only the forecast votes;
+  // the P99 breach (a rollback signal) must not make it two.
+  for (int t = 40; t <= 600; t += 10) {  // past the 5 min dwell and 3 confirmations
+    Observation o = obs(t, "standard", 500);
+    o.e2e_ms.p99 = 3500;
+    d = s(o);
+    if (d.action == "shift") break;
+  }
+  EXPECT_EQ(d.action, "hold") << d.reason;
+  EXPECT_CONTAINS(d.reason, "only 1 of 2 signals agree");
+}
+
+TEST(GearShifter, MemoryGuardComesBeforeARollbackAndEndsItsWatch) {
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));  // baseline P99 2000 ms
+  ASSERT_EQ(d.action, "shift");
+  s(obs(30, "standard", 300));  // the rollback monitor watches
+  for (int t = 40; t < 100; t += 10) {
+    Observation o = obs(t, "standard", 300);
+    o.e2e_ms.p99 = 3500;
+    s(o);
+  }
+  Observation o = obs(100, "standard", 300);
+  o.kv_watermark = 0.95;
+  o.e2e_ms.p99 = 3500;
+  d = s(o);
+  ASSERT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "memory-guard");
+  s(obs(110, "memory-guard", 300));  // the guard shift is done
+  // P99 stays high and KV too: no rollback out of the guard.
+  for (int t = 120; t <= 400; t += 10) {
+    Observation g = obs(t, "memory-guard", 300);
+    g.kv_watermark = 0.95;
+    g.e2e_ms.p99 = 3500;
+    d = s(g);
+    EXPECT_EQ(d.action, "hold") << "t " << t << ": " << d.reason;
+  }
+}

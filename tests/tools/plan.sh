@@ -119,6 +119,19 @@ expect_error "--layout the topology cannot form" 1 "--layout x: tp=3 pp=1 dp=1 d
   --topology "$a100" --model "$models/llama-70b.json" --layout x:tp=3
 expect_error "--layout malformed" 2 '--layout: tp: "q" is not a number in "x:tp=q"' --topology "$a100" --model "$models/llama-70b.json" --layout x:tp=q
 expect_error "--layout without a name" 2 '--layout: no name in "tp=2"' --topology "$a100" --model "$models/llama-70b.json" --layout tp=2
+expect_error "--layout with a key twice" 2 '--layout: tp given twice in "a:tp=2,tp=4"' --topology "$a100" --model "$models/llama-70b.json" --layout a:tp=2,tp=4
+# Numbers beyond an int or a double are named, not cut or crashed on.
+jq '.n_heads=4294967296 | .n_kv_heads=4294967296' "$models/llama-7b.json" >"$tmp/huge.json"
+expect_error "model shape: n_heads over an int" 2 "n_heads: must be at most 2147483647, got 4294967296" --topology "$a100" --model "$tmp/huge.json"
+sed 's/"memory_bandwidth_gb_s": *[0-9.e+]*/"memory_bandwidth_gb_s": 1e400/' "$a100" >"$tmp/overflow.json"
+expect_error "a number beyond a double" 2 "overflow.json: number overflow" --topology "$tmp/overflow.json" --model "$models/llama-7b.json"
+# An island whose devices have no link between them prices no TP group as free.
+jq '.links=[] | .fabrics=[] | .islands[].allreduce=null' "$a100" >"$tmp/nolinks.json"
+"$plan" --topology "$tmp/nolinks.json" --model "$models/llama-7b.json" --explain >"$tmp/out" 2>"$tmp/explain"
+check "no links: no TP group in the table" jq -e 'all(.gears[]; .tp == 1)' "$tmp/out"
+check "no links: --explain names the missing link" grep -q "no link between .* inside a tensor-parallel group" "$tmp/explain"
+jq '.islands += [.islands[0]]' "$a100" >"$tmp/dupisland.json"
+expect_error "duplicate island id" 2 "islands[1].id: duplicate island" --topology "$tmp/dupisland.json" --model "$models/llama-7b.json"
 expect_error "missing --model" 2 "ftp-plan: error:" --topology "$a100"
 expect_error "missing file" 2 "/nonexistent.json: cannot open" --topology "$a100" --model /nonexistent.json
 

@@ -147,6 +147,8 @@ int main(int argc, char** argv) {
         synth.duration_s = rc.duration_s;
         trace = ftp::control::synthesize(synth);
         rc.start_s = 0;
+        // Replay the whole pattern, a quiet tail with no arrivals included.
+        if (rc.duration_s <= 0) rc.duration_s = ftp::control::pattern_length_s(synth.pattern);
       }
       auto summary = ftp::control::replay(trace, *policy, sim_policy, table, start_gear, rc,
                                           [&](const ftp::json::Json& r) { tool.emit_line(r); });
