@@ -360,9 +360,15 @@ void fill_table(doc::GearTable& t, const doc::Topology& topo, const ModelShape& 
 }
 
 Plan with_layouts(Plan out, const std::vector<Evaluated>& feasible, const doc::Topology& topo, const ModelShape& m,
-                  const std::vector<LayoutRequest>& layouts) {
+                  const std::vector<LayoutRequest>& layouts, int max_pp) {
   std::vector<std::pair<std::string, const Evaluated*>> gears;
+  std::set<std::string> names;
+  for (const auto& l : layouts)
+    if (!names.insert(l.name).second) throw InputError("--layout " + l.name + ": the name is given twice");
   for (const auto& l : layouts) {
+    if (l.pp > max_pp)
+      throw InputError("--layout " + l.name + ": pp=" + std::to_string(l.pp) + " is over --max-pp " +
+                       std::to_string(max_pp));
     auto same = [&](const Candidate& c) { return c.gear.tp == l.tp && c.gear.pp == l.pp && c.gear.dp == l.dp; };
     auto it = std::find_if(feasible.begin(), feasible.end(), [&](const Evaluated& e) { return same(e.c); });
     if (it != feasible.end()) {
@@ -486,7 +492,7 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
     throw Error(msg);
   }
 
-  if (!opts.layouts.empty()) return with_layouts(std::move(out), feasible, topo, m, opts.layouts);
+  if (!opts.layouts.empty()) return with_layouts(std::move(out), feasible, topo, m, opts.layouts, opts.max_pp);
 
   // economy: fewest devices, then highest capacity; performance: highest capacity, then fewest devices.
   auto better_cap = [](const Evaluated& a, const Evaluated& b) {

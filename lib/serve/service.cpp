@@ -817,16 +817,18 @@ doc::Observation Service::observe() const {
   }
   double mean_service_ms = e2e_.count(o.t_ms - 30000) ? e2e_.percentile(50, o.t_ms - 30000) : 0;
   o.est_queue_time_ms = mean_service_ms * o.queue_depth;
-  // Contention: CPU time taken by other processes (and steal) since the last look.
+  // Contention: the share of CPU time taken by other processes (and steal)
+  // over the last 5 min (ARCHITECTURE.md section 4), from /proc samples kept
+  // at each observation, whoever asked for it.
   std::uint64_t total = 0, cbusy = 0, self = 0;
   if (read_cpu_ticks(total, cbusy, self)) {
-    if (cpu_total_ && total > cpu_total_) {
-      double others = static_cast<double>(cbusy - cpu_busy_) - static_cast<double>(self - self_ticks_);
-      o.contention_index = std::clamp(others / static_cast<double>(total - cpu_total_), 0.0, 1.0);
+    cpu_samples_.push_back(CpuSample{o.t_ms, total, cbusy, self});
+    while (cpu_samples_.size() > 2 && cpu_samples_[1].t_ms <= o.t_ms - kContentionWindowMs) cpu_samples_.pop_front();
+    const CpuSample& a = cpu_samples_.front();
+    if (cpu_samples_.size() > 1 && total > a.total) {
+      double others = static_cast<double>(cbusy - a.busy) - static_cast<double>(self - a.self);
+      o.contention_index = std::clamp(others / static_cast<double>(total - a.total), 0.0, 1.0);
     }
-    cpu_total_ = total;
-    cpu_busy_ = cbusy;
-    self_ticks_ = self;
   }
   // Utilization of each device: the share of time its domain was stepping.
   for (std::size_t i = 0; i < busy.size(); ++i) {

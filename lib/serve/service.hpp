@@ -196,7 +196,7 @@ class Service {
   /// its 30 s mean), estimated queue time (mean E2E x queue length), request
   /// rate (last 10 s), mean prompt and output tokens (last 60 s), bubble
   /// ratio of pipelined domains, contention index (share of CPU time taken by
-  /// other processes and steal since the last observation, from /proc), KV
+  /// other processes and steal over the last 5 min, from /proc), KV
   /// watermark, TTFT/TPOT/E2E P50/P99 (last 30 s), per-device utilization
   /// (share of time its domain was stepping), the gear and domains.
   doc::Observation observe() const;
@@ -262,7 +262,13 @@ class Service {
   mutable std::deque<std::pair<std::int64_t, double>> depth_samples_;     // (t, queue depth)
   std::deque<std::tuple<std::int64_t, int, int>> finished_;              // (t, prompt, output tokens)
   mutable std::map<std::string, std::pair<std::int64_t, double>> busy_seen_;  // domain -> (t, busy s)
-  mutable std::uint64_t cpu_total_ = 0, cpu_busy_ = 0, self_ticks_ = 0;   // /proc jiffies at the last observe
+  /// /proc jiffies (all CPUs, busy, this process) at an observation.
+  struct CpuSample {
+    std::int64_t t_ms;
+    std::uint64_t total, busy, self;
+  };
+  static constexpr std::int64_t kContentionWindowMs = 300000;  ///< the contention index's window, 5 min
+  mutable std::deque<CpuSample> cpu_samples_;                   ///< the window's samples, oldest first (metrics_mu_)
 };
 
 }  // namespace ftp::serve

@@ -119,6 +119,8 @@ expect_error "--layout the topology cannot form" 1 "--layout x: tp=3 pp=1 dp=1 d
   --topology "$a100" --model "$models/llama-70b.json" --layout x:tp=3
 expect_error "--layout malformed" 2 '--layout: tp: "q" is not a number in "x:tp=q"' --topology "$a100" --model "$models/llama-70b.json" --layout x:tp=q
 expect_error "--layout without a name" 2 '--layout: no name in "tp=2"' --topology "$a100" --model "$models/llama-70b.json" --layout tp=2
+expect_error "--layout name twice" 2 '--layout a: the name is given twice' --topology "$a100" --model "$models/llama-70b.json" --layout a:tp=2 --layout a:tp=4
+expect_error "--layout over --max-pp" 2 '--layout a: pp=3 is over --max-pp 2' --topology "$a100" --model "$models/llama-7b.json" --layout a:tp=1,pp=3 --max-pp 2
 expect_error "--layout with a key twice" 2 '--layout: tp given twice in "a:tp=2,tp=4"' --topology "$a100" --model "$models/llama-70b.json" --layout a:tp=2,tp=4
 # Numbers beyond an int or a double are named, not cut or crashed on.
 jq '.n_heads=4294967296 | .n_kv_heads=4294967296' "$models/llama-7b.json" >"$tmp/huge.json"
