@@ -609,6 +609,17 @@ doc::Decision TpPlanner::observe(const doc::Observation& o) {
       {"forecast_tp", static_cast<double>(ahead), static_cast<double>(cur_tp), ahead > cur_tp},
   };
   if (o.shifting) return hold(o, name(), "shift in progress", sig);
+  if (pending_to_) {
+    if (o.gear == *pending_to_) {
+      pending_to_.reset();
+    } else if (o.t_ms <= pending_deadline_ms_) {
+      return hold(o, name(), "waiting for the shift to " + *pending_to_ + " decided " +
+                                 secs(o.t_ms - (pending_deadline_ms_ - kPendingMs)) + " ago",
+                  sig);
+    } else {
+      pending_to_.reset();  // not carried out: decide afresh
+    }
+  }
 
   auto switch_to = [&](int gear, std::string reason) {
     const auto interval = static_cast<std::int64_t>(config_.min_switch_interval_s * 1000);
@@ -619,6 +630,8 @@ doc::Decision TpPlanner::observe(const doc::Observation& o) {
     d.action = "shift";
     d.to = table_.gears[gear].name;
     last_switch_ms_ = o.t_ms;
+    pending_to_ = d.to;
+    pending_deadline_ms_ = o.t_ms + kPendingMs;
     reserved_tp_ = 0;
     low_util_since_.reset();
     return d;

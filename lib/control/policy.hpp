@@ -220,6 +220,11 @@ class TpPlanner final : public Policy {
   std::vector<int> ladder_;
   std::optional<std::int64_t> last_eval_ms_, last_switch_ms_, low_util_since_;
   int reserved_tp_ = 0;
+  /// The gear of the last shift decided, until an observation shows it (or
+  /// kPendingMs pass): the decision is not repeated while it is carried out.
+  std::optional<std::string> pending_to_;
+  std::int64_t pending_deadline_ms_ = 0;
+  static constexpr std::int64_t kPendingMs = 120000;
 };
 
 /// For comparison only: shifts to the smallest normal gear whose safe

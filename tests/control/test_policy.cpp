@@ -624,3 +624,21 @@ TEST(GearShifter, MemoryGuardComesBeforeARollbackAndEndsItsWatch) {
     EXPECT_EQ(d.action, "hold") << "t " << t << ": " << d.reason;
   }
 }
+
+TEST(TpPlanner, ADecidedShiftIsNotRepeatedWhileItIsCarriedOut) {
+  auto t = ftp::test::sample_gears();
+  TpPlanner p(t, PolicyConfig{});
+  ASSERT_EQ(p.observe(tp_obs(0, "economy", 25)).to, "performance");
+  // The observations still show economy (the shift has not started yet):
+  // no second decision, past the 10 s switch interval too.
+  Decision d;
+  for (double s = 0.5; s <= 60; s += 0.5) {
+    d = p.observe(tp_obs(s, "economy", 25));
+    ASSERT_EQ(d.action, "hold") << "t=" << s << ": " << d.reason;
+  }
+  EXPECT_CONTAINS(d.reason, "waiting for the shift to performance");
+  // Never carried out: after two minutes it decides afresh.
+  for (double s = 60.5; s <= 125 && d.action == "hold"; s += 0.5) d = p.observe(tp_obs(s, "economy", 25));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "performance");
+}
