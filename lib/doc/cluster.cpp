@@ -12,6 +12,11 @@
 
 namespace ftp::doc {
 
+namespace {
+/// Devices one island (devices joined by fast links) may hold.
+constexpr std::size_t kMaxIslandDevices = 4096;
+}  // namespace
+
 using json::Json;
 using json::Node;
 
@@ -233,6 +238,12 @@ Topology topology_from_cluster_spec(const Json& spec) {
   }
   for (auto& is : t.islands) {
     if (is.devices.size() < 2) continue;
+    // The estimate looks at every pair; islands (NVLink domains, nodes)
+    // hold tens to hundreds of devices, so a larger one is a spec error.
+    if (is.devices.size() > kMaxIslandDevices)
+      throw InputError("an island of " + std::to_string(is.devices.size()) + " devices (from " + is.devices.front() +
+                       "): more than " + std::to_string(kMaxIslandDevices) +
+                       " devices joined by island links; check the fabrics' island flag and device counts");
     double bw = 0, lat = 0;
     bool first = true;
     for (std::size_t a = 0; a < is.devices.size(); ++a) {

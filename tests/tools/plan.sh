@@ -132,6 +132,10 @@ jq '.links=[] | .fabrics=[] | .islands[].allreduce=null' "$a100" >"$tmp/nolinks.
 "$plan" --topology "$tmp/nolinks.json" --model "$models/llama-7b.json" --explain >"$tmp/out" 2>"$tmp/explain"
 check "no links: no TP group in the table" jq -e 'all(.gears[]; .tp == 1)' "$tmp/out"
 check "no links: --explain names the missing link" grep -q "no link between .* inside a tensor-parallel group" "$tmp/explain"
+jq '.nodes[0].devices[0].count=5000' "$src/examples/clusters/a100-8x-nvlink.json" >"$tmp/huge-island.json"
+"$probe" --cluster "$tmp/huge-island.json" >/dev/null 2>"$tmp/err"; rc=$?
+check "an island of 5000 devices: refused, exit 2" test $rc -eq 2
+check "an island of 5000 devices: says so" grep -q "an island of 5000 devices" "$tmp/err"
 jq '.islands += [.islands[0]]' "$a100" >"$tmp/dupisland.json"
 expect_error "duplicate island id" 2 "islands[1].id: duplicate island" --topology "$tmp/dupisland.json" --model "$models/llama-7b.json"
 expect_error "missing --model" 2 "ftp-plan: error:" --topology "$a100"
