@@ -198,12 +198,7 @@ int Domain::step() {
     };
     drop(running_);
     drop(waiting_);
-    {
-      std::lock_guard lk(mu_);
-      n_running_ = static_cast<int>(running_.size());
-      n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
-    }
-    for (auto& [fn, e] : gone) fn(e);
+    for (auto& [fn, e] : gone) fn(e);  // the counters follow after admission below
   }
   int budget = cfg_.max_batched_tokens;
   std::vector<std::pair<Seq*, int>> plan;  // sequence, tokens this step

@@ -46,7 +46,6 @@ std::string prom(double v) {
   return b;
 }
 
-
 }  // namespace
 
 Service::Service(const model::Model& model, ServiceConfig config)
@@ -90,9 +89,9 @@ Service::~Service() { drain_and_stop(); }
 
 int Service::context_length() const noexcept { return model_.hparams.n_ctx_train; }
 
-std::int64_t Service::now_ms() const {
-  return (cfg_.clock->now_us() - t0_us_) / 1000;
-}
+std::int64_t Service::now_us() const { return cfg_.clock->now_us() - t0_us_; }
+
+std::int64_t Service::now_ms() const { return now_us() / 1000; }
 
 std::string Service::current_gear() const {
   std::lock_guard lk(mu_);
@@ -221,12 +220,18 @@ void Service::drain_and_stop() {
   }
   for (auto& d : doms) d->set_state("draining");
   wait_drained(doms, cfg_.drain_timeout_ms);
+  retire(doms);
+}
+
+void Service::retire(const std::vector<std::shared_ptr<DomainRunner>>& doms) {
   for (auto& d : doms) {
-    d->stop();
+    d->stop();  // returns once its requests are done
     d->set_state("retired");
   }
   std::lock_guard lk(mu_);
-  domains_.clear();
+  domains_.erase(std::remove_if(domains_.begin(), domains_.end(),
+                                [&](const auto& d) { return std::find(doms.begin(), doms.end(), d) != doms.end(); }),
+                 domains_.end());
 }
 
 std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int prompt_len) {
@@ -282,7 +287,7 @@ void Service::submit(CompletionRequest r) {
     std::unique_ptr<TextStream> text;
   };
   auto tr = std::make_shared<Track>();
-  tr->arrival_us = cfg_.clock->now_us() - t0_us_;
+  tr->arrival_us = now_us();
   tr->text = std::make_unique<TextStream>(tok_, prompt, r.stop);
 
   engine::GenerationRequest g;
@@ -309,7 +314,7 @@ void Service::submit(CompletionRequest r) {
     ce.request_id = e.request_id;
     ce.domain_id = e.domain_id;
     ce.prompt_tokens = n;
-    const std::int64_t t_us = cfg_.clock->now_us() - t0_us_, t = t_us / 1000;
+    const std::int64_t t_us = now_us(), t = t_us / 1000;
     auto ms_since = [t_us](std::int64_t us) { return static_cast<double>(t_us - us) / 1000.0; };
     if (e.token >= 0) {
       ++tr->tokens;
@@ -494,16 +499,7 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
     }
     emit("rollback", 0, why);
     wait_drained(fresh, cfg_.drain_timeout_ms);
-    for (auto& d : fresh) {
-      d->stop();
-      d->set_state("retired");
-    }
-    {
-      std::lock_guard lk(mu_);
-      domains_.erase(std::remove_if(domains_.begin(), domains_.end(),
-                                    [&](const auto& d) { return std::find(fresh.begin(), fresh.end(), d) != fresh.end(); }),
-                     domains_.end());
-    }
+    retire(fresh);
     return finish(outcome, why);
   };
 
@@ -561,16 +557,7 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
   }
   bool drained = wait_drained(old, cfg_.drain_timeout_ms);
   emit("drain", 1.0, drained ? "old domains drained" : "drain timed out; old domains finish in the background");
-  for (auto& d : old) {
-    d->stop();  // returns once its requests are done
-    d->set_state("retired");
-  }
-  {
-    std::lock_guard lk(mu_);
-    domains_.erase(std::remove_if(domains_.begin(), domains_.end(),
-                                  [&](const auto& d) { return std::find(old.begin(), old.end(), d) != old.end(); }),
-                   domains_.end());
-  }
+  retire(old);
   std::string retire_msg = std::to_string(old.size()) + " old domain(s) retired, devices released";
   // Release weight mode: devices that leave drop their weights.
   const doc::Gear* from_gear = cfg_.gears.find(from);
@@ -613,12 +600,7 @@ int Service::drain_domain(const std::string& id, bool force, int timeout_ms,
   if (!ok) throw ControlError("ftp.DrainTimeout", "domain " + id + " still has " + std::to_string(dom->inflight()) +
                                                 " request(s) after " + std::to_string(timeout_ms) + " ms",
                               Exit::timeout);
-  dom->stop();
-  dom->set_state("retired");
-  {
-    std::lock_guard lk(mu_);
-    domains_.erase(std::remove(domains_.begin(), domains_.end(), dom), domains_.end());
-  }
+  retire({dom});
   if (progress) progress(Json{{"domain", id}, {"state", "retired"}, {"devices", dom->devices()}});
   return waited;
 }
@@ -684,14 +666,7 @@ void Service::reap_drained() {
     for (auto& d : domains_)
       if (d->state() == "draining" && d->inflight() == 0) idle.push_back(d);
   }
-  for (auto& d : idle) {
-    d->stop();
-    d->set_state("retired");
-  }
-  std::lock_guard lk(mu_);
-  domains_.erase(std::remove_if(domains_.begin(), domains_.end(),
-                                [&](const auto& d) { return std::find(idle.begin(), idle.end(), d) != idle.end(); }),
-                 domains_.end());
+  retire(idle);
 }
 
 Json Service::status() const {

@@ -211,6 +211,9 @@ class Service {
   /// Retires draining domains left idle by a drain that timed out: called
   /// by shift and drain (under shift_mu_), so that their devices return.
   void reap_drained();
+  /// Stops the domains (each once its requests are done), marks them
+  /// retired and removes them from domains_.
+  void retire(const std::vector<std::shared_ptr<DomainRunner>>& doms);
 
   struct Shared;
   std::shared_ptr<DomainRunner> route(const CompletionRequest& r, int prompt_len);
@@ -219,6 +222,7 @@ class Service {
   int kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const std::vector<engine::StageLayout>& stages) const;
   void set_weights(const std::vector<std::shared_ptr<DomainRunner>>& doms, double share);
   bool wait_drained(const std::vector<std::shared_ptr<DomainRunner>>& doms, int timeout_ms);
+  std::int64_t now_us() const;  ///< the service's clock since it was made, us
   std::int64_t now_ms() const;
 
   const model::Model& model_;
