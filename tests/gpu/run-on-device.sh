@@ -8,6 +8,8 @@
 # usage: tests/gpu/run-on-device.sh [PACK_DIR] [--quick]
 #   PACK_DIR  default .device; --quick: the benchmark on the tiny shape only.
 # Logs go to $OUT (the device tool's output folder) when it is set.
+# FTP_DEVICE_BUDGET (seconds, default 540): no program runs past it, so a
+# hang in one still leaves the summary line and the logs inside the lease.
 set -u
 pack=${1:-.device}
 quick=0; [ "${2:-}" = --quick ] && quick=1
@@ -40,9 +42,13 @@ export FTP_TEST_DATA=$work/data
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null
 
 pass=0; fail=0; skip=0
+deadline=$((SECONDS + ${FTP_DEVICE_BUDGET:-540}))
 run() {  # NAME TIMEOUT CMD...
   local name=$1 limit=$2; shift 2
-  echo "=== $name"
+  local left=$((deadline - SECONDS))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -le 0 ]; then echo "=== $name: not run, FTP_DEVICE_BUDGET spent"; fail=$((fail + 1)); return; fi
+  echo "=== $name (limit $limit s)"
   local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee "$log_dir/$name.log"
   local rc=${PIPESTATUS[0]}
@@ -50,12 +56,12 @@ run() {  # NAME TIMEOUT CMD...
   # A skip here means the GPU or the data was not found: worth a look.
   case $rc in 0) pass=$((pass + 1)) ;; 77) skip=$((skip + 1)); echo "=== $name SKIPPED: see its first line" ;; *) fail=$((fail + 1)) ;; esac
 }
-run gpu 120 "$work/bin/test-gpu"
-run gpu-kernels 180 "$work/bin/test-kernels"
-run gpu-engine 240 "$work/bin/test-cuda-engine"
-run gpu-bench-tiny 120 "$work/bin/gpu-bench" --shape tiny --steps 4 --prompt 8
+run gpu 60 "$work/bin/test-gpu"
+run gpu-kernels 120 "$work/bin/test-kernels"
+run gpu-engine 150 "$work/bin/test-cuda-engine"
+run gpu-bench-tiny 60 "$work/bin/gpu-bench" --shape tiny --steps 4 --prompt 8
 if [ $quick -eq 0 ]; then
-  run gpu-bench-8b 420 "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32
+  run gpu-bench-8b 360 "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32
 fi
 echo "run-on-device: $pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ] && [ $skip -eq 0 ]
