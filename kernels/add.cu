@@ -6,6 +6,7 @@ namespace ftp::kernels {
 namespace {
 
 __global__ void add_kernel(float* x, const float* __restrict__ y, std::size_t n) {
+  detail::pdl_begin();
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] += y[i];
 }
@@ -14,7 +15,7 @@ __global__ void add_kernel(float* x, const float* __restrict__ y, std::size_t n)
 
 cudaError_t add_f32(float* x, const float* y, std::size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  add_kernel<<<detail::grid_for(n, 256, 65535), 256, 0, stream>>>(x, y, n);
+  detail::launch(add_kernel, detail::grid_for(n, 256, 65535), 256, 0, stream, x, y, n);
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@ namespace {
 __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ y,
                                                            const float* __restrict__ w, float* __restrict__ out, int n,
                                                            float eps) {
+  detail::pdl_begin();
   __shared__ float red[32];
   float* xr = x + static_cast<std::int64_t>(blockIdx.x) * n;
   const float* yr = y + static_cast<std::int64_t>(blockIdx.x) * n;
@@ -30,7 +31,7 @@ cudaError_t add_rmsnorm_f32(float* x, const float* y, const float* w, float* out
                             cudaStream_t stream) {
   if (t <= 0 || n <= 0) return cudaSuccess;
   const int threads = n >= 1024 ? 1024 : (n + 31) / 32 * 32;
-  add_rmsnorm_kernel<<<t, threads, 0, stream>>>(x, y, w, out, n, eps);
+  detail::launch(add_rmsnorm_kernel, t, threads, 0, stream, x, y, w, out, n, eps);
   return cudaGetLastError();
 }
 

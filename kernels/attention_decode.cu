@@ -12,6 +12,7 @@ constexpr int kWarps = 4;
 /// DPL: dimensions per lane (head_dim <= 32 x DPL): lane owns d = lane + 32 i.
 template <int DPL>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(AttentionArgs a) {
+  detail::pdl_begin();
   __shared__ float q_s[kMaxHeadDim];
   __shared__ float acc_s[kWarps][kMaxHeadDim];
   __shared__ float m_s[kWarps], l_s[kWarps];
@@ -86,10 +87,10 @@ cudaError_t attention_decode(const AttentionArgs& a, cudaStream_t stream) {
   if (a.t <= 0 || a.n_q_heads <= 0) return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.block_tokens <= 0 || a.group <= 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(a.t), static_cast<unsigned>(a.n_q_heads));
-  if (a.head_dim <= 32) decode_kernel<1><<<grid, kWarps * 32, 0, stream>>>(a);
-  else if (a.head_dim <= 64) decode_kernel<2><<<grid, kWarps * 32, 0, stream>>>(a);
-  else if (a.head_dim <= 128) decode_kernel<4><<<grid, kWarps * 32, 0, stream>>>(a);
-  else decode_kernel<8><<<grid, kWarps * 32, 0, stream>>>(a);
+  if (a.head_dim <= 32) detail::launch(decode_kernel<1>, grid, kWarps * 32, 0, stream, a);
+  else if (a.head_dim <= 64) detail::launch(decode_kernel<2>, grid, kWarps * 32, 0, stream, a);
+  else if (a.head_dim <= 128) detail::launch(decode_kernel<4>, grid, kWarps * 32, 0, stream, a);
+  else detail::launch(decode_kernel<8>, grid, kWarps * 32, 0, stream, a);
   return cudaGetLastError();
 }
 

@@ -7,6 +7,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+
+#include "launch.cuh"
 
 #include "weight_view.cuh"
 
@@ -94,26 +97,62 @@ __device__ __forceinline__ __half to_half<__half>(float x) { return __float2half
 template <>
 __device__ __forceinline__ __nv_bfloat16 to_half<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-/// Multiprocessors of the current device.
-inline cudaError_t sm_count(int* sms) {
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  // Per thread and device: a rank's thread asks on every launch.
-  thread_local int cached_device = -1, cached = 0;
-  if (device != cached_device) {
-    e = cudaDeviceGetAttribute(&cached, cudaDevAttrMultiProcessorCount, device);
-    if (e != cudaSuccess) return e;
-    cached_device = device;
-  }
-  *sms = cached;
-  return cudaSuccess;
-}
-
 inline unsigned grid_for(std::size_t n, int threads, unsigned cap) {
   std::size_t g = (n + threads - 1) / threads;
   if (g < 1) g = 1;
   return static_cast<unsigned>(g < cap ? g : cap);
+}
+
+/// The first statement of a kernel launched with detail::launch: lets the
+/// next kernel in the stream be scheduled (it waits at its own top), then
+/// waits until the previous kernel has completed and its writes are
+/// visible. Nothing before sm_90, and nothing to wait for when the kernel
+/// was launched without the attribute.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// Whether launches on the current device use programmatic dependent
+/// launch: set_programmatic_launch, else compute capability >= 9.0.
+inline bool programmatic_launch_on() {
+  const int set = programmatic_launch.load(std::memory_order_relaxed);
+  if (set == 0) return false;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  thread_local int cached_device = -1;
+  thread_local bool cached = false;
+  if (device != cached_device) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    cached = major >= 9;
+    cached_device = device;
+  }
+  return cached;
+}
+
+/// kernel<<<grid, block, smem, stream>>>(args...), with programmatic
+/// dependent launch where programmatic_launch_on(); the kernel must begin
+/// with pdl_begin(). Errors are left for cudaGetLastError, as with <<<>>>.
+template <class... P, class... A>
+inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, A&&... args) {
+  if (!programmatic_launch_on()) {
+    kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
+    return;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
 }
 
 }  // namespace ftp::kernels::detail

@@ -8,6 +8,7 @@ namespace {
 __global__ void kv_write_kernel(float* k_pages, float* v_pages, const float* __restrict__ k,
                                 const float* __restrict__ v, int ld, int kv_heads, int head_dim, int block_tokens,
                                 const int* __restrict__ slots) {
+  detail::pdl_begin();
   const int r = blockIdx.x;
   const int s = slots[r], blk = s / block_tokens, slot = s % block_tokens;
   for (int e = threadIdx.x; e < kv_heads * head_dim; e += blockDim.x) {
@@ -27,7 +28,7 @@ cudaError_t kv_write_f32(float* k_pages, float* v_pages, const float* k, const f
   if (block_tokens <= 0) return cudaErrorInvalidValue;
   const int work = kv_heads * head_dim;
   const int threads = work >= 256 ? 256 : (work + 31) / 32 * 32;
-  kv_write_kernel<<<t, threads, 0, stream>>>(k_pages, v_pages, k, v, ld, kv_heads, head_dim, block_tokens, slots);
+  detail::launch(kv_write_kernel, t, threads, 0, stream, k_pages, v_pages, k, v, ld, kv_heads, head_dim, block_tokens, slots);
   return cudaGetLastError();
 }
 

@@ -61,29 +61,45 @@ __device__ __forceinline__ const void* row_base(const WeightView& w, std::int64_
   else return static_cast<const std::uint16_t*>(w.data) + e;
 }
 
-/// The targets of one launch: warps [first_warp[j], first_warp[j + 1]) of
-/// the grid compute target j.
+/// The targets of one launch: row groups [first_warp[j], first_warp[j + 1])
+/// of the grid compute target j.
 struct Targets {
   MatvecTarget t[kMaxMatvecTargets];
   std::int64_t first_warp[kMaxMatvecTargets + 1];
   int n;
 };
 
-/// One warp: R rows x up to T tokens (nt of them), whole rows, of the
-/// target its index falls in.
-template <WeightDType D, int R, int T>
-__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, Targets ts, int t) {
-  constexpr int E = lane_elems<D>();
-  const int lane = threadIdx.x & 31;
-  const std::int64_t gw = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+/// Target of row group g (every group below first_warp[n] has one).
+__device__ __forceinline__ int target_of(const Targets& ts, std::int64_t g) {
   int j = 0;
-  while (j + 1 < ts.n && gw >= ts.first_warp[j + 1]) ++j;
-  if (gw >= ts.first_warp[ts.n]) return;
+  while (j + 1 < ts.n && g >= ts.first_warp[j + 1]) ++j;
+  return j;
+}
+
+/// One row group: R rows x up to T tokens (nt of them), whole rows, of the
+/// target its index falls in, computed by S warps (S = 1: one warp per
+/// group, kWarps groups per block; S = kWarps: the block's warps split the
+/// columns, interleaved by 32 x E, and their sums meet in shared memory in
+/// warp order). More rows per group reuse each activation load R times
+/// (what batches of 4-8 tokens need: their activation loads outnumber the
+/// weight loads); more warps per group keep enough loads in flight when R
+/// leaves few groups.
+template <WeightDType D, int R, int T, int S>
+__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, Targets ts, int t) {
+  detail::pdl_begin();
+  static_assert(S == 1 || S == kWarps, "a row group is one warp or the whole block");
+  constexpr int E = lane_elems<D>();
+  constexpr int G = kWarps / S;  // row groups per block
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = warp % S;  // this warp's share of the columns
+  const std::int64_t gw = static_cast<std::int64_t>(blockIdx.x) * G + warp / S;
+  const bool live = gw < ts.first_warp[ts.n];
+  if constexpr (S == 1) {
+    if (!live) return;
+  }
+  const int j = live ? target_of(ts, gw) : 0;
   const WeightView w = ts.t[j].w;
-  float* __restrict__ out = ts.t[j].out;
-  const int out_ld = ts.t[j].out_ld;
-  const std::int64_t row0 = (gw - ts.first_warp[j]) * R;
-  if (row0 >= w.rows) return;
+  const std::int64_t row0 = live ? (gw - ts.first_warp[j]) * R : 0;
   const int u0 = blockIdx.y * T;
   const int nt = min(T, t - u0);
   const void* rows[R];
@@ -95,8 +111,9 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __rest
 #pragma unroll
     for (int u = 0; u < T; ++u) acc[r][u] = 0.0f;
   const float* xb = x + static_cast<std::int64_t>(u0) * x_ld;
+  const std::int64_t k_end = live ? w.cols : 0;
 #pragma unroll 2
-  for (std::int64_t k = static_cast<std::int64_t>(lane) * E; k < w.cols; k += 32 * E) {
+  for (std::int64_t k = static_cast<std::int64_t>(sub * 32 + lane) * E; k < k_end; k += S * 32 * E) {
     float wf[R][E];
 #pragma unroll
     for (int r = 0; r < R; ++r) load_chunk<D>(rows[r], k, wf[r]);
@@ -118,18 +135,40 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __rest
       }
     }
   }
+  float* __restrict__ out = ts.t[j].out;
+  const int out_ld = ts.t[j].out_ld;
+  if constexpr (S == 1) {
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int u = 0; u < T; ++u) {
-      const float s = detail::warp_sum(acc[r][u]);
-      if (lane == 0 && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
+      for (int u = 0; u < T; ++u) {
+        const float s = detail::warp_sum(acc[r][u]);
+        if (lane == 0 && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
+      }
+  } else {
+    __shared__ float part[kWarps][R * T];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < T; ++u) {
+        const float s = detail::warp_sum(acc[r][u]);
+        if (lane == 0) part[warp][r * T + u] = s;
+      }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * T; i += kWarps * 32) {
+      const int r = i / T, u = i % T;
+      float s = part[0][i];
+#pragma unroll
+      for (int v = 1; v < kWarps; ++v) s += part[v][i];
+      if (live && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
     }
+  }
 }
 
 /// Any alignment, any dtype: one warp per row, lanes over single elements.
 __global__ void __launch_bounds__(kWarps * 32) matvec_scalar_kernel(const float* __restrict__ x, int x_ld, WeightView w,
                                                                      float* __restrict__ out, int out_ld, int t) {
+  detail::pdl_begin();
   const int lane = threadIdx.x & 31;
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (row >= w.rows) return;
@@ -160,7 +199,7 @@ bool vector_path_ok(const float* x, int x_ld, const WeightView& w) {
   return x_ok && w_ok && w.ld % unit == 0 && w.c0 % unit == 0 && w.cols % unit == 0;
 }
 
-template <WeightDType D, int R, int T>
+template <WeightDType D, int R, int T, int S>
 void launch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, cudaStream_t stream) {
   Targets ts{};
   ts.n = n;
@@ -168,22 +207,47 @@ void launch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t,
     ts.t[j] = targets[j];
     ts.first_warp[j + 1] = ts.first_warp[j] + (targets[j].w.rows + R - 1) / R;
   }
-  const std::int64_t warps = ts.first_warp[n];
-  const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps), static_cast<unsigned>((t + T - 1) / T));
-  matvec_kernel<D, R, T><<<grid, kWarps * 32, 0, stream>>>(x, x_ld, ts, t);
+  const std::int64_t groups = ts.first_warp[n];
+  constexpr int G = kWarps / S;
+  const dim3 grid(static_cast<unsigned>((groups + G - 1) / G), static_cast<unsigned>((t + T - 1) / T));
+  detail::launch(matvec_kernel<D, R, T, S>, grid, kWarps * 32, 0, stream, x, x_ld, ts, t);
+}
+
+/// The tokens of one pass over the weights for t tokens: 1, 2, 4 or 8.
+constexpr int tokens_per_pass(int t) { return t == 1 ? 1 : t == 2 ? 2 : t <= 4 ? 4 : 8; }
+
+/// Runs configuration (R, S) with the pass width of t; false where that
+/// configuration is not built.
+template <WeightDType D, int T>
+bool launch_config(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, int R, int S,
+                   cudaStream_t stream) {
+  if (S == 1 && R == 1) return launch<D, 1, T, 1>(x, x_ld, targets, n, t, stream), true;
+  if (S == 1 && R == 2) return launch<D, 2, T, 1>(x, x_ld, targets, n, t, stream), true;
+  if (S == kWarps && R == 1) return launch<D, 1, T, kWarps>(x, x_ld, targets, n, t, stream), true;
+  if (S == kWarps && R == 2) return launch<D, 2, T, kWarps>(x, x_ld, targets, n, t, stream), true;
+  if (S == kWarps && R == 4) return launch<D, 4, T, kWarps>(x, x_ld, targets, n, t, stream), true;
+  if (S == kWarps && R == 8) return launch<D, 8, T, kWarps>(x, x_ld, targets, n, t, stream), true;
+  return false;
 }
 
 template <WeightDType D>
-void dispatch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, int sms, cudaStream_t stream) {
-  // Two rows per warp reuse each activation load twice; only where that
-  // still leaves >= 16 warps per multiprocessor to keep loads in flight.
-  std::int64_t rows = 0;
-  for (int j = 0; j < n; ++j) rows += targets[j].w.rows;
-  const bool two = t >= 2 && rows / 2 >= static_cast<std::int64_t>(sms) * 16;
-  if (t == 1) return launch<D, 1, 1>(x, x_ld, targets, n, t, stream);
-  if (t == 2) return two ? launch<D, 2, 2>(x, x_ld, targets, n, t, stream) : launch<D, 1, 2>(x, x_ld, targets, n, t, stream);
-  if (t <= 4) return two ? launch<D, 2, 4>(x, x_ld, targets, n, t, stream) : launch<D, 1, 4>(x, x_ld, targets, n, t, stream);
-  return two ? launch<D, 2, 8>(x, x_ld, targets, n, t, stream) : launch<D, 1, 8>(x, x_ld, targets, n, t, stream);
+bool dispatch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, MatvecConfig c,
+              cudaStream_t stream) {
+  if (c.rows_per_warp == 0 || c.warps_per_row == 0) {
+    // Automatic, from gpu-bench --gemv-sweep on an H200 (Llama-3-8B layer
+    // shapes, BF16; tests/gpu/README.md): the block's four warps over each
+    // row group, four rows per group at batch 1 (0.91 of the triad against
+    // 0.84 for a warp per row), eight at batch 2 (0.84 against 0.68), four
+    // above (activation loads grow with the batch; cuBLAS takes over from 3
+    // tokens in the engine where the weights are 16-bit).
+    c = t == 2 ? MatvecConfig{8, kWarps} : MatvecConfig{4, kWarps};
+  }
+  switch (tokens_per_pass(t)) {
+    case 1: return launch_config<D, 1>(x, x_ld, targets, n, t, c.rows_per_warp, c.warps_per_row, stream);
+    case 2: return launch_config<D, 2>(x, x_ld, targets, n, t, c.rows_per_warp, c.warps_per_row, stream);
+    case 4: return launch_config<D, 4>(x, x_ld, targets, n, t, c.rows_per_warp, c.warps_per_row, stream);
+    default: return launch_config<D, 8>(x, x_ld, targets, n, t, c.rows_per_warp, c.warps_per_row, stream);
+  }
 }
 
 bool vector_ok(const float* x, int x_ld, const WeightView& w) {
@@ -198,8 +262,16 @@ bool vector_ok(const float* x, int x_ld, const WeightView& w) {
 
 }  // namespace
 
+bool matvec_config_built(MatvecConfig c) {
+  if (c.rows_per_warp == 0 && c.warps_per_row == 0) return true;
+  if (c.warps_per_row == 1) return c.rows_per_warp == 1 || c.rows_per_warp == 2;
+  return c.warps_per_row == kWarps && (c.rows_per_warp == 1 || c.rows_per_warp == 2 || c.rows_per_warp == 4 ||
+                                       c.rows_per_warp == 8);
+}
+
 cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, int n_targets, int t,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, MatvecConfig config) {
+  if (!matvec_config_built(config)) return cudaErrorInvalidValue;
   if (n_targets < 1 || n_targets > kMaxMatvecTargets) return cudaErrorInvalidValue;
   if (t <= 0) return cudaSuccess;
   const std::int64_t cols = targets[0].w.cols;
@@ -216,31 +288,31 @@ cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, 
       const WeightView& w = targets[j].w;
       if (w.rows == 0) continue;
       if (n_targets > 1) {
-        if (cudaError_t e = matvec_multi(x, x_ld, &targets[j], 1, t, stream); e != cudaSuccess) return e;
+        if (cudaError_t e = matvec_multi(x, x_ld, &targets[j], 1, t, stream, config); e != cudaSuccess) return e;
         continue;
       }
       const dim3 grid(static_cast<unsigned>((w.rows + kWarps - 1) / kWarps), static_cast<unsigned>((t + kMaxT - 1) / kMaxT));
-      matvec_scalar_kernel<<<grid, kWarps * 32, 0, stream>>>(x, x_ld, w, targets[j].out, targets[j].out_ld, t);
+      detail::launch(matvec_scalar_kernel, grid, kWarps * 32, 0, stream, x, x_ld, w, targets[j].out, targets[j].out_ld, t);
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     }
     return cudaSuccess;
   }
-  int sms = 0;
-  if (cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
+  bool built = false;
   switch (targets[0].w.dtype) {
-    case WeightDType::f32: dispatch<WeightDType::f32>(x, x_ld, targets, n_targets, t, sms, stream); break;
-    case WeightDType::f16: dispatch<WeightDType::f16>(x, x_ld, targets, n_targets, t, sms, stream); break;
-    case WeightDType::bf16: dispatch<WeightDType::bf16>(x, x_ld, targets, n_targets, t, sms, stream); break;
-    case WeightDType::q8_0: dispatch<WeightDType::q8_0>(x, x_ld, targets, n_targets, t, sms, stream); break;
+    case WeightDType::f32: built = dispatch<WeightDType::f32>(x, x_ld, targets, n_targets, t, config, stream); break;
+    case WeightDType::f16: built = dispatch<WeightDType::f16>(x, x_ld, targets, n_targets, t, config, stream); break;
+    case WeightDType::bf16: built = dispatch<WeightDType::bf16>(x, x_ld, targets, n_targets, t, config, stream); break;
+    case WeightDType::q8_0: built = dispatch<WeightDType::q8_0>(x, x_ld, targets, n_targets, t, config, stream); break;
   }
+  if (!built) return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
 cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, MatvecConfig config) {
   if (t <= 0 || w.rows <= 0) return cudaSuccess;
   const MatvecTarget target{w, out, out_ld};
-  return matvec_multi(x, x_ld, &target, 1, t, stream);
+  return matvec_multi(x, x_ld, &target, 1, t, stream, config);
 }
 
 }  // namespace ftp::kernels

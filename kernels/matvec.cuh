@@ -18,8 +18,23 @@ namespace ftp::kernels {
 /// (odd tensor-parallel splits of tiny models) take a scalar path.
 /// t > 8 reads the weights once per 8 tokens: larger batches belong to
 /// cuBLAS. Device pointers. Returns the launch status; does not synchronise.
+///
+/// How the grid covers the rows (MatvecConfig): each row group of
+/// rows_per_warp rows is computed by warps_per_row warps (1, or 4: the
+/// block's warps split the columns and add their sums in shared memory).
+/// {0, 0} chooses by the batch and the row count; the others are for tuning
+/// (gpu-bench --gemv-sweep) and give the same sums up to float rounding.
+struct MatvecConfig {
+  int rows_per_warp = 0;  // 1 or 2 with warps_per_row 1; 1, 2, 4, 8 with 4
+  int warps_per_row = 0;
+};
+
+/// Whether `c` is one of the built configurations ({0, 0} always is);
+/// matvec returns cudaErrorInvalidValue for the others.
+bool matvec_config_built(MatvecConfig c);
+
 cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
-                   cudaStream_t stream);
+                   cudaStream_t stream, MatvecConfig config = {});
 
 /// Most targets of one matvec_multi launch.
 constexpr int kMaxMatvecTargets = 4;
@@ -39,6 +54,6 @@ struct MatvecTarget {
 /// vector loads share a launch, others take one launch each. At most
 /// kMaxMatvecTargets. Results equal matvec's for each target.
 cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, int n_targets, int t,
-                         cudaStream_t stream);
+                         cudaStream_t stream, MatvecConfig config = {});
 
 }  // namespace ftp::kernels

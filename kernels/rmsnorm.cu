@@ -6,6 +6,7 @@ namespace ftp::kernels {
 namespace {
 
 __global__ void __launch_bounds__(1024) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* out, int n, float eps) {
+  detail::pdl_begin();
   __shared__ float red[32];
   const float* xr = x + static_cast<std::int64_t>(blockIdx.x) * n;
   float* orow = out + static_cast<std::int64_t>(blockIdx.x) * n;
@@ -21,7 +22,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(const float* __restrict__
 cudaError_t rmsnorm_f32(const float* x, const float* w, float* out, int t, int n, float eps, cudaStream_t stream) {
   if (t <= 0 || n <= 0) return cudaSuccess;
   const int threads = n >= 1024 ? 1024 : (n + 31) / 32 * 32;
-  rmsnorm_kernel<<<t, threads, 0, stream>>>(x, w, out, n, eps);
+  detail::launch(rmsnorm_kernel, t, threads, 0, stream, x, w, out, n, eps);
   return cudaGetLastError();
 }
 

@@ -7,6 +7,7 @@ namespace {
 
 __global__ void rope_kernel(float* v, int ld, int n_heads, int head_dim, int n_rot, const int* __restrict__ pos,
                             float theta) {
+  detail::pdl_begin();
   const int r = blockIdx.x, pairs = n_rot / 2;
   const float p = static_cast<float>(pos[r]);
   float* row = v + static_cast<std::int64_t>(r) * ld;
@@ -25,7 +26,7 @@ cudaError_t rope_f32(float* v, int ld, int t, int n_heads, int head_dim, int n_r
   if (n_rot > head_dim) return cudaErrorInvalidValue;
   const int work = n_heads * (n_rot / 2);
   const int threads = work >= 256 ? 256 : (work + 31) / 32 * 32;
-  rope_kernel<<<t, threads, 0, stream>>>(v, ld, n_heads, head_dim, n_rot, pos, theta);
+  detail::launch(rope_kernel, t, threads, 0, stream, v, ld, n_heads, head_dim, n_rot, pos, theta);
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@ namespace {
 __global__ void rope_kv_kernel(float* q, int nq, float* k, const float* __restrict__ v, int nkv, int hd, int n_rot,
                                const int* __restrict__ pos, float theta, float* k_pages, float* v_pages, int block_tokens,
                                const int* __restrict__ slots) {
+  detail::pdl_begin();
   const int r = blockIdx.x, pairs = n_rot / 2;
   const float p = static_cast<float>(pos[r]);
   const int s = slots[r], blk = s / block_tokens, slot = s % block_tokens;
@@ -47,7 +48,7 @@ cudaError_t rope_kv_write_f32(float* q, int n_q_heads, float* k, const float* v,
                               const int* slots, cudaStream_t stream) {
   if (t <= 0) return cudaSuccess;
   if (n_rot > head_dim || block_tokens <= 0 || head_dim <= 0) return cudaErrorInvalidValue;
-  rope_kv_kernel<<<t, 256, 0, stream>>>(q, n_q_heads, k, v, kv_heads, head_dim, n_rot < 0 ? 0 : n_rot, pos, theta,
+  detail::launch(rope_kv_kernel, t, 256, 0, stream, q, n_q_heads, k, v, kv_heads, head_dim, n_rot < 0 ? 0 : n_rot, pos, theta,
                                         k_pages, v_pages, block_tokens, slots);
   return cudaGetLastError();
 }

@@ -296,6 +296,7 @@ int Domain::step() {
         done.push_back(&s);
       }
     }
+    exec_->recycle(std::move(logits));
   } catch (const std::exception& ex) {
     // A failed forward fails the requests of this step with an error event;
     // the domain keeps serving the others.

@@ -71,6 +71,11 @@ class Engine {
   /// Throws on a failure of the domain's devices (the caller fails the
   /// step's requests with the message).
   virtual std::vector<std::vector<float>> forward(const std::vector<SeqChunk>& chunks, int micro_batches) = 0;
+  /// Gives a forward's logits back once read, for a later forward to fill
+  /// instead of allocating afresh (a step of batch 64 over a 128k
+  /// vocabulary returns 33 MB; new pages for it cost more than the GPU's
+  /// step). Optional; the default drops them.
+  virtual void recycle(std::vector<std::vector<float>>&& logits) { logits.clear(); }
 
   /// Busy seconds of each pipeline stage in the last forward (for the
   /// bubble ratio).

@@ -205,7 +205,6 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   }
   // The classifier, for the last row of each chunk that wants logits.
   const std::size_t nl = mb.layout.logit_rows.size();
-  mb.logits.resize(nl * static_cast<std::size_t>(hp_.n_vocab));
   if (nl == 0) {
     be.sync();
     return;
@@ -215,7 +214,15 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   be.gather_logit_rows(x, lin);
   be.rmsnorm(lin, w_.output_norm(), xn, static_cast<int>(nl));
   be.matmul(xn, w_.output(), logits, static_cast<int>(nl));
-  be.download(logits, mb.logits.data(), mb.logits.size());
+  be.download_rows(logits, static_cast<std::size_t>(hp_.n_vocab), mb.logits.data(), nl);
+}
+
+void Executor::recycle(std::vector<std::vector<float>>&& logits) {
+  const std::size_t V = static_cast<std::size_t>(hp_.n_vocab);
+  std::lock_guard lk(spare_mu_);
+  for (auto& row : logits)
+    if (row.capacity() >= V && spare_logits_.size() < most_logit_rows_) spare_logits_.push_back(std::move(row));
+  logits.clear();
 }
 
 std::string Executor::failure() const {
@@ -231,10 +238,29 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
   const int m = static_cast<int>(groups.size());
   std::vector<MicroBatch> mbs(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i) mbs[i].chunks = std::move(groups[i]);
+  // The returned logits, in chunk order (micro-batches hold contiguous
+  // groups of chunks): the last stage writes each row in place.
+  std::vector<std::vector<float>> logits;
+  const std::size_t V = static_cast<std::size_t>(hp_.n_vocab);
+  std::size_t rows = 0;
   for (auto& mb : mbs) {
     mb.layout = make_batch_layout(mb.chunks, block_tokens_);
     mb.n_tokens = mb.layout.n_rows;
+    rows += mb.layout.logit_rows.size();
   }
+  {
+    std::lock_guard lk(spare_mu_);
+    most_logit_rows_ = std::max(most_logit_rows_, rows);
+    while (logits.size() < rows && !spare_logits_.empty()) {
+      logits.push_back(std::move(spare_logits_.back()));
+      spare_logits_.pop_back();
+      logits.back().resize(V);  // every element is written below
+    }
+  }
+  while (logits.size() < rows) logits.emplace_back(V);
+  std::size_t next_row = 0;
+  for (auto& mb : mbs)
+    for (std::size_t i = 0; i < mb.layout.logit_rows.size(); ++i) mb.logits.push_back(logits[next_row++].data());
 
   // The step's ranks count as running while it lasts: whether a waiting
   // rank may spin depends on the ranks of every step running now.
@@ -321,13 +347,6 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
     }
   }
 
-  // Logits in chunk order: micro-batches hold contiguous groups of chunks.
-  std::vector<std::vector<float>> logits;
-  const std::size_t V = static_cast<std::size_t>(hp_.n_vocab);
-  for (auto& mb : mbs)
-    for (std::size_t i = 0; i < mb.layout.logit_rows.size(); ++i)
-      logits.emplace_back(mb.logits.begin() + static_cast<std::ptrdiff_t>(i * V),
-                          mb.logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * V));
   return logits;
 }
 

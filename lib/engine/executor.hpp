@@ -62,6 +62,7 @@ class Executor final : public Engine {
   /// Forward over chunks, split into `micro_batches` groups of sequences.
   /// Returns logits [n_vocab] for each chunk with want_logits, in order.
   std::vector<std::vector<float>> forward(const std::vector<SeqChunk>& chunks, int micro_batches = 1) override;
+  void recycle(std::vector<std::vector<float>>&& logits) override;
 
   /// Busy seconds of each stage in the last forward (for the bubble ratio).
   const std::vector<double>& stage_busy_s() const override { return stage_busy_s_; }
@@ -87,7 +88,7 @@ class Executor final : public Engine {
     std::vector<const SeqChunk*> chunks;
     BatchLayout layout;
     std::vector<float> x;                // [tokens][n_embd] on the host, handed from stage to stage
-    std::vector<float> logits;           // [logit rows][n_vocab], from the last stage
+    std::vector<float*> logits;          // [logit rows]: where the last stage puts each row's n_vocab logits
     int n_tokens = 0;
   };
 
@@ -97,6 +98,11 @@ class Executor final : public Engine {
 
   const WeightStore& w_;
   model::HParams hp_;
+  /// Logit rows given back by recycle() for the next forward; at most as
+  /// many as the largest forward has returned.
+  std::mutex spare_mu_;
+  std::vector<std::vector<float>> spare_logits_;
+  std::size_t most_logit_rows_ = 0;
   std::vector<StageLayout> stages_;
   std::vector<Stage> st_;
   int block_tokens_;

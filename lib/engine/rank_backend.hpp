@@ -82,6 +82,12 @@ class RankBackend {
   /// returns when the data is on the host (it waits for earlier work).
   virtual void upload(const float* host, float* dev, std::size_t n) = 0;
   virtual void download(const float* dev, float* host, std::size_t n) = 0;
+  /// n_rows rows of row_len floats, contiguous from `dev`, to the host
+  /// rows dst[i] (the logits of a step straight into the vectors the
+  /// engine returns); returns when they are there. Default: a download each.
+  virtual void download_rows(const float* dev, std::size_t row_len, float* const* dst, std::size_t n_rows) {
+    for (std::size_t i = 0; i < n_rows; ++i) download(dev + i * row_len, dst[i], row_len);
+  }
 
   /// x[r] = token embedding of batch row r, as float32 (first stage).
   virtual void embed(float* x) = 0;

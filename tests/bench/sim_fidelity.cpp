@@ -111,6 +111,7 @@ class Recording final : public engine::Engine {
     }
     return inner_->forward(chunks, mb);
   }
+  void recycle(std::vector<std::vector<float>>&& logits) override { inner_->recycle(std::move(logits)); }
   plan::StepWork last;
 
  private:

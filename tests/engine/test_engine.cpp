@@ -179,6 +179,32 @@ TEST_F(Fixture, LogitsAgreeAcrossGearsOver64Steps) {
   }
 }
 
+TEST_F(Fixture, RecycledLogitRowsAreRefilledWhole) {
+  // Rows given back (here spoiled with NaN first) are reused by the next
+  // forward, which must write every element: the logits equal those of an
+  // executor that never gets rows back. Two sequences, so that a step
+  // returns and reuses several rows; then three, more than were given back.
+  const std::vector<int> p0 = {1, 410, 469}, p1 = {1, 347, 261, 378};
+  Executor fresh(*store, gears()[0].stages, 16, 16), reused(*store, gears()[0].stages, 16, 16);
+  std::vector<int> b0 = {0, 1, 2}, b1 = {3, 4, 5}, b2 = {6, 7, 8};
+  auto chunks = [&](int step) {
+    std::vector<SeqChunk> c = {SeqChunk{&b0, step == 0 ? 0 : static_cast<int>(p0.size()) + step - 1,
+                                        step == 0 ? p0 : std::vector<int>{5 + step}, true},
+                               SeqChunk{&b1, step == 0 ? 0 : static_cast<int>(p1.size()) + step - 1,
+                                        step == 0 ? p1 : std::vector<int>{9 + step}, true}};
+    if (step == 3) c.push_back(SeqChunk{&b2, 0, {1, 42}, true});
+    return c;
+  };
+  for (int step = 0; step < 4; ++step) {
+    auto want = fresh.forward(chunks(step), 1);
+    auto got = reused.forward(chunks(step), 1);
+    ASSERT_EQ(got.size(), want.size()) << "step " << step;
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << step << " row " << i;
+    for (auto& row : got) std::fill(row.begin(), row.end(), std::nanf(""));
+    reused.recycle(std::move(got));
+  }
+}
+
 TEST_F(Fixture, DomainsOfAnyGearTakeViewsNotCopies) {
   const auto& w = model->weights;
   for (const auto& g : gears()) {

@@ -9,8 +9,18 @@
 //   decode at batch 1, 8 and 64 (--batches): tokens/s of the engine's
 //   forward (host argmax excluded), and the weight bandwidth = bytes of
 //   the layer matrices and the classifier read per step x steps/s, as a
-//   fraction of the triad bandwidth (goal >= 0.8 at batch 1).
+//   fraction of the triad bandwidth (goal >= 0.8 at batch 1), and each
+//   step split by CUDA events (CudaBackendOptions::step_timing) into
+//   embedding + layers, head (final norm, classifier), the logits'
+//   download, and the rest (host work and waits).
 // KV reads are not counted in the bandwidth (a few hundred positions).
+// --gemv-sweep (on by default) first times one layer's matrix products
+// alone, on device buffers of the model's layer shapes: the GEMV kernels in
+// every built configuration (kernels::MatvecConfig) and cuBLAS (bf16
+// activations, as the engine's path above FTP_GEMV_MAX_ROWS) at each batch,
+// as bandwidth against the triad; and the logits' download per step into
+// fresh pageable memory (what the engine's forward returns) and into pinned
+// memory. These say where a decode step's time goes.
 // Output: lines on stdout, then one JSON document (kind ftp.gpu-bench/v1).
 // --min-bw-fraction F exits 6 when batch 1 stays below F. Exit 77 without
 // a GPU (a skip for meson).
@@ -18,12 +28,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
 #include "backend/gpu.hpp"
@@ -33,6 +48,8 @@
 #include "engine/executor.hpp"
 #include "engine/sampler.hpp"
 #include "engine/weight_store.hpp"
+#include "kernels/convert.cuh"
+#include "kernels/matvec.cuh"
 #include "model/model.hpp"
 #include "synthetic_gguf.hpp"
 
@@ -51,6 +68,8 @@ struct Options {
   int prompt = 32;
   std::string dir;
   double min_bw_fraction = 0;
+  bool gemv_sweep = true;
+  std::vector<int> sweep_batches = {1, 2, 4, 8, 16, 64};
 };
 
 testing::SyntheticShape shape_of(const std::string& name) {
@@ -111,8 +130,12 @@ Options parse(int argc, char** argv) {
     else if (a == "--prompt") o.prompt = std::stoi(value());
     else if (a == "--dir") o.dir = value();
     else if (a == "--min-bw-fraction") o.min_bw_fraction = std::stod(value());
+    else if (a == "--gemv-sweep") o.gemv_sweep = true;
+    else if (a == "--no-gemv-sweep") o.gemv_sweep = false;
+    else if (a == "--sweep-batches") o.sweep_batches = parse_list(value());
     else if (a == "--help") {
-      std::printf("usage: gpu-bench [--shape 8b|tiny] [--batches 1,8,64] [--steps N] [--warmup N] [--prompt N] [--dir D] [--min-bw-fraction F]\n");
+      std::printf("usage: gpu-bench [--shape 8b|tiny] [--batches 1,8,64] [--steps N] [--warmup N] [--prompt N] [--dir D] [--min-bw-fraction F]\n"
+                  "                 [--gemv-sweep|--no-gemv-sweep] [--sweep-batches 1,2,4,8,16,64]\n");
       std::exit(0);
     } else {
       throw InputError("unknown option " + a);
@@ -128,6 +151,138 @@ engine::StageLayout stage(int n_layer, std::vector<int> gpus) {
   l.tp = static_cast<int>(gpus.size());
   l.gpus = std::move(gpus);
   return l;
+}
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw BackendError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void cublas_ok(cublasStatus_t e, const char* what) {
+  if (e != CUBLAS_STATUS_SUCCESS) throw BackendError(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(e)));
+}
+
+/// One layer's matrix products alone (see the file's head), on `layers`
+/// copies of the layer's matrices so that they do not sit in L2.
+nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<int>& batches, double triad_gbs) {
+  const std::int64_t E = sh.n_embd, F = sh.n_ff, KV = static_cast<std::int64_t>(sh.n_embd / sh.n_head) * sh.n_head_kv;
+  struct Mat {
+    const char* name;
+    std::int64_t rows, cols;
+  };
+  const Mat mats[] = {{"q", E, E}, {"k", KV, E}, {"v", KV, E}, {"o", E, E}, {"gate", F, E}, {"up", F, E}, {"down", E, F}};
+  std::int64_t layer_elems = 0;
+  for (const Mat& m : mats) layer_elems += m.rows * m.cols;
+  const double layer_bytes = static_cast<double>(layer_elems) * 2;
+  const int layers = static_cast<int>(std::max<double>(1, std::ceil(512e6 / layer_bytes)));
+  const int max_t = *std::max_element(batches.begin(), batches.end());
+  std::uint16_t* w = nullptr;
+  float *x = nullptr, *out = nullptr;
+  void* xh = nullptr;
+  cuda_ok(cudaMalloc(&w, static_cast<std::size_t>(layer_elems) * 2 * layers), "cudaMalloc (weights)");
+  cuda_ok(cudaMemset(w, 0x3c, static_cast<std::size_t>(layer_elems) * 2 * layers), "cudaMemset");
+  cuda_ok(cudaMalloc(&x, static_cast<std::size_t>(max_t) * F * 4), "cudaMalloc (x)");
+  cuda_ok(cudaMemset(x, 0, static_cast<std::size_t>(max_t) * F * 4), "cudaMemset");
+  cuda_ok(cudaMalloc(&xh, static_cast<std::size_t>(max_t) * F * 2), "cudaMalloc (x bf16)");
+  cuda_ok(cudaMalloc(&out, static_cast<std::size_t>(max_t) * 2 * F * 4), "cudaMalloc (out)");
+  cublasHandle_t h = nullptr;
+  cublas_ok(cublasCreate(&h), "cublasCreate");
+  cudaEvent_t e0, e1;
+  cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
+  cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
+  auto view = [&](int layer, int m) {
+    std::int64_t off = static_cast<std::int64_t>(layer) * layer_elems;
+    for (int i = 0; i < m; ++i) off += mats[i].rows * mats[i].cols;
+    return kernels::WeightView{w + off, kernels::WeightDType::bf16, mats[m].cols, 0, mats[m].rows, 0, mats[m].cols};
+  };
+  // One layer as the engine runs it: q, k, v in one launch; o; gate, up in one; down.
+  auto gemv_layer = [&](int L, int t, kernels::MatvecConfig c) {
+    const kernels::MatvecTarget qkv[3] = {{view(L, 0), out, static_cast<int>(E)},
+                                          {view(L, 1), out + t * E, static_cast<int>(KV)},
+                                          {view(L, 2), out + t * (E + KV), static_cast<int>(KV)}};
+    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), qkv, 3, t, nullptr, c), "matvec_multi (qkv)");
+    cuda_ok(kernels::matvec(x, static_cast<int>(E), view(L, 3), out, static_cast<int>(E), t, nullptr, c), "matvec (o)");
+    const kernels::MatvecTarget gu[2] = {{view(L, 4), out, static_cast<int>(F)}, {view(L, 5), out + t * F, static_cast<int>(F)}};
+    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), gu, 2, t, nullptr, c), "matvec_multi (gate, up)");
+    cuda_ok(kernels::matvec(x, static_cast<int>(F), view(L, 6), out, static_cast<int>(E), t, nullptr, c), "matvec (down)");
+  };
+  auto cublas_layer = [&](int L, int t) {
+    const float one = 1.0f, zero = 0.0f;
+    for (int m = 0; m < 7; ++m) {
+      const kernels::WeightView v = view(L, m);
+      const int n = static_cast<int>(v.rows), k = static_cast<int>(v.cols);
+      cuda_ok(kernels::convert_f32(x, xh, kernels::HalfType::bf16, static_cast<std::size_t>(t) * k, nullptr), "convert_f32");
+      cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, t, k, &one, v.data, CUDA_R_16BF, k, xh, CUDA_R_16BF, k, &zero,
+                             out, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "cublasGemmEx");
+    }
+  };
+  // Milliseconds per layer: one pass over the copies to warm up, then three timed.
+  auto time_layer = [&](const std::function<void(int)>& layer) {
+    for (int L = 0; L < layers; ++L) layer(L);
+    cuda_ok(cudaEventRecord(e0), "cudaEventRecord");
+    const int passes = 3;
+    for (int p = 0; p < passes; ++p)
+      for (int L = 0; L < layers; ++L) layer(L);
+    cuda_ok(cudaEventRecord(e1), "cudaEventRecord");
+    cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    float ms = 0;
+    cuda_ok(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+    return static_cast<double>(ms) / (passes * layers);
+  };
+  const kernels::MatvecConfig configs[] = {{0, 0}, {1, 1}, {2, 1}, {1, 4}, {2, 4}, {4, 4}, {8, 4}};
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("layer products alone (%.0f MB of BF16 per layer, %d copies), fraction of triad:\n", layer_bytes / 1e6, layers);
+  std::printf("  batch  cuBLAS  gemv auto  1x1   2x1   1x4   2x4   4x4   8x4  (rows x warps per row group)\n");
+  for (int t : batches) {
+    nlohmann::json row = {{"batch", t}};
+    const double ms_cublas = time_layer([&](int L) { cublas_layer(L, t); });
+    row["cublas_ms"] = ms_cublas;
+    std::printf("  %5d  %6.2f ", t, layer_bytes / (ms_cublas / 1e3) / 1e9 / triad_gbs);
+    if (t <= 8) {
+      for (const auto& c : configs) {
+        const double ms = time_layer([&](int L) { gemv_layer(L, t, c); });
+        const double f = layer_bytes / (ms / 1e3) / 1e9 / triad_gbs;
+        row[c.rows_per_warp == 0 ? std::string("gemv_auto_ms")
+                                 : "gemv_" + std::to_string(c.rows_per_warp) + "x" + std::to_string(c.warps_per_row) + "_ms"] = ms;
+        std::printf(c.rows_per_warp == 0 ? "  %6.2f   " : " %5.2f", f);
+      }
+    }
+    std::printf("\n");
+    rows.push_back(row);
+  }
+  // The logits of a decode step: batch x vocab floats to the host.
+  nlohmann::json dl = nlohmann::json::array();
+  float* dlog = nullptr;
+  float* pinned = nullptr;
+  const std::size_t V = static_cast<std::size_t>(sh.n_vocab);
+  cuda_ok(cudaMalloc(&dlog, static_cast<std::size_t>(max_t) * V * 4), "cudaMalloc (logits)");
+  cuda_ok(cudaMallocHost(&pinned, static_cast<std::size_t>(max_t) * V * 4), "cudaMallocHost");
+  for (int t : batches) {
+    const std::size_t n = static_cast<std::size_t>(t) * V;
+    double pageable_s = 0, pinned_s = 0;
+    const int reps = 5;
+    for (int i = 0; i < reps; ++i) {
+      auto t0 = Clock::now();
+      std::vector<float> host(n);
+      cuda_ok(cudaMemcpy(host.data(), dlog, n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy (pageable)");
+      pageable_s += since(t0);
+      t0 = Clock::now();
+      cuda_ok(cudaMemcpy(pinned, dlog, n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy (pinned)");
+      pinned_s += since(t0);
+    }
+    std::printf("  logits download batch %2d (%.1f MB): fresh pageable %.2f ms, pinned %.2f ms\n", t, n * 4 / 1e6,
+                pageable_s / reps * 1e3, pinned_s / reps * 1e3);
+    dl.push_back({{"batch", t}, {"mb", n * 4 / 1e6}, {"pageable_ms", pageable_s / reps * 1e3}, {"pinned_ms", pinned_s / reps * 1e3}});
+  }
+  cudaFreeHost(pinned);
+  cudaFree(dlog);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cublasDestroy(h);
+  cudaFree(out);
+  cudaFree(xh);
+  cudaFree(x);
+  cudaFree(w);
+  return {{"layer_bytes", layer_bytes}, {"layers", rows}, {"logits_download", dl}};
 }
 
 }  // namespace
@@ -176,6 +331,7 @@ int main(int argc, char** argv) {
     }
 
     const testing::SyntheticShape shape = shape_of(o.shape);
+    if (o.gemv_sweep) doc["gemv_sweep"] = gemv_sweep(shape, o.sweep_batches, triad.value);
     const std::string file = (dir / ("synthetic-" + o.shape + "-bf16.gguf")).string();
     t0 = Clock::now();
     if (!std::filesystem::exists(file)) testing::write_synthetic_gguf(file, shape);
@@ -192,7 +348,12 @@ int main(int argc, char** argv) {
     doc["parameters"] = params;
     doc["step_weight_bytes"] = bytes;
 
-    engine::Backend& cuda = engine::cuda_backend();
+    // The environment's options (FTP_GEMV_CONFIG, FTP_CUDA_PDL, ...) with
+    // the step timing on: it splits each step below.
+    engine::CudaBackendOptions backend_opts = engine::CudaBackendOptions::from_env();
+    backend_opts.step_timing = true;
+    const std::unique_ptr<engine::Backend> cuda_owner = engine::make_cuda_backend(backend_opts);
+    engine::Backend& cuda = *cuda_owner;
     const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
     const int B = 16;
     const int per_seq = (o.prompt + o.warmup + o.steps + B) / B + 1;
@@ -221,31 +382,41 @@ int main(int argc, char** argv) {
         for (int i = 0; i < o.prompt; ++i) prompt.push_back(1 + (s * 131 + i * 17) % (shape.n_vocab - 1));
         chunks.push_back({&blocks[static_cast<std::size_t>(s)], 0, prompt, true});
       }
-      auto advance = [&](const std::vector<std::vector<float>>& logits) {
+      auto advance = [&](std::vector<std::vector<float>>&& logits) {
         for (std::size_t i = 0; i < chunks.size(); ++i) {
           chunks[i].start_pos += static_cast<int>(chunks[i].tokens.size());
           chunks[i].tokens = {engine::argmax(logits[i])};
         }
+        ex.recycle(std::move(logits));  // as the domain does
       };
       t0 = Clock::now();
       advance(ex.forward(chunks, 1));
       const double prefill_s = since(t0);
       for (int i = 0; i < o.warmup; ++i) advance(ex.forward(chunks, 1));  // graphs captured here
       double fwd_s = 0;
+      const engine::CudaStepTiming t_before = engine::cuda_step_timing();
       for (int i = 0; i < o.steps; ++i) {
         t0 = Clock::now();
         auto logits = ex.forward(chunks, 1);
         fwd_s += since(t0);
-        advance(logits);
+        advance(std::move(logits));
       }
       const double step_s = fwd_s / o.steps;
+      const engine::CudaStepTiming t_after = engine::cuda_step_timing();
+      const double timed = static_cast<double>(t_after.steps - t_before.steps);
+      const double layers_ms = timed > 0 ? (t_after.layers_ms - t_before.layers_ms) / timed : 0;
+      const double head_ms = timed > 0 ? (t_after.head_ms - t_before.head_ms) / timed : 0;
+      const double download_ms = timed > 0 ? (t_after.download_ms - t_before.download_ms) / timed : 0;
       const double tps = batch / step_s;
       const double bw = bytes / step_s / 1e9;
       if (batch == 1) bw1 = bw / triad.value;
       std::printf("decode batch %2d: %8.1f tokens/s, step %.2f ms, weights %.0f GB/s = %.2f of triad (prefill %d x %d: %.1f ms)\n",
                   batch, tps, step_s * 1e3, bw, bw / triad.value, batch, o.prompt, prefill_s * 1e3);
+      std::printf("  step split (device events): embedding + layers %.2f ms, head %.2f ms, download %.2f ms; host and waits %.2f ms\n",
+                  layers_ms, head_ms, download_ms, step_s * 1e3 - layers_ms - head_ms - download_ms);
       runs.push_back({{"batch", batch}, {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"weight_gb_s", bw},
-                      {"fraction_of_triad", bw / triad.value}, {"prefill_ms", prefill_s * 1e3}});
+                      {"fraction_of_triad", bw / triad.value}, {"prefill_ms", prefill_s * 1e3},
+                      {"layers_ms", layers_ms}, {"head_ms", head_ms}, {"download_ms", download_ms}});
     }
     doc["decode"] = runs;
     const engine::CudaGraphStats g = engine::cuda_graph_stats();

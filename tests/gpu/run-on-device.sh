@@ -5,14 +5,30 @@
 # and prints everything the issue note needs. Under 8 minutes on an H200
 # (the 8 B model is written, loaded and uploaded once: ~2-3 minutes of it).
 #
-# usage: tests/gpu/run-on-device.sh [PACK_DIR] [--quick]
-#   PACK_DIR  default .device; --quick: the benchmark on the tiny shape only.
+# usage: tests/gpu/run-on-device.sh [PACK_DIR] [--quick] [--batches LIST] [--ab SETTINGS]
+#   PACK_DIR   default .device
+#   --quick    the benchmark on the tiny shape only
+#   --batches  decode batches of the 8 B runs (default 1,8,64)
+#   --ab       A/B runs after the main one: the 8 B decode (no GEMV sweep)
+#              again under each ';'-separated group of environment settings,
+#              e.g. 'FTP_GEMV_CONFIG=8x4;FTP_GEMV_MAX_ROWS=1' (the model file
+#              is written once and reused)
 # Logs go to $OUT (the device tool's output folder) when it is set.
 # FTP_DEVICE_BUDGET (seconds, default 540): no program runs past it, so a
 # hang in one still leaves the summary line and the logs inside the lease.
 set -u
-pack=${1:-.device}
-quick=0; [ "${2:-}" = --quick ] && quick=1
+pack=.device
+case ${1:-} in --*|'') ;; *) pack=$1; shift ;; esac
+quick=0; batches=1,8,64; ab=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) quick=1 ;;
+    --batches) batches=$2; shift ;;
+    --ab) ab=$2; shift ;;
+    *) echo "run-on-device: unknown option $1"; exit 2 ;;
+  esac
+  shift
+done
 log_dir=${OUT:-$(mktemp -d)}
 work=/tmp/ftp-gpu
 rm -rf "$work"; mkdir -p "$work"
@@ -61,7 +77,17 @@ run gpu-kernels 120 "$work/bin/test-kernels"
 run gpu-engine 150 "$work/bin/test-cuda-engine"
 run gpu-bench-tiny 60 "$work/bin/gpu-bench" --shape tiny --steps 4 --prompt 8
 if [ $quick -eq 0 ]; then
-  run gpu-bench-8b 360 "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32
+  run gpu-bench-8b 360 "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32 --batches "$batches"
+  IFS=';' read -ra settings <<< "$ab"
+  i=0
+  for setting in "${settings[@]}"; do
+    i=$((i + 1))
+    echo "=== A/B $i: $setting"
+    # Word splitting of $setting is wanted: several VAR=VALUE words.
+    # shellcheck disable=SC2086
+    run "gpu-bench-8b-ab$i" 120 env $setting "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32 \
+      --batches "$batches" --no-gemv-sweep
+  done
 fi
 echo "run-on-device: $pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ] && [ $skip -eq 0 ]

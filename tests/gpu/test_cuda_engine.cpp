@@ -20,6 +20,7 @@
 #include "backend/gpu.hpp"
 #include "comm/nccl.hpp"
 #include "engine/cuda/cuda_backend.hpp"
+#include "kernels/launch.cuh"
 #include "engine/domain.hpp"
 #include "engine/executor.hpp"
 #include "engine/sampler.hpp"
@@ -91,9 +92,10 @@ void stories260k_goldens() {
   WeightStore store(m);
   const auto golden = stories260k_golden_ids();
   const int n_layer = m.hparams.n_layer;
-  for (const char* graphs : {"1-32 and fusion", "off and no fusion"}) {
+  for (const char* graphs : {"1-32, fusion and programmatic launch", "off, no fusion, no programmatic launch"}) {
     CudaBackendOptions opts;
     opts.fuse = graphs[0] == '1';
+    opts.programmatic_launch = opts.fuse;
     if (opts.fuse)
       for (int b = 1; b <= 32; ++b) opts.graph_batches.push_back(b);
     auto cuda = make_cuda_backend(opts);
@@ -115,6 +117,8 @@ void stories260k_goldens() {
                                        " equal, " + std::to_string(static_cast<int>(256 / s)) + " tokens/s)");
     }
   }
+  // The process-wide setting back to the environment's for the tests below.
+  ftp::kernels::set_programmatic_launch(CudaBackendOptions::from_env().programmatic_launch);
 }
 
 /// Runs requests through a domain (continuous batching, chunked prefill,

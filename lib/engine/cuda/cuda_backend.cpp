@@ -11,9 +11,11 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 
@@ -30,6 +32,7 @@
 #include "kernels/dequant.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/kv_write.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/matvec.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
@@ -71,12 +74,26 @@ CudaBackendOptions CudaBackendOptions::from_env() {
   const char* g = std::getenv("FTP_CUDA_GRAPHS");
   o.graph_batches = parse_graph_batches(g && *g ? g : "1-32");
   if (const char* f = std::getenv("FTP_CUDA_FUSE"); f && *f) o.fuse = std::string(f) != "0" && std::string(f) != "off";
+  if (const char* f = std::getenv("FTP_CUDA_STEP_TIMING"); f && *f)
+    o.step_timing = std::string(f) != "0" && std::string(f) != "off";
+  if (const char* f = std::getenv("FTP_CUDA_PDL"); f && *f)
+    o.programmatic_launch = std::string(f) != "0" && std::string(f) != "off";
   if (const char* m = std::getenv("FTP_GEMV_MAX_ROWS"); m && *m) {
     try {
       o.gemv_max_rows = std::stoi(m);
     } catch (const std::exception&) {
       throw InputError(std::string("FTP_GEMV_MAX_ROWS: '") + m + "' is not an integer");
     }
+  }
+  if (const char* c = std::getenv("FTP_GEMV_CONFIG"); c && *c && std::string(c) != "auto") {
+    // ROWSxWARPS: rows per row group x warps per group (kernels::MatvecConfig).
+    int r = 0, w = 0;
+    char tail = 0;
+    if (std::sscanf(c, "%dx%d%c", &r, &w, &tail) != 2 || !kernels::matvec_config_built({r, w}))
+      throw InputError(std::string("FTP_GEMV_CONFIG: '") + c +
+                       "' is not a built configuration (auto, 1x1, 2x1, 1x4, 2x4, 4x4, 8x4)");
+    o.gemv_rows_per_warp = r;
+    o.gemv_warps_per_row = w;
   }
   return o;
 }
@@ -88,6 +105,16 @@ std::atomic<std::uint64_t> g_graph_captures{0}, g_graph_failures{0};
 }  // namespace
 
 CudaGraphStats cuda_graph_stats() noexcept { return {g_graph_captures.load(), g_graph_failures.load()}; }
+
+namespace {
+std::mutex g_timing_mu;
+CudaStepTiming g_timing;
+}  // namespace
+
+CudaStepTiming cuda_step_timing() {
+  std::lock_guard lk(g_timing_mu);
+  return g_timing;
+}
 
 namespace {
 
@@ -183,7 +210,9 @@ class CudaRank final : public RankBackend {
     graphs_on_ = !opts.graph_batches.empty() && (spec.tp == 1 || comm_->graph_safe());
     for (int b : opts.graph_batches) graph_batches_.push_back(b);
     gemv_max_rows_ = opts.gemv_max_rows;
+    gemv_config_ = {opts.gemv_rows_per_warp, opts.gemv_warps_per_row};
     fuse_ = opts.fuse;
+    timing_ = opts.step_timing;
     cuda::DeviceGuard guard(device, where_);
     try {
       weights_ = cuda::DeviceWeights::get(w, device);
@@ -227,6 +256,7 @@ class CudaRank final : public RankBackend {
   void set_batch(const BatchLayout& b) override {
     flush();
     free_deferred();
+    mark(0);
     // Sections at fixed offsets while the capacities hold, so that a graph
     // captured for a batch size reads the next step's layout at the same
     // addresses: tokens, pos, seq, slot [rows_cap] then the block table
@@ -262,9 +292,40 @@ class CudaRank final : public RankBackend {
     if (n) check(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)", where_);
   }
   void download(const float* dev, float* host, std::size_t n) override {
+    float* const dst[1] = {host};
+    download_rows(dev, n, dst, 1);
+  }
+  /// Through pinned host memory above 64 KiB: a copy into pageable memory
+  /// is staged by the driver in small pieces (a step's logits at batch 64,
+  /// 33 MB, took 11 ms that way on an H200 and 0.6 ms pinned).
+  void download_rows(const float* dev, std::size_t row_len, float* const* dst, std::size_t n_rows) override {
     flush();
-    if (n) check(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)", where_);
+    const std::size_t n = row_len * n_rows;
+    if (n == 0) return sync();
+    if (n * sizeof(float) < kPinnedFrom) {
+      mark(2);
+      for (std::size_t i = 0; i < n_rows; ++i)
+        check(cudaMemcpyAsync(dst[i], dev + i * row_len, row_len * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+              "cudaMemcpyAsync (download)", where_);
+      mark(3);
+      sync();
+      return account_step();
+    }
+    if (pinned_cap_ < n) {
+      if (pinned_) cudaFreeHost(pinned_);
+      pinned_ = nullptr;
+      pinned_cap_ = 0;
+      check(cudaMallocHost(reinterpret_cast<void**>(&pinned_), n * sizeof(float)), "cudaMallocHost (download staging)",
+            where_);
+      pinned_cap_ = n;
+    }
+    mark(2);
+    check(cudaMemcpyAsync(pinned_, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)",
+          where_);
+    mark(3);
     sync();
+    account_step();
+    for (std::size_t i = 0; i < n_rows; ++i) std::memcpy(dst[i], pinned_ + i * row_len, row_len * sizeof(float));
   }
 
   void embed(float* x) override {
@@ -287,7 +348,7 @@ class CudaRank final : public RankBackend {
   void matmul(const float* x, const MatView& w, float* out, int rows) override {
     if (rows <= 0 || w.rows <= 0) return;
     const kernels::WeightView v = cuda::device_view(*weights_, w);
-    if (rows <= gemv_max_rows_) {
+    if (rows <= gemv_max_rows(v.dtype)) {
       // Deferred: consecutive products of the same activations (q, k, v;
       // gate, up) go out as one launch (kernels::matvec_multi).
       bool joins = fuse_ && pending_.n > 0 && pending_.n < kernels::kMaxMatvecTargets && pending_.x == x &&
@@ -295,7 +356,8 @@ class CudaRank final : public RankBackend {
       for (int j = 0; joins && j < pending_.n; ++j) joins = pending_.t[j].out != out;
       if (!joins) flush();
       if (!fuse_) {
-        check(kernels::matvec(x, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_), "matvec",
+        check(kernels::matvec(x, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_, gemv_config_),
+              "matvec",
               where_);
         return;
       }
@@ -400,6 +462,10 @@ class CudaRank final : public RankBackend {
   }
 
   void run(int graph_key, const std::function<void()>& ops) override {
+    run_layers(graph_key, ops);
+    mark(1);
+  }
+  void run_layers(int graph_key, const std::function<void()>& ops) {
     flush();
     if (graph_key < 0 || !graphs_on_ ||
         std::find(graph_batches_.begin(), graph_batches_.end(), graph_key) == graph_batches_.end()) {
@@ -487,7 +553,7 @@ class CudaRank final : public RankBackend {
       const int n = pending_.n;
       pending_.n = 0;
       check(kernels::matvec_multi(pending_.x, static_cast<int>(pending_.t[0].w.cols), pending_.t, n, pending_.rows,
-                                  stream_),
+                                  stream_, gemv_config_),
             "matvec", where_);
     }
     if (add_.x) {
@@ -589,6 +655,51 @@ class CudaRank final : public RankBackend {
     }
   }
 
+  /// Step timing (CudaBackendOptions::step_timing): event i of the step
+  /// (0 layout staged, 1 layers enqueued, 2 download begins, 3 download
+  /// enqueued); nothing when off, or while a graph is being captured.
+  /// A measurement, never a step's failure: an error turns it off.
+  void mark(int i) {
+    if (!timing_ || capturing_) return;
+    bool ok = true;
+    if (!events_[0])
+      for (auto& e : events_) ok = ok && cudaEventCreate(&e) == cudaSuccess;
+    ok = ok && cudaEventRecord(events_[i], stream_) == cudaSuccess;
+    if (!ok) {
+      cudaGetLastError();
+      timing_ = false;
+      return;
+    }
+    marked_ |= 1u << i;
+  }
+  /// After the download's sync: adds this step's spans to the process's
+  /// totals (cuda_step_timing) when all four events were recorded.
+  void account_step() {
+    if (marked_ != 0xfu) {
+      marked_ = 0;
+      return;
+    }
+    marked_ = 0;
+    float ms[3] = {};
+    for (int i = 0; i < 3; ++i)
+      if (cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]) != cudaSuccess) {
+        cudaGetLastError();
+        timing_ = false;
+        return;
+      }
+    std::lock_guard lk(g_timing_mu);
+    ++g_timing.steps;
+    g_timing.layers_ms += ms[0];
+    g_timing.head_ms += ms[1];
+    g_timing.download_ms += ms[2];
+  }
+
+  /// Largest batch that takes the GEMV kernels (CudaBackendOptions::gemv_max_rows).
+  int gemv_max_rows(kernels::WeightDType dt) const {
+    if (gemv_max_rows_ > 0) return gemv_max_rows_;
+    return dt == kernels::WeightDType::f16 || dt == kernels::WeightDType::bf16 ? 2 : 8;
+  }
+
   void* convert_activations(const float* x, std::size_t n, kernels::HalfType to) {
     void* xh = grow(half_buf_, n * 2, "f16/bf16 activations");
     check(kernels::convert_f32(x, xh, to, n, stream_), "convert_f32", where_);
@@ -616,6 +727,12 @@ class CudaRank final : public RankBackend {
     if (kv_v_) cudaFree(kv_v_);
     if (cublas_) cublasDestroy(cublas_);
     if (cublas_ws_) cudaFree(cublas_ws_);
+    for (auto& e : events_)
+      if (e) cudaEventDestroy(e);
+    for (auto& e : events_) e = nullptr;
+    if (pinned_) cudaFreeHost(pinned_);
+    pinned_ = nullptr;
+    pinned_cap_ = 0;
     if (stream_) cudaStreamDestroy(stream_);
     kv_k_ = kv_v_ = nullptr;
     cublas_ = nullptr;
@@ -637,7 +754,8 @@ class CudaRank final : public RankBackend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
-  int gemv_max_rows_ = 8;
+  int gemv_max_rows_ = 0;
+  kernels::MatvecConfig gemv_config_{};
 
   int kvh_ = 0;
   std::size_t layer_floats_ = 0;
@@ -647,6 +765,12 @@ class CudaRank final : public RankBackend {
 
   std::array<DevBuf, static_cast<std::size_t>(Buf::count)> bufs_{};
   DevBuf layout_buf_, half_buf_, tile_buf_;
+  bool timing_ = false;
+  cudaEvent_t events_[4] = {};
+  unsigned marked_ = 0;
+  static constexpr std::size_t kPinnedFrom = 64 << 10;  // bytes
+  float* pinned_ = nullptr;  // download staging (cudaMallocHost), grown as needed
+  std::size_t pinned_cap_ = 0;  // floats
   std::vector<void*> deferred_;
   int* layout_dev_ = nullptr;
   std::vector<int> host_layout_;
@@ -690,6 +814,7 @@ class CudaBackend final : public Backend {
       throw BackendError(std::string("cuda backend: no CUDA device visible (") + cudaGetErrorString(e) + ")");
     }
     n_devices_ = count;
+    kernels::set_programmatic_launch(opts_.programmatic_launch);
   }
   std::string name() const override { return "cuda"; }
 

@@ -44,12 +44,30 @@ struct CudaBackendOptions {
   /// FTP_CUDA_GRAPHS ("off", "1-32", "1,2,4,8") when set.
   std::vector<int> graph_batches;
   /// Largest row count that takes the GEMV kernels; FTP_GEMV_MAX_ROWS.
-  int gemv_max_rows = 8;
+  /// 0: by weight type, 2 for F16/BF16 (cuBLAS reads them as they are and
+  /// was faster from 3 rows on an H200: tests/gpu/README.md), 8 for F32
+  /// and Q8_0 (Q8_0 would go through dequantised tiles).
+  int gemv_max_rows = 0;
+  /// The GEMV kernels' rows per row group and warps per group
+  /// (kernels::MatvecConfig; 0, 0: chosen by batch and rows);
+  /// FTP_GEMV_CONFIG=ROWSxWARPS (e.g. 8x4) or auto.
+  int gemv_rows_per_warp = 0;
+  int gemv_warps_per_row = 0;
   /// Fewer launches with the same arithmetic: consecutive GEMV products of
   /// one input in one launch (q, k, v; gate, up), a residual add with the
   /// RMSNorm that reads its sum, the RoPE of q and k with the KV write.
   /// FTP_CUDA_FUSE=0 turns it off (for A/B runs).
   bool fuse = true;
+  /// Programmatic dependent launch of the decode kernels on GPUs of compute
+  /// capability 9.0 and later (kernels/launch.cuh): each kernel may start
+  /// while the one before it finishes, and waits at its top for its
+  /// results. Process-wide (the last backend made sets it). FTP_CUDA_PDL=0
+  /// turns it off (for A/B runs).
+  bool programmatic_launch = true;
+  /// CUDA events around each step's parts on the rank that downloads the
+  /// result, summed into cuda_step_timing(): where a step's time goes, for
+  /// benchmarks. FTP_CUDA_STEP_TIMING=1.
+  bool step_timing = false;
   /// Options from the environment (the defaults above where unset).
   static CudaBackendOptions from_env();
 };
@@ -67,6 +85,18 @@ struct CudaGraphStats {
   std::uint64_t failures = 0;
 };
 CudaGraphStats cuda_graph_stats() noexcept;
+
+/// Device time of the steps timed so far (CudaBackendOptions::step_timing),
+/// summed over steps: embedding and layers; the head (final norm,
+/// classifier, anything between the layers and the download); the copy to
+/// the host. The rest of a step's wall time is host work and waiting.
+struct CudaStepTiming {
+  std::uint64_t steps = 0;
+  double layers_ms = 0;
+  double head_ms = 0;
+  double download_ms = 0;
+};
+CudaStepTiming cuda_step_timing();
 
 /// True when this build has the CUDA backend.
 bool cuda_backend_built() noexcept;
