@@ -54,6 +54,11 @@ class CpuRank final : public RankBackend {
   void download(const float* dev, float* host, std::size_t n) override {
     if (host != dev) std::memcpy(host, dev, n * sizeof(float));
   }
+  void choose_tokens(const float* logits, std::size_t n_vocab, std::size_t n_rows, const TokenChoice* choices,
+                     int* out) override {
+    // The logits are host memory already: chosen in place, not copied.
+    for (std::size_t i = 0; i < n_rows; ++i) out[i] = choose_token(logits + i * n_vocab, n_vocab, choices[i]);
+  }
 
   void embed(float* x) override {
     for (int r = 0; r < b_->n_rows; ++r) w_.embed(b_->tokens[static_cast<std::size_t>(r)], row(x, r, hp_.n_embd));

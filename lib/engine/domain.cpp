@@ -259,7 +259,23 @@ int Domain::step() {
   EventList events;
   std::vector<Seq*> done;
   try {
-    auto logits = exec_->forward(chunks, cfg_.micro_batches);
+    // The engine chooses the tokens where the logits are (only ids come
+    // back) unless a request needs the host's sampler (top-k); the draws
+    // are the ones sample() would make, so a request's random stream is the
+    // same either way.
+    bool engine_chooses = true;
+    for (std::size_t i = 0; i < plan.size(); ++i)
+      if (chunks[i].want_logits) engine_chooses = engine_chooses && plan[i].first->sampler.engine_can_choose();
+    std::vector<std::vector<float>> logits;
+    std::vector<int> chosen;
+    if (engine_chooses) {
+      std::vector<TokenChoice> choices;
+      for (std::size_t i = 0; i < plan.size(); ++i)
+        if (chunks[i].want_logits) choices.push_back(plan[i].first->sampler.next_choice());
+      chosen = exec_->forward_choose(chunks, cfg_.micro_batches, choices);
+    } else {
+      logits = exec_->forward(chunks, cfg_.micro_batches);
+    }
     std::size_t li = 0;
     for (std::size_t i = 0; i < plan.size(); ++i) {
       Seq& s = *plan[i].first;
@@ -270,7 +286,7 @@ int Domain::step() {
         if (was_prefill) stats_.prompt_tokens += static_cast<std::uint64_t>(plan[i].second);
       }
       if (!chunks[i].want_logits) continue;
-      int tok = s.sampler.sample(logits[li++]);
+      const int tok = engine_chooses ? chosen[li++] : s.sampler.sample(logits[li++]);
       s.output.push_back(tok);
       s.tokens.push_back(tok);
       {
@@ -296,7 +312,7 @@ int Domain::step() {
         done.push_back(&s);
       }
     }
-    exec_->recycle(std::move(logits));
+    if (!engine_chooses) exec_->recycle(std::move(logits));
   } catch (const std::exception& ex) {
     // A failed forward fails the requests of this step with an error event;
     // the domain keeps serving the others.

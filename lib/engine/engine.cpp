@@ -71,4 +71,16 @@ BatchLayout make_batch_layout(const std::vector<const SeqChunk*>& chunks, int bl
   return b;
 }
 
+std::vector<int> Engine::forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                        const std::vector<TokenChoice>& choices) {
+  auto logits = forward(chunks, micro_batches);
+  if (choices.size() != logits.size())
+    throw Error("forward_choose: " + std::to_string(choices.size()) + " choices for " + std::to_string(logits.size()) +
+                " rows of logits");
+  std::vector<int> out(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) out[i] = choose_token(logits[i].data(), logits[i].size(), choices[i]);
+  recycle(std::move(logits));
+  return out;
+}
+
 }  // namespace ftp::engine

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/virtual_device.hpp"
+#include "engine/sampler.hpp"
 #include "model/model.hpp"
 
 namespace ftp::engine {
@@ -76,6 +77,15 @@ class Engine {
   /// vocabulary returns 33 MB; new pages for it cost more than the GPU's
   /// step). Optional; the default drops them.
   virtual void recycle(std::vector<std::vector<float>>&& logits) { logits.clear(); }
+
+  /// Forward, then the next token of each chunk with want_logits, chosen
+  /// by choices[i] (one per such chunk, in order) as choose_token does;
+  /// only the ids come back. An engine whose logits stay on its devices
+  /// chooses there (the CUDA backend: argmax or top-p kernels), instead of
+  /// sending n_vocab floats per row to the host. Default: forward() and
+  /// choose_token here.
+  virtual std::vector<int> forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                          const std::vector<TokenChoice>& choices);
 
   /// Busy seconds of each pipeline stage in the last forward (for the
   /// bubble ratio).

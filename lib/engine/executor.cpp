@@ -214,7 +214,10 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   be.gather_logit_rows(x, lin);
   be.rmsnorm(lin, w_.output_norm(), xn, static_cast<int>(nl));
   be.matmul(xn, w_.output(), logits, static_cast<int>(nl));
-  be.download_rows(logits, static_cast<std::size_t>(hp_.n_vocab), mb.logits.data(), nl);
+  if (mb.tokens)
+    be.choose_tokens(logits, static_cast<std::size_t>(hp_.n_vocab), nl, mb.choices, mb.tokens);
+  else
+    be.download_rows(logits, static_cast<std::size_t>(hp_.n_vocab), mb.logits.data(), nl);
 }
 
 void Executor::recycle(std::vector<std::vector<float>>&& logits) {
@@ -230,24 +233,29 @@ std::string Executor::failure() const {
   return failure_;
 }
 
-std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& chunks, int micro_batches) {
+std::vector<Executor::MicroBatch> Executor::plan_micro_batches(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                                                std::size_t& logit_rows) {
   if (std::string f = failure(); !f.empty()) throw Error("executor: " + f);
-  const int pp = static_cast<int>(st_.size());
   check_chunks(chunks, hp_.n_vocab, block_tokens_, "executor");
   auto groups = split_micro_batches(chunks, micro_batches);
-  const int m = static_cast<int>(groups.size());
   std::vector<MicroBatch> mbs(groups.size());
-  for (std::size_t i = 0; i < groups.size(); ++i) mbs[i].chunks = std::move(groups[i]);
+  logit_rows = 0;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    mbs[i].chunks = std::move(groups[i]);
+    mbs[i].layout = make_batch_layout(mbs[i].chunks, block_tokens_);
+    mbs[i].n_tokens = mbs[i].layout.n_rows;
+    logit_rows += mbs[i].layout.logit_rows.size();
+  }
+  return mbs;
+}
+
+std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& chunks, int micro_batches) {
+  std::size_t rows = 0;
+  auto mbs = plan_micro_batches(chunks, micro_batches, rows);
   // The returned logits, in chunk order (micro-batches hold contiguous
   // groups of chunks): the last stage writes each row in place.
   std::vector<std::vector<float>> logits;
   const std::size_t V = static_cast<std::size_t>(hp_.n_vocab);
-  std::size_t rows = 0;
-  for (auto& mb : mbs) {
-    mb.layout = make_batch_layout(mb.chunks, block_tokens_);
-    mb.n_tokens = mb.layout.n_rows;
-    rows += mb.layout.logit_rows.size();
-  }
   {
     std::lock_guard lk(spare_mu_);
     most_logit_rows_ = std::max(most_logit_rows_, rows);
@@ -261,7 +269,31 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
   std::size_t next_row = 0;
   for (auto& mb : mbs)
     for (std::size_t i = 0; i < mb.layout.logit_rows.size(); ++i) mb.logits.push_back(logits[next_row++].data());
+  run_micro_batches(mbs);
+  return logits;
+}
 
+std::vector<int> Executor::forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                          const std::vector<TokenChoice>& choices) {
+  std::size_t rows = 0;
+  auto mbs = plan_micro_batches(chunks, micro_batches, rows);
+  if (choices.size() != rows)
+    throw Error("executor: forward_choose: " + std::to_string(choices.size()) + " choices for " + std::to_string(rows) +
+                " chunks that want logits");
+  std::vector<int> tokens(rows);
+  std::size_t next_row = 0;
+  for (auto& mb : mbs) {
+    mb.choices = choices.data() + next_row;
+    mb.tokens = tokens.data() + next_row;
+    next_row += mb.layout.logit_rows.size();
+  }
+  run_micro_batches(mbs);
+  return tokens;
+}
+
+void Executor::run_micro_batches(std::vector<MicroBatch>& mbs) {
+  const int pp = static_cast<int>(st_.size());
+  const int m = static_cast<int>(mbs.size());
   // The step's ranks count as running while it lasts: whether a waiting
   // rank may spin depends on the ranks of every step running now.
   comm::StepRanks running(collective_ranks_);
@@ -346,8 +378,6 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
       std::rethrow_exception(cause ? cause : err);
     }
   }
-
-  return logits;
 }
 
 }  // namespace ftp::engine

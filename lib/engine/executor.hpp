@@ -63,6 +63,10 @@ class Executor final : public Engine {
   /// Returns logits [n_vocab] for each chunk with want_logits, in order.
   std::vector<std::vector<float>> forward(const std::vector<SeqChunk>& chunks, int micro_batches = 1) override;
   void recycle(std::vector<std::vector<float>>&& logits) override;
+  /// forward() with the tokens chosen where the logits are
+  /// (RankBackend::choose_tokens): the CUDA backend sends back ids only.
+  std::vector<int> forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                  const std::vector<TokenChoice>& choices) override;
 
   /// Busy seconds of each stage in the last forward (for the bubble ratio).
   const std::vector<double>& stage_busy_s() const override { return stage_busy_s_; }
@@ -89,12 +93,19 @@ class Executor final : public Engine {
     BatchLayout layout;
     std::vector<float> x;                // [tokens][n_embd] on the host, handed from stage to stage
     std::vector<float*> logits;          // [logit rows]: where the last stage puts each row's n_vocab logits
+    const TokenChoice* choices = nullptr;  // or, with forward_choose: the rows' choices
+    int* tokens = nullptr;                 // and where the chosen ids go
     int n_tokens = 0;
   };
 
   /// One rank's share of one stage for one micro-batch; rank 0 hands the
   /// activations (or, on the last stage, the logits) back to the host.
   void run_stage_rank(Stage& st, int rank, MicroBatch& mb);
+  /// The pipeline over micro-batches (forward and forward_choose: their
+  /// micro-batches say where the results go).
+  void run_micro_batches(std::vector<MicroBatch>& mbs);
+  std::vector<MicroBatch> plan_micro_batches(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                             std::size_t& logit_rows);
 
   const WeightStore& w_;
   model::HParams hp_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/engine.hpp"
+#include "engine/sampler.hpp"
 #include "engine/weight_store.hpp"
 
 /// The backend interface of the real engine (ARCHITECTURE.md, "Backend"):
@@ -87,6 +88,17 @@ class RankBackend {
   /// engine returns); returns when they are there. Default: a download each.
   virtual void download_rows(const float* dev, std::size_t row_len, float* const* dst, std::size_t n_rows) {
     for (std::size_t i = 0; i < n_rows; ++i) download(dev + i * row_len, dst[i], row_len);
+  }
+  /// out[i] = choose_token(row i of n_rows rows of n_vocab logits at
+  /// `logits`, choices[i]) (engine/sampler.hpp); returns when the ids are
+  /// on the host. Default: each row downloaded and chosen on the host.
+  virtual void choose_tokens(const float* logits, std::size_t n_vocab, std::size_t n_rows, const TokenChoice* choices,
+                             int* out) {
+    std::vector<float> row(n_vocab);
+    for (std::size_t i = 0; i < n_rows; ++i) {
+      download(logits + i * n_vocab, row.data(), n_vocab);
+      out[i] = choose_token(row.data(), n_vocab, choices[i]);
+    }
   }
 
   /// x[r] = token embedding of batch row r, as float32 (first stage).

@@ -12,21 +12,28 @@ int argmax(const std::vector<float>& v) {
   return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+namespace {
 
-int Sampler::sample(std::vector<float>& logits) {
-  if (p_.temperature <= 0.0f) return argmax(logits);
+/// Sampler::sample's rule: greedy at temperature <= 0; else the finite
+/// logits sorted (stable), cut to top_k (0: all), softmax at temperature,
+/// cut to the smallest prefix whose mass reaches top_p, and the first
+/// token at which the cumulative mass exceeds `draw()` (called once, only
+/// where there is a candidate).
+template <class Draw>
+int pick(const float* logits, std::size_t n_logits, int top_k, float temperature, float top_p, Draw draw) {
+  auto greedy = [&] { return static_cast<int>(std::max_element(logits, logits + n_logits) - logits); };
+  if (temperature <= 0.0f) return greedy();
   // Candidates: tokens of finite logit (-inf has probability 0; the
   // simulated engine's stand-in logits are -inf but for one token, so its
   // rows cost a scan, not a sort of the vocabulary).
   std::vector<int> idx;
-  idx.reserve(logits.size());
-  for (std::size_t i = 0; i < logits.size(); ++i)
+  idx.reserve(n_logits);
+  for (std::size_t i = 0; i < n_logits; ++i)
     if (logits[i] > -std::numeric_limits<float>::infinity()) idx.push_back(static_cast<int>(i));
-  if (idx.empty()) return argmax(logits);
+  if (idx.empty()) return greedy();
   const int n = static_cast<int>(idx.size());
   // Candidates sorted by logit (stable: lower id first on ties), cut by top-k.
-  int k = (p_.top_k > 0 && p_.top_k < n) ? p_.top_k : n;
+  int k = (top_k > 0 && top_k < n) ? top_k : n;
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
     return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)] ||
            (logits[static_cast<std::size_t>(a)] == logits[static_cast<std::size_t>(b)] && a < b);
@@ -35,17 +42,17 @@ int Sampler::sample(std::vector<float>& logits) {
   std::vector<double> prob(idx.size());
   double mx = logits[static_cast<std::size_t>(idx[0])], sum = 0;
   for (std::size_t i = 0; i < idx.size(); ++i) {
-    prob[i] = std::exp((logits[static_cast<std::size_t>(idx[i])] - mx) / p_.temperature);
+    prob[i] = std::exp((logits[static_cast<std::size_t>(idx[i])] - mx) / temperature);
     sum += prob[i];
   }
   for (auto& p : prob) p /= sum;
   // Top-p: the smallest prefix whose mass reaches top_p.
-  if (p_.top_p < 1.0f) {
+  if (top_p < 1.0f) {
     double acc = 0;
     std::size_t keep = prob.size();
     for (std::size_t i = 0; i < prob.size(); ++i) {
       acc += prob[i];
-      if (acc >= p_.top_p) {
+      if (acc >= top_p) {
         keep = i + 1;
         break;
       }
@@ -54,12 +61,33 @@ int Sampler::sample(std::vector<float>& logits) {
     double s = std::accumulate(prob.begin(), prob.end(), 0.0);
     for (auto& p : prob) p /= s;
   }
-  double r = std::uniform_real_distribution<double>(0.0, 1.0)(rng_), acc = 0;
+  double r = draw(), acc = 0;
   for (std::size_t i = 0; i < prob.size(); ++i) {
     acc += prob[i];
     if (r < acc) return idx[i];
   }
   return idx[prob.size() - 1];
+}
+
+}  // namespace
+
+int choose_token(const float* logits, std::size_t n, const TokenChoice& c) {
+  return pick(logits, n, 0, c.temperature, c.top_p, [&] { return c.uniform; });
+}
+
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+
+int Sampler::sample(const std::vector<float>& logits) {
+  return pick(logits.data(), logits.size(), p_.top_k, p_.temperature, p_.top_p,
+              [&] { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); });
+}
+
+TokenChoice Sampler::next_choice() {
+  TokenChoice c;
+  c.temperature = p_.temperature;
+  c.top_p = p_.top_p;
+  if (p_.temperature > 0.0f) c.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  return c;
 }
 
 }  // namespace ftp::engine

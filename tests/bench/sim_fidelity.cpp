@@ -102,6 +102,10 @@ class Recording final : public engine::Engine {
   std::uint64_t kv_bytes() const override { return inner_->kv_bytes(); }
   const std::vector<double>& stage_busy_s() const override { return inner_->stage_busy_s(); }
   std::vector<std::vector<float>> forward(const std::vector<engine::SeqChunk>& chunks, int mb) override {
+    record(chunks, mb);
+    return inner_->forward(chunks, mb);
+  }
+  void record(const std::vector<engine::SeqChunk>& chunks, int mb) {
     last = plan::StepWork{};
     for (const auto& w : sim::micro_batch_work(chunks, mb)) {
       last.tokens += w.tokens;
@@ -109,9 +113,13 @@ class Recording final : public engine::Engine {
       last.kv_positions += w.kv_positions;
       last.logit_rows += w.logit_rows;
     }
-    return inner_->forward(chunks, mb);
   }
   void recycle(std::vector<std::vector<float>>&& logits) override { inner_->recycle(std::move(logits)); }
+  std::vector<int> forward_choose(const std::vector<engine::SeqChunk>& chunks, int mb,
+                                  const std::vector<engine::TokenChoice>& choices) override {
+    record(chunks, mb);
+    return inner_->forward_choose(chunks, mb, choices);
+  }
   plan::StepWork last;
 
  private:

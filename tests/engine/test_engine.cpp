@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <random>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <new>
+#include <random>
 #include <sstream>
 
 #include <unistd.h>
@@ -360,6 +360,47 @@ TEST_F(Fixture, SamplingIsReproducibleBySeed) {
   EXPECT_NE(a, c);
   auto golden = stories260k_golden_ids();
   EXPECT_EQ(sampled(3, 1.0f, 1, 1.0f), std::vector<int>(golden.begin(), golden.begin() + 40));  // top-k 1 is greedy
+}
+
+TEST(TokenChoice, TheEnginesChoiceIsTheSamplersPick) {
+  // Sampler::sample and next_choice + choose_token on the same logits and
+  // seed pick the same tokens, step after step (the random streams stay in
+  // step), for greedy, temperature and top-p; top-k stays with the host.
+  std::mt19937 gen(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (const SamplingParams p : {SamplingParams{0.0f, 0, 1.0f, 5}, SamplingParams{0.7f, 0, 1.0f, 5},
+                                 SamplingParams{1.3f, 0, 0.8f, 9}, SamplingParams{1.0f, 0, 0.05f, 2}}) {
+    Sampler host(p), engine(p);
+    EXPECT_TRUE(engine.engine_can_choose());
+    int differ = 0;
+    for (int step = 0; step < 300; ++step) {
+      std::vector<float> logits(97);
+      for (auto& l : logits) l = nd(gen);
+      if (step % 7 == 0) logits[3] = logits[50];  // ties
+      const TokenChoice c = engine.next_choice();
+      differ += host.sample(logits) != choose_token(logits.data(), logits.size(), c);
+    }
+    EXPECT_EQ(differ, 0) << "temperature " << p.temperature << " top_p " << p.top_p;
+  }
+  EXPECT_FALSE(Sampler(SamplingParams{1.0f, 40, 1.0f, 1}).engine_can_choose());
+}
+
+TEST_F(Fixture, ForwardChooseIsForwardThenChooseToken) {
+  // The executor's forward_choose (the CPU backend chooses in place) gives
+  // what choose_token gives over forward's logits, for a batch of greedy
+  // and sampled rows; and sampled requests through a domain (which then
+  // takes that path) stay reproducible and equal to the host sampler's.
+  const std::vector<int> p0 = {1, 410, 469}, p1 = {1, 347, 261, 378};
+  Executor a(*store, gears()[0].stages, 16, 16), b(*store, gears()[0].stages, 16, 16);
+  std::vector<int> b0 = {0, 1, 2}, b1 = {3, 4, 5};
+  const std::vector<SeqChunk> chunks = {SeqChunk{&b0, 0, p0, true}, SeqChunk{&b1, 0, p1, true}};
+  const std::vector<TokenChoice> choices = {TokenChoice{0.0f, 1.0f, 0.0}, TokenChoice{0.9f, 0.95f, 0.6180339887}};
+  auto logits = a.forward(chunks, 1);
+  auto ids = b.forward_choose(chunks, 1, choices);
+  ASSERT_EQ(ids.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(ids[i], choose_token(logits[i].data(), logits[i].size(), choices[i])) << "row " << i;
+  EXPECT_THROW(b.forward_choose(chunks, 1, {choices[0]}), ftp::Error);  // one choice per row
 }
 
 TEST_F(Fixture, StopTokensAndStopCheck) {

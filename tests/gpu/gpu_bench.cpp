@@ -7,7 +7,9 @@
 //   the first domain's build time (weights uploaded) and the build time of
 //   a domain of another gear (TP 2 with both ranks on cuda:0) beside it,
 //   decode at batch 1, 8 and 64 (--batches): tokens/s of the engine's
-//   forward (host argmax excluded), and the weight bandwidth = bytes of
+//   forward with the greedy tokens chosen on the device (forward_choose,
+//   the domain's path; the same steps with the logits sent to the host are
+//   timed too), and the weight bandwidth = bytes of
 //   the layer matrices and the classifier read per step x steps/s, as a
 //   fraction of the triad bandwidth (goal >= 0.8 at batch 1), and each
 //   step split by CUDA events (CudaBackendOptions::step_timing) into
@@ -356,7 +358,9 @@ int main(int argc, char** argv) {
     engine::Backend& cuda = *cuda_owner;
     const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
     const int B = 16;
-    const int per_seq = (o.prompt + o.warmup + o.steps + B) / B + 1;
+    // Positions: the prompt, then two runs of warm-up + timed steps (tokens
+    // chosen on the device, then logits to the host).
+    const int per_seq = (o.prompt + 2 * (o.warmup + o.steps) + B) / B + 1;
     const int kv_blocks = per_seq * max_batch;
     t0 = Clock::now();
     engine::Executor ex(store, {stage(shape.n_layer, {0})}, kv_blocks, B, &cuda, std::max(64, max_batch));
@@ -382,41 +386,63 @@ int main(int argc, char** argv) {
         for (int i = 0; i < o.prompt; ++i) prompt.push_back(1 + (s * 131 + i * 17) % (shape.n_vocab - 1));
         chunks.push_back({&blocks[static_cast<std::size_t>(s)], 0, prompt, true});
       }
-      auto advance = [&](std::vector<std::vector<float>>&& logits) {
+      // The domain's path: greedy tokens chosen on the device (argmax_rows),
+      // ids back; and, for comparison, the logits sent to the host.
+      const std::vector<engine::TokenChoice> greedy(chunks.size());
+      auto step = [&](bool choose) {
+        std::vector<int> next;
+        if (choose) {
+          next = ex.forward_choose(chunks, 1, greedy);
+        } else {
+          auto logits = ex.forward(chunks, 1);
+          for (const auto& l : logits) next.push_back(engine::argmax(l));
+          ex.recycle(std::move(logits));  // as the domain does
+        }
         for (std::size_t i = 0; i < chunks.size(); ++i) {
           chunks[i].start_pos += static_cast<int>(chunks[i].tokens.size());
-          chunks[i].tokens = {engine::argmax(logits[i])};
+          chunks[i].tokens = {next[i]};
         }
-        ex.recycle(std::move(logits));  // as the domain does
+      };
+      struct Split {
+        double step_s = 0, layers_ms = 0, head_ms = 0, download_ms = 0;
+      };
+      auto measure = [&](bool choose) {
+        for (int i = 0; i < o.warmup; ++i) step(choose);  // graphs captured here
+        Split r;
+        const engine::CudaStepTiming before = engine::cuda_step_timing();
+        for (int i = 0; i < o.steps; ++i) {
+          t0 = Clock::now();
+          step(choose);
+          r.step_s += since(t0);
+        }
+        r.step_s /= o.steps;
+        const engine::CudaStepTiming after = engine::cuda_step_timing();
+        const double timed = static_cast<double>(after.steps - before.steps);
+        if (timed > 0) {
+          r.layers_ms = (after.layers_ms - before.layers_ms) / timed;
+          r.head_ms = (after.head_ms - before.head_ms) / timed;
+          r.download_ms = (after.download_ms - before.download_ms) / timed;
+        }
+        return r;
       };
       t0 = Clock::now();
-      advance(ex.forward(chunks, 1));
+      step(true);
       const double prefill_s = since(t0);
-      for (int i = 0; i < o.warmup; ++i) advance(ex.forward(chunks, 1));  // graphs captured here
-      double fwd_s = 0;
-      const engine::CudaStepTiming t_before = engine::cuda_step_timing();
-      for (int i = 0; i < o.steps; ++i) {
-        t0 = Clock::now();
-        auto logits = ex.forward(chunks, 1);
-        fwd_s += since(t0);
-        advance(std::move(logits));
-      }
-      const double step_s = fwd_s / o.steps;
-      const engine::CudaStepTiming t_after = engine::cuda_step_timing();
-      const double timed = static_cast<double>(t_after.steps - t_before.steps);
-      const double layers_ms = timed > 0 ? (t_after.layers_ms - t_before.layers_ms) / timed : 0;
-      const double head_ms = timed > 0 ? (t_after.head_ms - t_before.head_ms) / timed : 0;
-      const double download_ms = timed > 0 ? (t_after.download_ms - t_before.download_ms) / timed : 0;
-      const double tps = batch / step_s;
-      const double bw = bytes / step_s / 1e9;
+      const Split c = measure(true), l = measure(false);
+      const double tps = batch / c.step_s;
+      const double bw = bytes / c.step_s / 1e9;
       if (batch == 1) bw1 = bw / triad.value;
       std::printf("decode batch %2d: %8.1f tokens/s, step %.2f ms, weights %.0f GB/s = %.2f of triad (prefill %d x %d: %.1f ms)\n",
-                  batch, tps, step_s * 1e3, bw, bw / triad.value, batch, o.prompt, prefill_s * 1e3);
-      std::printf("  step split (device events): embedding + layers %.2f ms, head %.2f ms, download %.2f ms; host and waits %.2f ms\n",
-                  layers_ms, head_ms, download_ms, step_s * 1e3 - layers_ms - head_ms - download_ms);
-      runs.push_back({{"batch", batch}, {"tokens_per_s", tps}, {"step_ms", step_s * 1e3}, {"weight_gb_s", bw},
+                  batch, tps, c.step_s * 1e3, bw, bw / triad.value, batch, o.prompt, prefill_s * 1e3);
+      std::printf("  step split (device events): embedding + layers %.2f ms, head and choice %.2f ms, ids back %.2f ms; "
+                  "host and waits %.2f ms\n",
+                  c.layers_ms, c.head_ms, c.download_ms, c.step_s * 1e3 - c.layers_ms - c.head_ms - c.download_ms);
+      std::printf("  logits to the host instead: step %.2f ms (download %.2f ms, host and waits %.2f ms)\n", l.step_s * 1e3,
+                  l.download_ms, l.step_s * 1e3 - l.layers_ms - l.head_ms - l.download_ms);
+      runs.push_back({{"batch", batch}, {"tokens_per_s", tps}, {"step_ms", c.step_s * 1e3}, {"weight_gb_s", bw},
                       {"fraction_of_triad", bw / triad.value}, {"prefill_ms", prefill_s * 1e3},
-                      {"layers_ms", layers_ms}, {"head_ms", head_ms}, {"download_ms", download_ms}});
+                      {"layers_ms", c.layers_ms}, {"head_ms", c.head_ms}, {"download_ms", c.download_ms},
+                      {"logits_to_host_step_ms", l.step_s * 1e3}});
     }
     doc["decode"] = runs;
     const engine::CudaGraphStats g = engine::cuda_graph_stats();

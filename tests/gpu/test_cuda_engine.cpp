@@ -124,7 +124,7 @@ void stories260k_goldens() {
 /// Runs requests through a domain (continuous batching, chunked prefill,
 /// paged KV) until idle; returns each request's tokens.
 std::vector<std::vector<int>> serve(const WeightStore& store, DomainConfig cfg, const std::vector<std::vector<int>>& prompts,
-                                    int max_tokens) {
+                                    int max_tokens, float temperature = 0.0f) {
   Domain d(store, cfg);
   std::vector<std::vector<int>> out(prompts.size());
   for (std::size_t i = 0; i < prompts.size(); ++i) {
@@ -132,6 +132,7 @@ std::vector<std::vector<int>> serve(const WeightStore& store, DomainConfig cfg, 
     r.id = "r" + std::to_string(i);
     r.prompt = prompts[i];
     r.max_tokens = max_tokens;
+    r.sampling = SamplingParams{temperature, 0, 0.95f, 100 + i};
     r.on_event = [&out, i](const GenerationEvent& e) {
       if (e.token >= 0) out[i].push_back(e.token);
       if (e.finish_reason == "error") std::printf("     request %zu failed: %s\n", i, e.error.c_str());
@@ -164,6 +165,21 @@ void stories260k_domain(Backend& cuda) {
     check(got == want, "stories260K domain on cuda:0 TP " + std::to_string(tp) +
                            ": 6 requests batched (chunked prefill), the CPU domain's tokens");
   }
+  // Sampled (temperature 0.8, top-p 0.95, seeded): the tokens are chosen on
+  // the GPU (sample_top_p) from the host's draws, as the CPU domain's
+  // sampler picks them from its own logits.
+  const auto want_sampled = serve(store, cpu_cfg, prompts, 48, 0.8f);
+  DomainConfig cfg = cpu_cfg;
+  cfg.backend = &cuda;
+  cfg.stages = {stage(m.hparams.n_layer, 1, {0})};
+  const auto got_sampled = serve(store, cfg, prompts, 48, 0.8f);
+  std::size_t same = 0, total = 0;
+  for (std::size_t i = 0; i < want_sampled.size(); ++i)
+    for (std::size_t j = 0; j < want_sampled[i].size(); ++j, ++total)
+      same += j < got_sampled[i].size() && got_sampled[i][j] == want_sampled[i][j];
+  check(got_sampled == want_sampled, "stories260K domain on cuda:0 TP 1: 6 sampled requests (temperature 0.8, top-p 0.95), "
+                                     "tokens chosen on the GPU, the CPU domain's tokens (" +
+                                         std::to_string(same) + "/" + std::to_string(total) + " equal)");
 }
 
 /// Logits of the CUDA backend against the CPU backend for one prefill of 3
@@ -207,6 +223,17 @@ void synthetic_logits(Backend& cuda, const std::filesystem::path& dir) {
       std::snprintf(line, sizeof(line), "synthetic %s TP %zu on cuda:0: logits vs CPU, prefill 21 rows + 5 decode steps of 3: nmse %.3g (limit %.0e)",
                     ftp::model::dtype_name(dt), gpus.size(), worst, limit);
       check(worst <= limit, line);
+      // Tokens chosen on the GPU (argmax; top-p with draws exact in float)
+      // against choose_token over the same step's logits from the GPU.
+      const std::vector<TokenChoice> choices = {{0.0f, 1.0f, 0.0}, {0.9f, 0.95f, 0.375}, {1.2f, 1.0f, 0.8125}};
+      const auto logits = gpu.forward(chunks, 1);
+      const auto ids = gpu.forward_choose(chunks, 1, choices);
+      const auto greedy_ids = gpu.forward_choose(chunks, 1, {{0.0f, 1.0f, 0.0}, {0.0f, 1.0f, 0.0}, {0.0f, 1.0f, 0.0}});
+      bool same = ids.size() == 3 && greedy_ids.size() == 3;
+      for (std::size_t i = 0; same && i < 3; ++i)
+        same = ids[i] == choose_token(logits[i].data(), logits[i].size(), choices[i]) && greedy_ids[i] == argmax(logits[i]);
+      check(same, std::string("synthetic ") + ftp::model::dtype_name(dt) + " TP " + std::to_string(gpus.size()) +
+                      " on cuda:0: tokens chosen on the GPU (argmax_rows, sample_top_p) = choose_token over its logits");
     }
   }
 }

@@ -26,6 +26,7 @@
 #include "engine/cuda/device_weights.hpp"
 #include "kernels/add.cuh"
 #include "kernels/add_rmsnorm.cuh"
+#include "kernels/argmax.cuh"
 #include "kernels/attention_decode.cuh"
 #include "kernels/attention_prefill.cuh"
 #include "kernels/convert.cuh"
@@ -37,6 +38,7 @@
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/rope_kv_write.cuh"
+#include "kernels/sample.cuh"
 #include "kernels/silu_mul.cuh"
 #include "kernels/sum_buffers.cuh"
 
@@ -326,6 +328,41 @@ class CudaRank final : public RankBackend {
     sync();
     account_step();
     for (std::size_t i = 0; i < n_rows; ++i) std::memcpy(dst[i], pinned_ + i * row_len, row_len * sizeof(float));
+  }
+
+  /// The ids chosen on the device: argmax_rows when every row is greedy,
+  /// else sample_top_p with the rows' parameters (their draws as floats,
+  /// kept below 1); 4 bytes a row come back instead of the logits.
+  void choose_tokens(const float* logits, std::size_t n_vocab, std::size_t n_rows, const TokenChoice* choices,
+                     int* out) override {
+    flush();
+    if (n_rows == 0) return sync();
+    mark(2);
+    bool greedy = true;
+    for (std::size_t i = 0; i < n_rows; ++i) greedy = greedy && choices[i].temperature <= 0.0f;
+    const auto rows = static_cast<int>(n_rows), n = static_cast<int>(n_vocab);
+    auto* dev = static_cast<float*>(grow(choice_buf_, n_rows * 4 * sizeof(float), "token choices"));
+    int* ids = reinterpret_cast<int*>(dev + 3 * n_rows);
+    if (greedy) {
+      check(kernels::argmax_rows(logits, rows, n, ids, stream_), "argmax_rows", where_);
+    } else {
+      host_choices_.resize(3 * n_rows);
+      const float below_one = std::nextafter(1.0f, 0.0f);
+      for (std::size_t i = 0; i < n_rows; ++i) {
+        host_choices_[i] = choices[i].temperature;
+        host_choices_[n_rows + i] = choices[i].top_p;
+        host_choices_[2 * n_rows + i] = std::min(static_cast<float>(choices[i].uniform), below_one);
+      }
+      check(cudaMemcpyAsync(dev, host_choices_.data(), 3 * n_rows * sizeof(float), cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync (token choices)", where_);
+      check(kernels::sample_top_p(logits, n, rows, n, dev, dev + n_rows, dev + 2 * n_rows, ids, stream_), "sample_top_p",
+            where_);
+    }
+    check(cudaMemcpyAsync(out, ids, n_rows * sizeof(int), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (token ids)",
+          where_);
+    mark(3);
+    sync();
+    account_step();
   }
 
   void embed(float* x) override {
@@ -719,7 +756,7 @@ class CudaRank final : public RankBackend {
     drop_graphs();
     for (auto& b : bufs_)
       if (b.p) cudaFree(b.p);
-    for (DevBuf* b : {&layout_buf_, &half_buf_, &tile_buf_})
+    for (DevBuf* b : {&layout_buf_, &half_buf_, &tile_buf_, &choice_buf_})
       if (b->p) cudaFree(b->p);
     for (void* p : deferred_) cudaFree(p);
     deferred_.clear();
@@ -739,7 +776,7 @@ class CudaRank final : public RankBackend {
     cublas_ws_ = nullptr;
     stream_ = nullptr;
     for (auto& b : bufs_) b = {};
-    layout_buf_ = half_buf_ = tile_buf_ = {};
+    layout_buf_ = half_buf_ = tile_buf_ = choice_buf_ = {};
     cudaGetLastError();
     if (prev >= 0) cudaSetDevice(prev);
   }
@@ -764,7 +801,8 @@ class CudaRank final : public RankBackend {
   float* kv_v_ = nullptr;
 
   std::array<DevBuf, static_cast<std::size_t>(Buf::count)> bufs_{};
-  DevBuf layout_buf_, half_buf_, tile_buf_;
+  DevBuf layout_buf_, half_buf_, tile_buf_, choice_buf_;
+  std::vector<float> host_choices_;  // temperature, top_p, draw of each row
   bool timing_ = false;
   cudaEvent_t events_[4] = {};
   unsigned marked_ = 0;
