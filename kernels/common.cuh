@@ -97,6 +97,22 @@ __device__ __forceinline__ __half to_half<__half>(float x) { return __float2half
 template <>
 __device__ __forceinline__ __nv_bfloat16 to_half<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+/// Multiprocessors of the current device (cached per thread and device: a
+/// rank's thread asks on every launch).
+inline cudaError_t sm_count(int* sms) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  thread_local int cached_device = -1, cached = 0;
+  if (device != cached_device) {
+    e = cudaDeviceGetAttribute(&cached, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    cached_device = device;
+  }
+  *sms = cached;
+  return cudaSuccess;
+}
+
 inline unsigned grid_for(std::size_t n, int threads, unsigned cap) {
   std::size_t g = (n + threads - 1) / threads;
   if (g < 1) g = 1;
@@ -116,8 +132,12 @@ __device__ __forceinline__ void pdl_begin() {
 }
 
 /// Whether launches on the current device use programmatic dependent
-/// launch: set_programmatic_launch, else compute capability >= 9.0.
-inline bool programmatic_launch_on() {
+/// launch: unless set_programmatic_launch(false), where the device has
+/// compute capability >= 9.0 and runs code compiled for compute_90 or later
+/// (`kernel`'s PTX version: code JIT-compiled from older PTX has no
+/// griddepcontrol.wait, pdl_begin being empty there). The kernels of this
+/// library share one build, so the first kernel launched decides for all.
+inline bool programmatic_launch_on(const void* kernel) {
   const int set = programmatic_launch.load(std::memory_order_relaxed);
   if (set == 0) return false;
   int device = 0;
@@ -126,8 +146,13 @@ inline bool programmatic_launch_on() {
   thread_local bool cached = false;
   if (device != cached_device) {
     int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    cached = major >= 9;
+    cudaFuncAttributes attr{};
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    cached = major >= 9 && attr.ptxVersion >= 90;
     cached_device = device;
   }
   return cached;
@@ -138,7 +163,7 @@ inline bool programmatic_launch_on() {
 /// with pdl_begin(). Errors are left for cudaGetLastError, as with <<<>>>.
 template <class... P, class... A>
 inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, A&&... args) {
-  if (!programmatic_launch_on()) {
+  if (!programmatic_launch_on(reinterpret_cast<const void*>(kernel))) {
     kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
     return;
   }

@@ -231,16 +231,24 @@ bool launch_config(const float* x, int x_ld, const MatvecTarget* targets, int n,
 }
 
 template <WeightDType D>
-bool dispatch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, MatvecConfig c,
+bool dispatch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, MatvecConfig c, int sms,
               cudaStream_t stream) {
   if (c.rows_per_warp == 0 || c.warps_per_row == 0) {
     // Automatic, from gpu-bench --gemv-sweep on an H200 (Llama-3-8B layer
     // shapes, BF16; tests/gpu/README.md): the block's four warps over each
-    // row group, four rows per group at batch 1 (0.91 of the triad against
-    // 0.84 for a warp per row), eight at batch 2 (0.84 against 0.68), four
+    // row group, four rows per group at batch 1 (0.96 of the triad against
+    // 0.88 for a warp per row), eight at batch 2 (0.88 against 0.67), four
     // above (activation loads grow with the batch; cuBLAS takes over from 3
-    // tokens in the engine where the weights are 16-bit).
-    c = t == 2 ? MatvecConfig{8, kWarps} : MatvecConfig{4, kWarps};
+    // tokens in the engine where the weights are 16-bit). Q8_0 keeps four at
+    // batch 2 (eight rows of it take 255 registers a thread: two blocks per
+    // multiprocessor). Fewer rows per group where the matrices (a
+    // tensor-parallel shard) would leave under two groups per
+    // multiprocessor. Only the BF16 choice was measured.
+    int rows_per_group = t == 2 && D != WeightDType::q8_0 ? 8 : 4;
+    std::int64_t rows = 0;
+    for (int j = 0; j < n; ++j) rows += targets[j].w.rows;
+    while (rows_per_group > 1 && rows / rows_per_group < 2 * static_cast<std::int64_t>(sms)) rows_per_group /= 2;
+    c = MatvecConfig{rows_per_group, kWarps};
   }
   switch (tokens_per_pass(t)) {
     case 1: return launch_config<D, 1>(x, x_ld, targets, n, t, c.rows_per_warp, c.warps_per_row, stream);
@@ -297,12 +305,14 @@ cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, 
     }
     return cudaSuccess;
   }
+  int sms = 0;
+  if (cudaError_t e = detail::sm_count(&sms); e != cudaSuccess) return e;
   bool built = false;
   switch (targets[0].w.dtype) {
-    case WeightDType::f32: built = dispatch<WeightDType::f32>(x, x_ld, targets, n_targets, t, config, stream); break;
-    case WeightDType::f16: built = dispatch<WeightDType::f16>(x, x_ld, targets, n_targets, t, config, stream); break;
-    case WeightDType::bf16: built = dispatch<WeightDType::bf16>(x, x_ld, targets, n_targets, t, config, stream); break;
-    case WeightDType::q8_0: built = dispatch<WeightDType::q8_0>(x, x_ld, targets, n_targets, t, config, stream); break;
+    case WeightDType::f32: built = dispatch<WeightDType::f32>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
+    case WeightDType::f16: built = dispatch<WeightDType::f16>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
+    case WeightDType::bf16: built = dispatch<WeightDType::bf16>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
+    case WeightDType::q8_0: built = dispatch<WeightDType::q8_0>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
   }
   if (!built) return cudaErrorInvalidValue;
   return cudaGetLastError();

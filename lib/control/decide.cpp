@@ -21,17 +21,7 @@ DecideStats decide(std::istream& in, std::string_view source, Policy& policy,
     ++st.lines;
     const std::string where = std::string(source) + ":" + std::to_string(n) + ": ";
     try {
-      json::Json j;
-      try {
-        j = json::Json::parse(line);
-      } catch (const json::Json::parse_error& e) {
-        std::string what = e.what();
-        auto pos = what.find("syntax error");
-        throw InputError("malformed JSON: " + (pos == std::string::npos ? what : what.substr(pos)));
-      } catch (const json::Json::out_of_range& e) {  // a number beyond a double, e.g. 1e400
-        throw InputError(std::string("malformed JSON: ") + e.what());
-      }
-      doc::Observation o = doc::observation_from_json(j);
+      doc::Observation o = doc::observation_from_json(json::parse_line(line));
       if (last_t && o.t_ms < *last_t)
         throw InputError("t_ms: must not go back in time, got " + std::to_string(o.t_ms) + " after " +
                          std::to_string(*last_t));

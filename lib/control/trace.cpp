@@ -185,18 +185,9 @@ Trace read_mooncake_jsonl(std::istream& in, std::string_view source) {
     ++n;
     if (blank(line)) continue;
     const std::string where = t.source + ":" + std::to_string(n) + ": ";
-    json::Json j;
-    try {
-      j = json::Json::parse(line);
-    } catch (const json::Json::parse_error& e) {
-      std::string what = e.what();
-      auto pos = what.find("syntax error");
-      throw InputError(where + "malformed JSON: " + (pos == std::string::npos ? what : what.substr(pos)));
-    } catch (const json::Json::out_of_range& e) {  // a number beyond a double, e.g. 1e400
-      throw InputError(where + "malformed JSON: " + e.what());
-    }
     TraceRequest r;
     try {
+      const json::Json j = json::parse_line(line);
       json::Node node(j, "");
       node.expect_object();
       r.t_ms = node.positive_integer("timestamp", true);

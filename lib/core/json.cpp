@@ -159,25 +159,41 @@ std::string dump(const Json& doc, Style style) {
   return style == Style::pretty ? doc.dump(2) : doc.dump();
 }
 
+namespace {
+
+/// nlohmann's message from `marker` on (its own prefix names no place).
+std::string from(const std::exception& e, std::string_view marker) {
+  std::string what = e.what();
+  auto pos = what.find(marker);
+  return pos == std::string::npos ? what : what.substr(pos);
+}
+
+}  // namespace
+
 Json parse(std::string_view text, std::string_view source) {
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::out_of_range& e) {
     // A number beyond a double (1e400): nlohmann names no place, so name the source.
-    std::string what = e.what();
-    auto pos = what.find("number overflow");
-    throw InputError(std::string(source) + ": " + (pos != std::string::npos ? what.substr(pos) : what));
+    throw InputError(std::string(source) + ": " + from(e, "number overflow"));
   } catch (const Json::parse_error& e) {
     // nlohmann reports a byte offset; turn it into line:column for people.
     std::size_t line = 1, col = 1;
     for (std::size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
       if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
     }
-    std::string what = e.what();
-    auto pos = what.find("syntax error");
-    if (pos != std::string::npos) what = what.substr(pos);
     throw InputError(std::string(source) + ":" + std::to_string(line) + ":" + std::to_string(col) +
-                     ": malformed JSON: " + what);
+                     ": malformed JSON: " + from(e, "syntax error"));
+  }
+}
+
+Json parse_line(std::string_view line) {
+  try {
+    return Json::parse(line.begin(), line.end());
+  } catch (const Json::out_of_range& e) {  // a number beyond a double, e.g. 1e400
+    throw InputError("malformed JSON: " + from(e, "number overflow"));
+  } catch (const Json::parse_error& e) {
+    throw InputError("malformed JSON: " + from(e, "syntax error"));
   }
 }
 

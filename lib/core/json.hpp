@@ -75,6 +75,10 @@ std::string dump(const Json& doc, Style style);
 /// Parses text; errors name `source` and the line/column of the fault.
 Json parse(std::string_view text, std::string_view source);
 
+/// Parses one line of a JSON Lines stream; errors say "malformed JSON: "
+/// and what nlohmann found, for the caller to prefix with file and line.
+Json parse_line(std::string_view line);
+
 /// Reads a whole file, or stdin when path is "-". Errors name the file.
 std::string read_text(const std::string& path);
 

@@ -273,6 +273,9 @@ int Domain::step() {
       for (std::size_t i = 0; i < plan.size(); ++i)
         if (chunks[i].want_logits) choices.push_back(plan[i].first->sampler.next_choice());
       chosen = exec_->forward_choose(chunks, cfg_.micro_batches, choices);
+      if (chosen.size() != choices.size())
+        throw Error("engine returned " + std::to_string(chosen.size()) + " tokens for " +
+                    std::to_string(choices.size()) + " choices");
     } else {
       logits = exec_->forward(chunks, cfg_.micro_batches);
     }

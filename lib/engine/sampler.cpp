@@ -17,12 +17,15 @@ namespace {
 /// Sampler::sample's rule: greedy at temperature <= 0; else the finite
 /// logits sorted (stable), cut to top_k (0: all), softmax at temperature,
 /// cut to the smallest prefix whose mass reaches top_p, and the first
-/// token at which the cumulative mass exceeds `draw()` (called once, only
-/// where there is a candidate).
+/// token at which the cumulative mass exceeds `draw()`. draw() is called
+/// exactly once whenever temperature > 0, also for a row without a finite
+/// logit (then greedy), so that the random stream does not depend on the
+/// logits (Sampler::next_choice draws without seeing them).
 template <class Draw>
 int pick(const float* logits, std::size_t n_logits, int top_k, float temperature, float top_p, Draw draw) {
   auto greedy = [&] { return static_cast<int>(std::max_element(logits, logits + n_logits) - logits); };
   if (temperature <= 0.0f) return greedy();
+  const double r = draw();
   // Candidates: tokens of finite logit (-inf has probability 0; the
   // simulated engine's stand-in logits are -inf but for one token, so its
   // rows cost a scan, not a sort of the vocabulary).
@@ -61,7 +64,7 @@ int pick(const float* logits, std::size_t n_logits, int top_k, float temperature
     double s = std::accumulate(prob.begin(), prob.end(), 0.0);
     for (auto& p : prob) p /= s;
   }
-  double r = draw(), acc = 0;
+  double acc = 0;
   for (std::size_t i = 0; i < prob.size(); ++i) {
     acc += prob[i];
     if (r < acc) return idx[i];

@@ -357,15 +357,19 @@ void HttpServer::Impl::routes() {
 
   // Answers of httplib itself (unknown path, body too large) in OpenAI's
   // format; answers of the handlers already carry their body.
-  svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+  // The one answer to a body over --max-body-bytes, whoever notices it.
+  const auto too_large = [this] {
+    return ApiError{413, "invalid_request_error", "", "request_too_large",
+                    "The request body is over the limit of " + std::to_string(opts.max_body_bytes) + " bytes"};
+  };
+  svr.set_error_handler([this, too_large](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     ApiError e{res.status, "invalid_request_error", "", "", "HTTP " + std::to_string(res.status)};
     if (res.status == 404) {
       e.code = "not_found";
       e.message = "Unknown path: " + req.method + " " + req.path;
     } else if (res.status == 413) {
-      e.code = "request_too_large";
-      e.message = "The request body is over the limit of " + std::to_string(opts.max_body_bytes) + " bytes";
+      e = too_large();
     } else if (res.status >= 500) {
       e.type = "server_error";
     }
@@ -385,8 +389,8 @@ void HttpServer::Impl::routes() {
   // The body is read here rather than by httplib: its own reading has no
   // limit on chunked bodies and a fixed 8 KiB one on form-encoded ones (the
   // type curl -d sends), while a completion body is JSON whatever the type.
-  auto post = [this](bool chat) {
-    return [this, chat](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+  auto post = [this, too_large](bool chat) {
+    return [this, chat, too_large](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
       std::string body;
       bool over = false;
       std::size_t seen = 0;
@@ -405,8 +409,7 @@ void HttpServer::Impl::routes() {
       });
       over = over || res.status == 413;  // httplib's check of a Content-Length
       if (over || !read) {
-        ApiError e = over ? ApiError{413, "invalid_request_error", "", "request_too_large",
-                                     "The request body is over the limit of " + std::to_string(opts.max_body_bytes) + " bytes"}
+        ApiError e = over ? too_large()
                           : ApiError{400, "invalid_request_error", "", "invalid_body", "the request body could not be read"};
         refused("-", e);
         return send_error(res, e);

@@ -99,6 +99,8 @@ TEST(MooncakeJsonl, MalformedLinesNameFileLineAndField) {
   EXPECT_EQ(error_of([&] { mooncake(ok + "[1, 2]\n"); }).substr(0, 11), "t.jsonl:2: ");
   const std::string bad = error_of([&] { mooncake(ok + "{\"timestamp\": 5,\n"); });
   EXPECT_EQ(bad.rfind("t.jsonl:2: malformed JSON: syntax error", 0), 0u) << bad;
+  EXPECT_EQ(error_of([&] { mooncake(ok + "{\"timestamp\": 1e400, \"input_length\": 1, \"output_length\": 1}\n"); }),
+            "t.jsonl:2: malformed JSON: number overflow parsing '1e400'");
   EXPECT_EQ(error_of([&] { mooncake("{\"timestamp\": 9, \"input_length\": 1, \"output_length\": 1}\n" + ok); }),
             "t.jsonl:2: timestamp: must not go back in time, got 0 after 9");
 }

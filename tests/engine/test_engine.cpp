@@ -205,6 +205,52 @@ TEST_F(Fixture, RecycledLogitRowsAreRefilledWhole) {
   }
 }
 
+TEST_F(Fixture, ChoicesAndRecycledRowsFollowTheRowsAcrossMicroBatches) {
+  // Pipeline gears with 3 micro-batches, 6 sequences, some chunks wanting no
+  // logits (mid-prefill), greedy and sampled choices at random: each id of
+  // forward_choose is choose_token over the same row of forward, and rows
+  // given back spoiled are refilled whole (three executors in step over the
+  // same chunks, so their KV caches stay equal).
+  const std::vector<std::vector<StageLayout>> layouts = {
+      {{0, 1, 1}, {1, 1, 1}, {2, 1, 1}, {3, 1, 1}, {4, 1, 1}}, {{0, 2, 2}, {2, 3, 2}}};
+  for (const auto& stages : layouts) {
+    Executor fresh(*store, stages, 64, 8), reused(*store, stages, 64, 8), chooser(*store, stages, 64, 8);
+    std::vector<std::vector<int>> blocks(6);
+    for (int q = 0; q < 6; ++q)
+      for (int b = 0; b < 8; ++b) blocks[static_cast<std::size_t>(q)].push_back(q * 8 + b);
+    std::mt19937 g(3);
+    std::uniform_real_distribution<double> u(0, 1);
+    std::vector<int> pos(6, 0);
+    for (int step = 0; step < 6; ++step) {
+      std::vector<SeqChunk> cs;
+      for (int q = 0; q < 6; ++q) {
+        const int n = step == 0 ? 3 + q : (q + step) % 3 == 0 ? 4 : 1;
+        SeqChunk c;
+        c.blocks = &blocks[static_cast<std::size_t>(q)];
+        c.start_pos = pos[static_cast<std::size_t>(q)];
+        for (int i = 0; i < n; ++i) c.tokens.push_back(1 + static_cast<int>(g() % 500));
+        c.want_logits = (q + step) % 4 != 1;
+        pos[static_cast<std::size_t>(q)] += n;
+        cs.push_back(c);
+      }
+      std::vector<TokenChoice> choices;
+      for (const auto& c : cs)
+        if (c.want_logits) choices.push_back(TokenChoice{g() % 2 ? 0.9f : 0.0f, 0.9f, u(g)});
+      const auto want = fresh.forward(cs, 3);
+      const auto ids = chooser.forward_choose(cs, 3, choices);
+      auto got = reused.forward(cs, 3);
+      ASSERT_EQ(ids.size(), want.size());
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got[i], want[i]) << "step " << step << " row " << i;
+        EXPECT_EQ(ids[i], choose_token(want[i].data(), want[i].size(), choices[i])) << "step " << step << " row " << i;
+      }
+      for (auto& row : got) std::fill(row.begin(), row.end(), std::nanf(""));
+      reused.recycle(std::move(got));
+    }
+  }
+}
+
 TEST_F(Fixture, DomainsOfAnyGearTakeViewsNotCopies) {
   const auto& w = model->weights;
   for (const auto& g : gears()) {
@@ -365,7 +411,8 @@ TEST_F(Fixture, SamplingIsReproducibleBySeed) {
 TEST(TokenChoice, TheEnginesChoiceIsTheSamplersPick) {
   // Sampler::sample and next_choice + choose_token on the same logits and
   // seed pick the same tokens, step after step (the random streams stay in
-  // step), for greedy, temperature and top-p; top-k stays with the host.
+  // step, also past a row without a finite logit), for greedy, temperature
+  // and top-p; top-k stays with the host.
   std::mt19937 gen(11);
   std::normal_distribution<float> nd(0.0f, 3.0f);
   for (const SamplingParams p : {SamplingParams{0.0f, 0, 1.0f, 5}, SamplingParams{0.7f, 0, 1.0f, 5},
@@ -377,6 +424,7 @@ TEST(TokenChoice, TheEnginesChoiceIsTheSamplersPick) {
       std::vector<float> logits(97);
       for (auto& l : logits) l = nd(gen);
       if (step % 7 == 0) logits[3] = logits[50];  // ties
+      if (step == 40) std::fill(logits.begin(), logits.end(), -INFINITY);  // no candidate: greedy, draw made
       const TokenChoice c = engine.next_choice();
       differ += host.sample(logits) != choose_token(logits.data(), logits.size(), c);
     }
@@ -388,8 +436,7 @@ TEST(TokenChoice, TheEnginesChoiceIsTheSamplersPick) {
 TEST_F(Fixture, ForwardChooseIsForwardThenChooseToken) {
   // The executor's forward_choose (the CPU backend chooses in place) gives
   // what choose_token gives over forward's logits, for a batch of greedy
-  // and sampled rows; and sampled requests through a domain (which then
-  // takes that path) stay reproducible and equal to the host sampler's.
+  // and sampled rows.
   const std::vector<int> p0 = {1, 410, 469}, p1 = {1, 347, 261, 378};
   Executor a(*store, gears()[0].stages, 16, 16), b(*store, gears()[0].stages, 16, 16);
   std::vector<int> b0 = {0, 1, 2}, b1 = {3, 4, 5};

@@ -341,47 +341,56 @@ void test_matvec() {
 /// across the pass widths, and three targets in one launch; a configuration
 /// that is not built is refused.
 void test_matvec_configs() {
-  const std::int64_t R = 333, C = 768;
   const k::MatvecConfig configs[] = {{1, 1}, {2, 1}, {1, 4}, {2, 4}, {4, 4}, {8, 4}};
-  for (DType dt : kDTypes) {
-    Tensor w = make_tensor(dt, R, C);
-    Dev<std::uint8_t> dw(w.bytes);
-    for (const k::MatvecConfig& c : configs) {
-      double worst = 0;
-      for (int t : {1, 2, 3, 4, 7, 8, 13}) {
-        auto x = randn(static_cast<std::size_t>(t) * C);
-        Dev<float> dx(x);
-        // Rows 5..R-2 in one product; rows 0..99, 100..199, 200..332 as three targets.
-        const std::int64_t rows = R - 7;
-        Dev<float> dout(static_cast<std::size_t>(t) * rows);
-        done(k::matvec(dx.p(), static_cast<int>(C), k::WeightView{dw.p(), kdt(dt), C, 5, rows, 0, C}, dout.p(),
-                       static_cast<int>(rows), t, nullptr, c),
-             "matvec (config)");
-        std::vector<float> want(static_cast<std::size_t>(t) * rows);
-        ftp::engine::MatView mv{&w.view, 5, rows, 0, C};
-        ftp::engine::ops::matmul_reference(x.data(), mv, want.data(), t);
-        worst = std::max(worst, nmse(dout.get(), want));
-        const std::int64_t r0[3] = {0, 100, 200}, n[3] = {100, 100, R - 200};
-        std::vector<std::unique_ptr<Dev<float>>> outs;
-        k::MatvecTarget targets[3];
-        for (int j = 0; j < 3; ++j) {
-          outs.push_back(std::make_unique<Dev<float>>(static_cast<std::size_t>(t) * n[j]));
-          targets[j] = {k::WeightView{dw.p(), kdt(dt), C, r0[j], n[j], 0, C}, outs.back()->p(), static_cast<int>(n[j])};
+  // 768 columns: one step of the column loop per lane or less; 4160: several
+  // (the unrolled body, a partial last step).
+  for (const std::int64_t C : {std::int64_t{768}, std::int64_t{4160}}) {
+    const std::int64_t R = 333;
+    for (DType dt : kDTypes) {
+      Tensor w = make_tensor(dt, R, C);
+      Dev<std::uint8_t> dw(w.bytes);
+      for (const k::MatvecConfig& c : configs) {
+        double worst = 0;
+        for (int t : {1, 2, 3, 4, 7, 8, 13}) {
+          auto x = randn(static_cast<std::size_t>(t) * C);
+          Dev<float> dx(x);
+          // Rows 5..R-2 in one product; rows 0..99, 100..199, 200..332 as three targets.
+          const std::int64_t rows = R - 7;
+          Dev<float> dout(static_cast<std::size_t>(t) * rows);
+          // NaN first: an output the kernel misses cannot keep an earlier
+          // configuration's correct value from the same allocation.
+          cu(cudaMemset(dout.p(), 0xff, static_cast<std::size_t>(t) * rows * sizeof(float)), "memset");
+          done(k::matvec(dx.p(), static_cast<int>(C), k::WeightView{dw.p(), kdt(dt), C, 5, rows, 0, C}, dout.p(),
+                         static_cast<int>(rows), t, nullptr, c),
+               "matvec (config)");
+          std::vector<float> want(static_cast<std::size_t>(t) * rows);
+          ftp::engine::MatView mv{&w.view, 5, rows, 0, C};
+          ftp::engine::ops::matmul_reference(x.data(), mv, want.data(), t);
+          worst = std::max(worst, nmse(dout.get(), want));
+          const std::int64_t r0[3] = {0, 100, 200}, n[3] = {100, 100, R - 200};
+          std::vector<std::unique_ptr<Dev<float>>> outs;
+          k::MatvecTarget targets[3];
+          for (int j = 0; j < 3; ++j) {
+            outs.push_back(std::make_unique<Dev<float>>(static_cast<std::size_t>(t) * n[j]));
+            cu(cudaMemset(outs.back()->p(), 0xff, static_cast<std::size_t>(t) * n[j] * sizeof(float)), "memset");
+            targets[j] = {k::WeightView{dw.p(), kdt(dt), C, r0[j], n[j], 0, C}, outs.back()->p(), static_cast<int>(n[j])};
+          }
+          done(k::matvec_multi(dx.p(), static_cast<int>(C), targets, 3, t, nullptr, c), "matvec_multi (config)");
+          for (int j = 0; j < 3; ++j) {
+            std::vector<float> want_j(static_cast<std::size_t>(t) * n[j]);
+            ftp::engine::MatView mj{&w.view, r0[j], n[j], 0, C};
+            ftp::engine::ops::matmul_reference(x.data(), mj, want_j.data(), t);
+            worst = std::max(worst, nmse(outs[static_cast<std::size_t>(j)]->get(), want_j));
+          }
         }
-        done(k::matvec_multi(dx.p(), static_cast<int>(C), targets, 3, t, nullptr, c), "matvec_multi (config)");
-        for (int j = 0; j < 3; ++j) {
-          std::vector<float> want_j(static_cast<std::size_t>(t) * n[j]);
-          ftp::engine::MatView mj{&w.view, r0[j], n[j], 0, C};
-          ftp::engine::ops::matmul_reference(x.data(), mj, want_j.data(), t);
-          worst = std::max(worst, nmse(outs[static_cast<std::size_t>(j)]->get(), want_j));
-        }
+        report(std::string("matvec config ") + std::to_string(c.rows_per_warp) + "x" + std::to_string(c.warps_per_row) + " " +
+                   ftp::model::dtype_name(dt) + " " + std::to_string(C) + " cols t=1..13, 1 and 3 targets",
+               worst, 1e-6);
       }
-      report(std::string("matvec config ") + std::to_string(c.rows_per_warp) + "x" + std::to_string(c.warps_per_row) + " " +
-                 ftp::model::dtype_name(dt) + " t=1..13, 1 and 3 targets",
-             worst, 1e-6);
     }
   }
   // Not built: refused, nothing launched.
+  const std::int64_t R = 333, C = 768;
   Dev<float> dx(static_cast<std::size_t>(C)), dout(static_cast<std::size_t>(R));
   const cudaError_t e = k::matvec(dx.p(), static_cast<int>(C), k::WeightView{nullptr, k::WeightDType::f32, C, 0, R, 0, C},
                                   dout.p(), static_cast<int>(R), 1, nullptr, k::MatvecConfig{8, 1});

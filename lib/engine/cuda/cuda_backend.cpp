@@ -80,12 +80,14 @@ CudaBackendOptions CudaBackendOptions::from_env() {
     o.step_timing = std::string(f) != "0" && std::string(f) != "off";
   if (const char* f = std::getenv("FTP_CUDA_PDL"); f && *f)
     o.programmatic_launch = std::string(f) != "0" && std::string(f) != "off";
-  if (const char* m = std::getenv("FTP_GEMV_MAX_ROWS"); m && *m) {
+  if (const char* m = std::getenv("FTP_GEMV_MAX_ROWS"); m && *m && std::string(m) != "auto") {
     try {
       o.gemv_max_rows = std::stoi(m);
     } catch (const std::exception&) {
-      throw InputError(std::string("FTP_GEMV_MAX_ROWS: '") + m + "' is not an integer");
+      throw InputError(std::string("FTP_GEMV_MAX_ROWS: '") + m + "' is not an integer or auto");
     }
+    if (o.gemv_max_rows < 0)
+      throw InputError(std::string("FTP_GEMV_MAX_ROWS: '") + m + "' must be 0 (cuBLAS always) or more, or auto");
   }
   if (const char* c = std::getenv("FTP_GEMV_CONFIG"); c && *c && std::string(c) != "auto") {
     // ROWSxWARPS: rows per row group x warps per group (kernels::MatvecConfig).
@@ -295,23 +297,28 @@ class CudaRank final : public RankBackend {
   }
   void download(const float* dev, float* host, std::size_t n) override {
     float* const dst[1] = {host};
-    download_rows(dev, n, dst, 1);
+    copy_rows(dev, n, dst, 1, false);  // activations to the next stage: not a step's end
   }
   /// Through pinned host memory above 64 KiB: a copy into pageable memory
   /// is staged by the driver in small pieces (a step's logits at batch 64,
   /// 33 MB, took 11 ms that way on an H200 and 0.6 ms pinned).
   void download_rows(const float* dev, std::size_t row_len, float* const* dst, std::size_t n_rows) override {
+    copy_rows(dev, row_len, dst, n_rows, true);
+  }
+  /// `timed`: the step's end (the logits), for the step timing.
+  void copy_rows(const float* dev, std::size_t row_len, float* const* dst, std::size_t n_rows, bool timed) {
     flush();
     const std::size_t n = row_len * n_rows;
     if (n == 0) return sync();
     if (n * sizeof(float) < kPinnedFrom) {
-      mark(2);
+      if (timed) mark(2);
       for (std::size_t i = 0; i < n_rows; ++i)
         check(cudaMemcpyAsync(dst[i], dev + i * row_len, row_len * sizeof(float), cudaMemcpyDeviceToHost, stream_),
               "cudaMemcpyAsync (download)", where_);
-      mark(3);
+      if (timed) mark(3);
       sync();
-      return account_step();
+      if (timed) account_step();
+      return;
     }
     if (pinned_cap_ < n) {
       if (pinned_) cudaFreeHost(pinned_);
@@ -321,12 +328,12 @@ class CudaRank final : public RankBackend {
             where_);
       pinned_cap_ = n;
     }
-    mark(2);
+    if (timed) mark(2);
     check(cudaMemcpyAsync(pinned_, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)",
           where_);
-    mark(3);
+    if (timed) mark(3);
     sync();
-    account_step();
+    if (timed) account_step();
     for (std::size_t i = 0; i < n_rows; ++i) std::memcpy(dst[i], pinned_ + i * row_len, row_len * sizeof(float));
   }
 
@@ -733,7 +740,7 @@ class CudaRank final : public RankBackend {
 
   /// Largest batch that takes the GEMV kernels (CudaBackendOptions::gemv_max_rows).
   int gemv_max_rows(kernels::WeightDType dt) const {
-    if (gemv_max_rows_ > 0) return gemv_max_rows_;
+    if (gemv_max_rows_ >= 0) return gemv_max_rows_;
     return dt == kernels::WeightDType::f16 || dt == kernels::WeightDType::bf16 ? 2 : 8;
   }
 
@@ -791,7 +798,7 @@ class CudaRank final : public RankBackend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
-  int gemv_max_rows_ = 0;
+  int gemv_max_rows_ = -1;
   kernels::MatvecConfig gemv_config_{};
 
   int kvh_ = 0;

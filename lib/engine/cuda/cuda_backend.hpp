@@ -43,11 +43,12 @@ struct CudaBackendOptions {
   /// Decode batch sizes (rows) run as CUDA graphs. Default 1..32; from
   /// FTP_CUDA_GRAPHS ("off", "1-32", "1,2,4,8") when set.
   std::vector<int> graph_batches;
-  /// Largest row count that takes the GEMV kernels; FTP_GEMV_MAX_ROWS.
-  /// 0: by weight type, 2 for F16/BF16 (cuBLAS reads them as they are and
-  /// was faster from 3 rows on an H200: tests/gpu/README.md), 8 for F32
-  /// and Q8_0 (Q8_0 would go through dequantised tiles).
-  int gemv_max_rows = 0;
+  /// Largest row count that takes the GEMV kernels (0: cuBLAS always);
+  /// FTP_GEMV_MAX_ROWS (a number, or auto). -1 (auto): by weight type, 2
+  /// for F16/BF16 (cuBLAS reads them as they are and was faster from 3
+  /// rows on an H200: tests/gpu/README.md), 8 for F32 and Q8_0 (Q8_0 would
+  /// go through dequantised tiles).
+  int gemv_max_rows = -1;
   /// The GEMV kernels' rows per row group and warps per group
   /// (kernels::MatvecConfig; 0, 0: chosen by batch and rows);
   /// FTP_GEMV_CONFIG=ROWSxWARPS (e.g. 8x4) or auto.
