@@ -253,17 +253,32 @@ void SimulatedEngine::advance_idle_to(double t_s) {
 }
 
 std::vector<std::vector<float>> SimulatedEngine::forward(const std::vector<engine::SeqChunk>& chunks, int micro_batches) {
+  std::vector<std::vector<float>> logits;
+  for (const int tok : run_step(chunks, micro_batches)) {
+    std::vector<float> l(static_cast<std::size_t>(hp_.n_vocab), -std::numeric_limits<float>::infinity());
+    l[static_cast<std::size_t>(tok)] = 0.0f;
+    logits.push_back(std::move(l));
+  }
+  return logits;
+}
+
+std::vector<int> SimulatedEngine::forward_choose(const std::vector<engine::SeqChunk>& chunks, int micro_batches,
+                                                 const std::vector<engine::TokenChoice>& choices) {
+  std::vector<int> ids = run_step(chunks, micro_batches);
+  if (ids.size() != choices.size())
+    throw Error("simulated engine: forward_choose: " + std::to_string(choices.size()) + " choices for " +
+                std::to_string(ids.size()) + " chunks that want logits");
+  return ids;
+}
+
+std::vector<int> SimulatedEngine::run_step(const std::vector<engine::SeqChunk>& chunks, int micro_batches) {
   const auto t_start = std::chrono::steady_clock::now();
   engine::check_chunks(chunks, hp_.n_vocab, o_.block_tokens, "simulated engine");
   const double dt = schedule_s(micro_batch_work(chunks, micro_batches), &busy_);
 
-  std::vector<std::vector<float>> logits;
-  for (const auto& c : chunks) {
-    if (!c.want_logits) continue;
-    std::vector<float> l(static_cast<std::size_t>(hp_.n_vocab), -std::numeric_limits<float>::infinity());
-    l[static_cast<std::size_t>(next_token(c.tokens.back(), c.start_pos + static_cast<int>(c.tokens.size()) - 1))] = 0.0f;
-    logits.push_back(std::move(l));
-  }
+  std::vector<int> ids;
+  for (const auto& c : chunks)
+    if (c.want_logits) ids.push_back(next_token(c.tokens.back(), c.start_pos + static_cast<int>(c.tokens.size()) - 1));
   pass(dt);
   if (o_.pacing == Pacing::wait_real_time) {
     // Sleep most of the step, then spin: a sleep overshoots by tens of
@@ -274,7 +289,7 @@ std::vector<std::vector<float>> SimulatedEngine::forward(const std::vector<engin
     if (end - std::chrono::steady_clock::now() > spin) std::this_thread::sleep_until(end - spin);
     while (std::chrono::steady_clock::now() < end) std::this_thread::yield();
   }
-  return logits;
+  return ids;
 }
 
 }  // namespace ftp::sim

@@ -70,10 +70,22 @@ class SimulatedEngine final : public engine::Engine {
   int block_tokens() const override { return o_.block_tokens; }
   std::uint64_t kv_bytes() const override;
   std::vector<std::vector<float>> forward(const std::vector<engine::SeqChunk>& chunks, int micro_batches) override;
+  /// forward's step and times, with each row's one finite token returned as
+  /// is: what choose_token picks from forward's row for any choice, without
+  /// the n_vocab floats (a simulated 128k vocabulary at batch 64 is 33 MB a
+  /// step).
+  std::vector<int> forward_choose(const std::vector<engine::SeqChunk>& chunks, int micro_batches,
+                                  const std::vector<engine::TokenChoice>& choices) override;
   const std::vector<double>& stage_busy_s() const override { return busy_; }
 
   /// Seconds of the given forward (what forward would take), without running it.
   double forward_time_s(const std::vector<engine::SeqChunk>& chunks, int micro_batches) const;
+ private:
+  /// The step of forward and forward_choose: times it, lets the time pass;
+  /// returns the next token of each chunk that wants logits.
+  std::vector<int> run_step(const std::vector<engine::SeqChunk>& chunks, int micro_batches);
+
+ public:
   /// Simulated seconds since construction: the sum of forwards' times and of
   /// idle time added by advance_idle_to.
   double now_s() const noexcept { return now_s_; }

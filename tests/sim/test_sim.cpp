@@ -90,6 +90,15 @@ TEST(SimulatedEngine, OneStageTakesTheCostModelTimeExactly) {
   EXPECT_EQ(clock.now_ms(), 1000 + static_cast<std::int64_t>(want * 1e3));
   ASSERT_EQ(logits.size(), 2u);
   EXPECT_EQ(logits[0].size(), static_cast<std::size_t>(m.vocab_size));
+  // forward_choose: each row's token as choose_token picks it from forward's
+  // row, greedy or sampled, in the same simulated time.
+  sim::SimulatedEngine e2(options(m, {{0, m.n_layers}}, 4));
+  const std::vector<engine::TokenChoice> choices = {{0.0f, 1.0f, 0.0}, {0.8f, 0.9f, 0.7}};
+  const auto ids = e2.forward_choose(chunks, 1, choices);
+  ASSERT_EQ(ids.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_EQ(ids[i], engine::choose_token(logits[i].data(), logits[i].size(), choices[i]));
+  EXPECT_EQ(e2.now_s(), want);
+  EXPECT_THROW(e2.forward_choose(chunks, 1, {choices[0]}), Error);
   // A 70 B decode step on TP4 A100s is memory-bound: tens of milliseconds, not zero.
   EXPECT_GT(want, 0.005);
 }
