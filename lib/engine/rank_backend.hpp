@@ -158,6 +158,17 @@ class Backend {
   /// communicator; KV pages are allocated (and reserved on the device).
   virtual std::vector<std::unique_ptr<RankBackend>> make_stage(const WeightStore& weights,
                                                                const std::vector<RankSpec>& specs) = 0;
+  /// For the ranks of a domain about to be made (every stage): bytes each
+  /// rank's device has free for KV pages now, less the weights those ranks
+  /// read that are not resident there yet, shared out evenly among the
+  /// ranks on the same device; one value per rank, in order. Empty where the
+  /// backend keeps no device memory of its own (the CPU backend: virtual
+  /// devices are accounted by their owner).
+  virtual std::vector<std::uint64_t> kv_room_bytes(const WeightStore& weights, const std::vector<RankSpec>& ranks) {
+    (void)weights;
+    (void)ranks;
+    return {};
+  }
 };
 
 /// The CPU backend (BLAS and lib/engine/ops on virtual devices), shared.

@@ -116,20 +116,52 @@ int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep,
   const int bt = cfg_.block_tokens, ctx = context_length();
   // No more than the running batch can use: max_running requests of the full context.
   int blocks = engine::kv_pages(static_cast<std::int64_t>(cfg_.max_running) * ctx, bt);
-  // The gear's cap: a fraction of each virtual device's free memory, so that
-  // a shadow domain built beside this one still finds room for its own.
+  // The gear's cap: a fraction of each device's free memory, so that a
+  // shadow domain built beside this one still finds room for its own.
+  auto refuse = [&](const std::string& device, std::uint64_t free_b, int fit) {
+    throw InputError("gear " + gear.name + ": device " + device + " has " + std::to_string(free_b) +
+                     " bytes free; its KV pool at kv_cache_cap " + fmt(gear.kv_cache_cap) + " holds " +
+                     std::to_string(fit) + " pages of " + std::to_string(bt) +
+                     " tokens, fewer than one request of the full context needs (" +
+                     std::to_string(engine::kv_pages(ctx, bt)) + ")");
+  };
+  // A device backend (CUDA): what its GPUs have free once the weights the
+  // domain reads are resident, shared among the domain's ranks on each.
+  if (store_ && backend_) {
+    std::vector<engine::RankSpec> specs;
+    std::vector<std::string> names;
+    for (std::size_t s = 0; s < stages.size(); ++s)
+      for (int r = 0; r < stages[s].tp; ++r) {
+        engine::RankSpec rs;
+        rs.stage = static_cast<int>(s);
+        rs.rank = r;
+        rs.tp = stages[s].tp;
+        rs.first_layer = stages[s].first_layer;
+        rs.n_layers = stages[s].n_layers;
+        rs.first_stage = s == 0;
+        rs.last_stage = s + 1 == stages.size();
+        rs.block_tokens = bt;
+        rs.gpu = stages[s].gpus.empty() ? -1 : stages[s].gpus[static_cast<std::size_t>(r)];
+        specs.push_back(rs);
+        names.push_back(rep.stages[s].devices[static_cast<std::size_t>(r)]);
+      }
+    const std::vector<std::uint64_t> room = backend_->kv_room_bytes(*store_, specs);
+    for (std::size_t i = 0; i < room.size() && i < specs.size(); ++i) {
+      const std::uint64_t per =
+          engine::kv_block_bytes_per_rank(model_.hparams, stages[static_cast<std::size_t>(specs[i].stage)], bt);
+      const int fit = static_cast<int>(
+          std::min(gear.kv_cache_cap * static_cast<double>(room[i]) / static_cast<double>(per), static_cast<double>(blocks)));
+      if (fit < engine::kv_pages(ctx, bt)) refuse(names[i], room[i], fit);
+      blocks = std::min(blocks, fit);
+    }
+  }
   for (std::size_t s = 0; s < stages.size(); ++s) {
     const std::uint64_t per = engine::kv_block_bytes_per_rank(model_.hparams, stages[s], bt);
     for (std::size_t r = 0; r < stages[s].devices.size(); ++r) {
       const backend::VirtualDevice& d = *stages[s].devices[r];
       const double room = gear.kv_cache_cap * static_cast<double>(d.memory_available());
       const int fit = static_cast<int>(std::min(room / static_cast<double>(per), static_cast<double>(blocks)));
-      if (fit < engine::kv_pages(ctx, bt))
-        throw InputError("gear " + gear.name + ": device " + rep.stages[s].devices[r] + " has " +
-                         std::to_string(d.memory_available()) + " bytes free; its KV pool at kv_cache_cap " +
-                         fmt(gear.kv_cache_cap) + " holds " + std::to_string(fit) + " pages of " + std::to_string(bt) +
-                         " tokens, fewer than one request of the full context needs (" + std::to_string(engine::kv_pages(ctx, bt)) +
-                         ")");
+      if (fit < engine::kv_pages(ctx, bt)) refuse(rep.stages[s].devices[r], d.memory_available(), fit);
       blocks = std::min(blocks, fit);
     }
   }

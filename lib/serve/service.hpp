@@ -63,8 +63,10 @@ struct ServiceConfig {
   doc::GearTable gears;                ///< the gear table (a one-gear table for --gear)
   std::string start_gear;              ///< default: gears[0]
   /// KV pages per domain; 0 (the default): the gear's kv_cache_cap of the
-  /// free memory of each of its CPU virtual devices, at most what
-  /// max_running requests of the full context need (Service::kv_blocks_for).
+  /// free memory of each of its devices (CPU virtual devices; GPUs: what
+  /// is free less the weights not resident yet, shared among the domain's
+  /// ranks on one GPU), at most what max_running requests of the full
+  /// context need (Service::kv_blocks_for).
   int kv_blocks = 0;
   int block_tokens = 16;
   int max_batched_tokens = 256;

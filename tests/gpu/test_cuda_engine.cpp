@@ -15,16 +15,17 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
 #include <unistd.h>
 
 #include "backend/gpu.hpp"
 #include "comm/nccl.hpp"
 #include "engine/cuda/cuda_backend.hpp"
-#include "kernels/launch.cuh"
 #include "engine/domain.hpp"
 #include "engine/executor.hpp"
 #include "engine/sampler.hpp"
 #include "engine/weight_store.hpp"
+#include "kernels/launch.cuh"
 #include "model/model.hpp"
 #include "synthetic_gguf.hpp"
 #include "test_data.hpp"
@@ -255,6 +256,24 @@ void another_gear(Backend& cuda, const std::filesystem::path& dir) {
   ftp::testing::write_synthetic_gguf(file, s);
   ftp::model::Model m = ftp::model::load_model(file);
   WeightStore store(m);
+  // The KV room of a TP 2 domain on cuda:0 (Service's kv_cache_cap applies
+  // to it): before the weights are there, what is free less their bytes,
+  // halved between the two ranks; with them resident, what is free, halved.
+  std::vector<RankSpec> two(2);
+  for (int r = 0; r < 2; ++r) {
+    two[static_cast<std::size_t>(r)].rank = r;
+    two[static_cast<std::size_t>(r)].tp = 2;
+    two[static_cast<std::size_t>(r)].n_layers = s.n_layer;
+    two[static_cast<std::size_t>(r)].first_stage = two[static_cast<std::size_t>(r)].last_stage = true;
+    two[static_cast<std::size_t>(r)].gpu = 0;
+  }
+  std::uint64_t weight_bytes = 0;
+  for (const auto& L : m.weights.layers)
+    for (const ftp::model::TensorView* t : L.tensors()) weight_bytes += t->bytes;
+  weight_bytes += m.weights.tok_embd.bytes;
+  std::size_t free_before = 0, total = 0;
+  cudaMemGetInfo(&free_before, &total);
+  const auto room_before = cuda.kv_room_bytes(store, two);
   auto t0 = std::chrono::steady_clock::now();
   Executor first(store, {stage(s.n_layer, 1, {0})}, 64, 16, &cuda, 64);
   const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -263,6 +282,21 @@ void another_gear(Backend& cuda, const std::filesystem::path& dir) {
   const double second_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::printf("info domain build on cuda:0: first (uploads weights) %.1f ms, another gear (TP 2, weights resident) %.1f ms\n",
               first_ms, second_ms);
+  std::size_t free_after = 0;
+  cudaMemGetInfo(&free_after, &total);
+  const auto room_after = cuda.kv_room_bytes(store, two);
+  // Each pair of readings is taken back to back: within 4 MiB (the
+  // driver's granularity; the norm vectors and classifier are not in
+  // weight_bytes), well under the weights' own size.
+  const double slack = 4.0 * (1 << 20);
+  const double want_before = (static_cast<double>(free_before) - static_cast<double>(weight_bytes)) / 2;
+  const double want_after = static_cast<double>(free_after) / 2;
+  check(room_before.size() == 2 && room_before[0] == room_before[1] &&
+            std::abs(static_cast<double>(room_before[0]) - want_before) < slack && room_after.size() == 2 &&
+            std::abs(static_cast<double>(room_after[0]) - want_after) < slack,
+        "KV room of TP 2 on cuda:0: (free - weights not resident) / 2 before the upload (" +
+            std::to_string(room_before.empty() ? 0 : room_before[0] >> 20) + " MiB), free / 2 after (" +
+            std::to_string(room_after.empty() ? 0 : room_after[0] >> 20) + " MiB)");
   auto a = greedy(first, {1, 2, 3}, 8), b = greedy(second, {1, 2, 3}, 8);
   check(a == b, "TP 1 and TP 2 domains on shared resident weights: the same greedy tokens");
 }

@@ -892,6 +892,33 @@ class CudaBackend final : public Backend {
     return ranks;
   }
 
+  std::vector<std::uint64_t> kv_room_bytes(const WeightStore& weights, const std::vector<RankSpec>& ranks) override {
+    std::map<int, std::vector<cuda::DeviceWeights::Span>> spans;  // device -> what its ranks read
+    std::map<int, int> ranks_on;
+    for (const RankSpec& r : ranks) {
+      const int device = r.gpu < 0 ? 0 : r.gpu;
+      if (device >= n_devices_)
+        throw InputError("cuda backend: device " + std::to_string(device) + " of stage " + std::to_string(r.stage) +
+                         " rank " + std::to_string(r.rank) + " is not visible (" + std::to_string(n_devices_) +
+                         " CUDA devices)");
+      spans[device].push_back({r.first_layer, r.n_layers, r.first_stage, r.last_stage});
+      ++ranks_on[device];
+    }
+    std::map<int, std::uint64_t> share;
+    for (const auto& [device, sp] : spans) {
+      const std::string where = "cuda:" + std::to_string(device);
+      cuda::DeviceGuard guard(device, where);
+      std::size_t free_b = 0, total_b = 0;
+      check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo", where);
+      const std::uint64_t missing = cuda::DeviceWeights::get(weights, device)->missing_bytes(sp);
+      const std::uint64_t room = free_b > missing ? free_b - missing : 0;
+      share[device] = room / static_cast<std::uint64_t>(ranks_on[device]);
+    }
+    std::vector<std::uint64_t> out;
+    for (const RankSpec& r : ranks) out.push_back(share[r.gpu < 0 ? 0 : r.gpu]);
+    return out;
+  }
+
  private:
   CudaBackendOptions opts_;
   int n_devices_ = 0;

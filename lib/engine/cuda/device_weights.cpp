@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <string>
+#include <unordered_set>
 
 #include "core/error.hpp"
 #include "engine/cuda/cuda_check.hpp"
@@ -85,28 +86,50 @@ void DeviceWeights::upload_vec(const float* host, std::size_t n, const char* wha
   bytes_ += n * sizeof(float);
 }
 
+template <class Tensor, class Vec>
+void DeviceWeights::for_each_needed(const Span& sp, Tensor&& tensor, Vec&& vec) const {
+  const model::Model& m = w_.model();
+  const auto E = static_cast<std::size_t>(w_.hparams().n_embd);
+  for (int L = sp.first; L < sp.first + sp.n; ++L) {
+    const auto& layer = m.weights.layers[static_cast<std::size_t>(L)];
+    for (const model::TensorView* t : layer.tensors())
+      if (t != &layer.attn_norm && t != &layer.ffn_norm) tensor(t);
+    // The norms as the store converted them to float32 (any tp/rank: the same vectors).
+    const RankLayerView v = w_.layer(L, 1, 0);
+    vec(v.attn_norm, E, "attn_norm");
+    vec(v.ffn_norm, E, "ffn_norm");
+  }
+  if (sp.embedding) tensor(&m.weights.tok_embd);
+  if (sp.output) {
+    tensor(w_.output().t);
+    vec(w_.output_norm(), E, "output_norm");
+  }
+}
+
 void DeviceWeights::ensure(int first, int n, bool embedding, bool output) {
   std::lock_guard lk(mu_);
   DeviceGuard guard(device_, "cuda:" + std::to_string(device_) + " weights");
   auto t0 = std::chrono::steady_clock::now();
-  const model::Model& m = w_.model();
-  const auto E = static_cast<std::size_t>(w_.hparams().n_embd);
-  for (int L = first; L < first + n; ++L) {
-    for (const model::TensorView* t : m.weights.layers[static_cast<std::size_t>(L)].tensors())
-      if (t != &m.weights.layers[static_cast<std::size_t>(L)].attn_norm &&
-          t != &m.weights.layers[static_cast<std::size_t>(L)].ffn_norm)
-        upload(t);
-    // The norms as the store converted them to float32 (any tp/rank: the same vectors).
-    const RankLayerView v = w_.layer(L, 1, 0);
-    upload_vec(v.attn_norm, E, "attn_norm");
-    upload_vec(v.ffn_norm, E, "ffn_norm");
-  }
-  if (embedding) upload(&m.weights.tok_embd);
-  if (output) {
-    upload(w_.output().t);
-    upload_vec(w_.output_norm(), E, "output_norm");
-  }
+  for_each_needed(
+      Span{first, n, embedding, output}, [&](const model::TensorView* t) { upload(t); },
+      [&](const float* host, std::size_t len, const char* what) { upload_vec(host, len, what); });
   upload_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::uint64_t DeviceWeights::missing_bytes(const std::vector<Span>& spans) const {
+  std::lock_guard lk(mu_);
+  std::unordered_set<const void*> counted;
+  std::uint64_t bytes = 0;
+  for (const Span& sp : spans)
+    for_each_needed(
+        sp,
+        [&](const model::TensorView* t) {
+          if (t && !t->empty() && !dev_.count(t) && counted.insert(t).second) bytes += t->bytes;
+        },
+        [&](const float* host, std::size_t len, const char*) {
+          if (host && !dev_.count(host) && counted.insert(host).second) bytes += len * sizeof(float);
+        });
+  return bytes;
 }
 
 const void* DeviceWeights::tensor(const model::TensorView* t) const {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "engine/weight_store.hpp"
 #include "kernels/weight_view.cuh"
@@ -31,6 +32,14 @@ class DeviceWeights {
   /// Throws ftp::BackendError (out of device memory names the tensor).
   void ensure(int first, int n, bool embedding, bool output);
 
+  /// A range of layers with the embedding and the output, as ensure() takes it.
+  struct Span {
+    int first = 0, n = 0;
+    bool embedding = false, output = false;
+  };
+  /// Bytes that ensure() of every span would upload now (each tensor once).
+  std::uint64_t missing_bytes(const std::vector<Span>& spans) const;
+
   /// Device address of a resident tensor's data, or null.
   const void* tensor(const model::TensorView* t) const;
   /// Device copy of a float vector of the store (norm weights), or null.
@@ -44,6 +53,10 @@ class DeviceWeights {
   DeviceWeights(const WeightStore& w, int device);
   void upload(const model::TensorView* t);
   void upload_vec(const float* host, std::size_t n, const char* what);
+  /// Calls tensor(t) for each matrix and embedding/classifier tensor a span
+  /// needs and vec(host, n, what) for each float32 norm vector.
+  template <class Tensor, class Vec>
+  void for_each_needed(const Span& sp, Tensor&& tensor, Vec&& vec) const;
 
   const WeightStore& w_;
   int device_;
