@@ -110,26 +110,13 @@ int gpu_ordinal(const std::string& name) {
 
 }  // namespace
 
-int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep,
-                           const std::vector<engine::StageLayout>& stages) const {
-  if (cfg_.kv_blocks > 0) return cfg_.kv_blocks;
-  const int bt = cfg_.block_tokens, ctx = context_length();
-  // No more than the running batch can use: max_running requests of the full context.
-  int blocks = engine::kv_pages(static_cast<std::int64_t>(cfg_.max_running) * ctx, bt);
-  // The gear's cap: a fraction of each device's free memory, so that a
-  // shadow domain built beside this one still finds room for its own.
-  auto refuse = [&](const std::string& device, std::uint64_t free_b, int fit) {
-    throw InputError("gear " + gear.name + ": device " + device + " has " + std::to_string(free_b) +
-                     " bytes free; its KV pool at kv_cache_cap " + fmt(gear.kv_cache_cap) + " holds " +
-                     std::to_string(fit) + " pages of " + std::to_string(bt) +
-                     " tokens, fewer than one request of the full context needs (" +
-                     std::to_string(engine::kv_pages(ctx, bt)) + ")");
-  };
-  // A device backend (CUDA): what its GPUs have free once the weights the
-  // domain reads are resident, shared among the domain's ranks on each.
-  if (store_ && backend_) {
-    std::vector<engine::RankSpec> specs;
-    std::vector<std::string> names;
+std::vector<std::vector<std::uint64_t>> Service::gpu_kv_room(const std::vector<engine::DomainConfig>& domains) const {
+  std::vector<std::vector<std::uint64_t>> out(domains.size());
+  if (cfg_.kv_blocks > 0 || !store_ || !backend_) return out;
+  std::vector<engine::RankSpec> specs;
+  std::vector<std::size_t> owner;  // replica of each spec
+  for (std::size_t d = 0; d < domains.size(); ++d) {
+    const auto& stages = domains[d].stages;
     for (std::size_t s = 0; s < stages.size(); ++s)
       for (int r = 0; r < stages[s].tp; ++r) {
         engine::RankSpec rs;
@@ -140,36 +127,62 @@ int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep,
         rs.n_layers = stages[s].n_layers;
         rs.first_stage = s == 0;
         rs.last_stage = s + 1 == stages.size();
-        rs.block_tokens = bt;
+        rs.block_tokens = cfg_.block_tokens;
         rs.gpu = stages[s].gpus.empty() ? -1 : stages[s].gpus[static_cast<std::size_t>(r)];
         specs.push_back(rs);
-        names.push_back(rep.stages[s].devices[static_cast<std::size_t>(r)]);
+        owner.push_back(d);
       }
-    const std::vector<std::uint64_t> room = backend_->kv_room_bytes(*store_, specs);
-    for (std::size_t i = 0; i < room.size() && i < specs.size(); ++i) {
-      const std::uint64_t per =
-          engine::kv_block_bytes_per_rank(model_.hparams, stages[static_cast<std::size_t>(specs[i].stage)], bt);
-      const int fit = static_cast<int>(
-          std::min(gear.kv_cache_cap * static_cast<double>(room[i]) / static_cast<double>(per), static_cast<double>(blocks)));
-      if (fit < engine::kv_pages(ctx, bt)) refuse(names[i], room[i], fit);
-      blocks = std::min(blocks, fit);
-    }
+  }
+  const std::vector<std::uint64_t> room = backend_->kv_room_bytes(*store_, specs);
+  for (std::size_t i = 0; i < room.size() && i < specs.size(); ++i) out[owner[i]].push_back(room[i]);
+  return out;
+}
+
+int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const std::vector<engine::StageLayout>& stages,
+                           const std::vector<std::uint64_t>& gpu_room) const {
+  if (cfg_.kv_blocks > 0) return cfg_.kv_blocks;
+  const int bt = cfg_.block_tokens, ctx = context_length();
+  // No more than the running batch can use: max_running requests of the full context.
+  int blocks = engine::kv_pages(static_cast<std::int64_t>(cfg_.max_running) * ctx, bt);
+  // The gear's cap: a fraction of each device's free memory, so that a
+  // shadow domain built beside this one still finds room for its own.
+  auto cap = [&](const std::string& device, std::uint64_t room, const char* what, std::uint64_t per) {
+    const int fit = static_cast<int>(
+        std::min(gear.kv_cache_cap * static_cast<double>(room) / static_cast<double>(per), static_cast<double>(blocks)));
+    if (fit < engine::kv_pages(ctx, bt))
+      throw InputError("gear " + gear.name + ": device " + device + " has " + std::to_string(room) + " " + what +
+                       "; its KV pool at kv_cache_cap " + fmt(gear.kv_cache_cap) + " holds " + std::to_string(fit) +
+                       " pages of " + std::to_string(bt) + " tokens, fewer than one request of the full context needs (" +
+                       std::to_string(engine::kv_pages(ctx, bt)) + ")");
+    blocks = std::min(blocks, fit);
+  };
+  if (!gpu_room.empty()) {
+    // A device backend (CUDA): its GPUs' share for each rank (gpu_kv_room);
+    // the host's virtual devices do not hold these pages.
+    std::size_t i = 0;
+    for (std::size_t s = 0; s < stages.size(); ++s)
+      for (int r = 0; r < stages[s].tp && i < gpu_room.size(); ++r, ++i) {
+        const int gpu = stages[s].gpus.empty() ? 0 : stages[s].gpus[static_cast<std::size_t>(r)];
+        cap(rep.stages[s].devices[static_cast<std::size_t>(r)] + " (cuda:" + std::to_string(gpu) + ")", gpu_room[i],
+            "bytes free for this rank's KV once the weights are there",
+            engine::kv_block_bytes_per_rank(model_.hparams, stages[s], bt));
+      }
+    return blocks;
   }
   for (std::size_t s = 0; s < stages.size(); ++s) {
     const std::uint64_t per = engine::kv_block_bytes_per_rank(model_.hparams, stages[s], bt);
-    for (std::size_t r = 0; r < stages[s].devices.size(); ++r) {
-      const backend::VirtualDevice& d = *stages[s].devices[r];
-      const double room = gear.kv_cache_cap * static_cast<double>(d.memory_available());
-      const int fit = static_cast<int>(std::min(room / static_cast<double>(per), static_cast<double>(blocks)));
-      if (fit < engine::kv_pages(ctx, bt)) refuse(rep.stages[s].devices[r], d.memory_available(), fit);
-      blocks = std::min(blocks, fit);
-    }
+    for (std::size_t r = 0; r < stages[s].devices.size(); ++r)
+      cap(rep.stages[s].devices[r], stages[s].devices[r]->memory_available(), "bytes free", per);
   }
   return blocks;
 }
 
 std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gear& gear, bool slow_start) {
   std::vector<std::shared_ptr<DomainRunner>> out;
+  // Every replica's layout first: the GPUs' KV room is shared out among all
+  // the gear's ranks on each GPU before any of them takes its pages.
+  std::vector<engine::DomainConfig> configs;
+  std::vector<std::vector<std::string>> device_names;
   for (const auto& rep : gear.replicas) {
     engine::DomainConfig dc;
     std::vector<std::string> devices;
@@ -186,7 +199,15 @@ std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gea
       dc.stages.push_back(std::move(sl));
       devices.insert(devices.end(), st.devices.begin(), st.devices.end());
     }
-    dc.kv_blocks = kv_blocks_for(gear, rep, dc.stages);
+    configs.push_back(std::move(dc));
+    device_names.push_back(std::move(devices));
+  }
+  const std::vector<std::vector<std::uint64_t>> gpu_room = gpu_kv_room(configs);
+  for (std::size_t ri = 0; ri < gear.replicas.size(); ++ri) {
+    const auto& rep = gear.replicas[ri];
+    engine::DomainConfig& dc = configs[ri];
+    const std::vector<std::string>& devices = device_names[ri];
+    dc.kv_blocks = kv_blocks_for(gear, rep, dc.stages, gpu_room[ri]);
     dc.block_tokens = cfg_.block_tokens;
     dc.max_batched_tokens = std::min(cfg_.max_batched_tokens, gear.max_batched_tokens);
     dc.max_running = cfg_.max_running;

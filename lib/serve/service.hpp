@@ -64,7 +64,7 @@ struct ServiceConfig {
   std::string start_gear;              ///< default: gears[0]
   /// KV pages per domain; 0 (the default): the gear's kv_cache_cap of the
   /// free memory of each of its devices (CPU virtual devices; GPUs: what
-  /// is free less the weights not resident yet, shared among the domain's
+  /// is free less the weights not resident yet, shared among all the gear's
   /// ranks on one GPU), at most what max_running requests of the full
   /// context need (Service::kv_blocks_for).
   int kv_blocks = 0;
@@ -220,8 +220,15 @@ class Service {
   struct Shared;
   std::shared_ptr<DomainRunner> route(const CompletionRequest& r, int prompt_len);
   std::vector<std::shared_ptr<DomainRunner>> build_domains(const doc::Gear& gear, bool slow_start);
-  /// KV pages of a domain of `gear` on these stages (ServiceConfig::kv_blocks).
-  int kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const std::vector<engine::StageLayout>& stages) const;
+  /// KV pages of a domain of `gear` on these stages (ServiceConfig::kv_blocks);
+  /// `gpu_room` from gpu_kv_room, or empty: the CPU virtual devices count.
+  int kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const std::vector<engine::StageLayout>& stages,
+                    const std::vector<std::uint64_t>& gpu_room) const;
+  /// A device backend's KV room (engine::Backend::kv_room_bytes) for every
+  /// rank of the gear's domains at once, so that replicas on one GPU share
+  /// it evenly; per domain, per rank (stage by stage). Empty rows where the
+  /// backend keeps no device memory (CPU) or --kv-blocks is given.
+  std::vector<std::vector<std::uint64_t>> gpu_kv_room(const std::vector<engine::DomainConfig>& domains) const;
   void set_weights(const std::vector<std::shared_ptr<DomainRunner>>& doms, double share);
   bool wait_drained(const std::vector<std::shared_ptr<DomainRunner>>& doms, int timeout_ms);
   std::int64_t now_us() const;  ///< the service's clock since it was made, us

@@ -254,24 +254,21 @@ void SimulatedEngine::advance_idle_to(double t_s) {
 
 std::vector<std::vector<float>> SimulatedEngine::forward(const std::vector<engine::SeqChunk>& chunks, int micro_batches) {
   std::vector<std::vector<float>> logits;
-  for (const int tok : run_step(chunks, micro_batches)) {
-    std::vector<float> l(static_cast<std::size_t>(hp_.n_vocab), -std::numeric_limits<float>::infinity());
-    l[static_cast<std::size_t>(tok)] = 0.0f;
-    logits.push_back(std::move(l));
-  }
+  run_step(chunks, micro_batches, &logits);
   return logits;
 }
 
 std::vector<int> SimulatedEngine::forward_choose(const std::vector<engine::SeqChunk>& chunks, int micro_batches,
                                                  const std::vector<engine::TokenChoice>& choices) {
-  std::vector<int> ids = run_step(chunks, micro_batches);
+  std::vector<int> ids = run_step(chunks, micro_batches, nullptr);
   if (ids.size() != choices.size())
     throw Error("simulated engine: forward_choose: " + std::to_string(choices.size()) + " choices for " +
                 std::to_string(ids.size()) + " chunks that want logits");
   return ids;
 }
 
-std::vector<int> SimulatedEngine::run_step(const std::vector<engine::SeqChunk>& chunks, int micro_batches) {
+std::vector<int> SimulatedEngine::run_step(const std::vector<engine::SeqChunk>& chunks, int micro_batches,
+                                           std::vector<std::vector<float>>* logits) {
   const auto t_start = std::chrono::steady_clock::now();
   engine::check_chunks(chunks, hp_.n_vocab, o_.block_tokens, "simulated engine");
   const double dt = schedule_s(micro_batch_work(chunks, micro_batches), &busy_);
@@ -279,6 +276,13 @@ std::vector<int> SimulatedEngine::run_step(const std::vector<engine::SeqChunk>& 
   std::vector<int> ids;
   for (const auto& c : chunks)
     if (c.want_logits) ids.push_back(next_token(c.tokens.back(), c.start_pos + static_cast<int>(c.tokens.size()) - 1));
+  // The stand-in rows inside the step's time (its pacing waits after them).
+  if (logits)
+    for (const int tok : ids) {
+      std::vector<float> l(static_cast<std::size_t>(hp_.n_vocab), -std::numeric_limits<float>::infinity());
+      l[static_cast<std::size_t>(tok)] = 0.0f;
+      logits->push_back(std::move(l));
+    }
   pass(dt);
   if (o_.pacing == Pacing::wait_real_time) {
     // Sleep most of the step, then spin: a sleep overshoots by tens of

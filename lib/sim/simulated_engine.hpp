@@ -82,8 +82,10 @@ class SimulatedEngine final : public engine::Engine {
   double forward_time_s(const std::vector<engine::SeqChunk>& chunks, int micro_batches) const;
  private:
   /// The step of forward and forward_choose: times it, lets the time pass;
-  /// returns the next token of each chunk that wants logits.
-  std::vector<int> run_step(const std::vector<engine::SeqChunk>& chunks, int micro_batches);
+  /// returns the next token of each chunk that wants logits, and with
+  /// `logits` their stand-in rows (made before the pacing's wait).
+  std::vector<int> run_step(const std::vector<engine::SeqChunk>& chunks, int micro_batches,
+                            std::vector<std::vector<float>>* logits);
 
  public:
   /// Simulated seconds since construction: the sum of forwards' times and of

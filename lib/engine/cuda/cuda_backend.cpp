@@ -908,9 +908,12 @@ class CudaBackend final : public Backend {
     for (const auto& [device, sp] : spans) {
       const std::string where = "cuda:" + std::to_string(device);
       cuda::DeviceGuard guard(device, where);
+      // Missing first: weights another rank uploads between the two
+      // readings then count as missing and free at once (room understated),
+      // never as neither (room overstated).
+      const std::uint64_t missing = cuda::DeviceWeights::get(weights, device)->missing_bytes(sp);
       std::size_t free_b = 0, total_b = 0;
       check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo", where);
-      const std::uint64_t missing = cuda::DeviceWeights::get(weights, device)->missing_bytes(sp);
       const std::uint64_t room = free_b > missing ? free_b - missing : 0;
       share[device] = room / static_cast<std::uint64_t>(ranks_on[device]);
     }
