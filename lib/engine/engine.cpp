@@ -71,12 +71,38 @@ BatchLayout make_batch_layout(const std::vector<const SeqChunk*>& chunks, int bl
   return b;
 }
 
+std::vector<RankSpec> stage_rank_specs(const StageLayout& l, int stage, int n_stages, int kv_blocks, int block_tokens,
+                                       int max_rows) {
+  std::vector<RankSpec> specs;
+  for (int r = 0; r < l.tp; ++r) {
+    RankSpec rs;
+    rs.stage = stage;
+    rs.rank = r;
+    rs.tp = l.tp;
+    rs.first_layer = l.first_layer;
+    rs.n_layers = l.n_layers;
+    rs.first_stage = stage == 0;
+    rs.last_stage = stage + 1 == n_stages;
+    rs.kv_blocks = kv_blocks;
+    rs.block_tokens = block_tokens;
+    rs.max_rows = max_rows;
+    if (!l.devices.empty()) rs.device = l.devices[static_cast<std::size_t>(r)];
+    if (!l.gpus.empty()) rs.gpu = l.gpus[static_cast<std::size_t>(r)];
+    specs.push_back(rs);
+  }
+  return specs;
+}
+
+void check_choices(std::size_t choices, std::size_t rows, const std::string& who) {
+  if (choices != rows)
+    throw Error(who + ": " + std::to_string(choices) + " choices for " + std::to_string(rows) +
+                " chunks that want logits");
+}
+
 std::vector<int> Engine::forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
                                         const std::vector<TokenChoice>& choices) {
   auto logits = forward(chunks, micro_batches);
-  if (choices.size() != logits.size())
-    throw Error("forward_choose: " + std::to_string(choices.size()) + " choices for " + std::to_string(logits.size()) +
-                " rows of logits");
+  check_choices(choices.size(), logits.size(), "forward_choose");
   std::vector<int> out(logits.size());
   for (std::size_t i = 0; i < logits.size(); ++i) out[i] = choose_token(logits[i].data(), logits[i].size(), choices[i]);
   recycle(std::move(logits));

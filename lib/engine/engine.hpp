@@ -45,6 +45,10 @@ struct SeqChunk {
 /// positions need, token ids inside the vocabulary. Errors start with `who`.
 void check_chunks(const std::vector<SeqChunk>& chunks, int n_vocab, int block_tokens, const std::string& who);
 
+/// Checks forward_choose's choices: one per chunk that wants logits
+/// (`rows`). Errors start with `who`.
+void check_choices(std::size_t choices, std::size_t rows, const std::string& who);
+
 /// The micro-batches of one forward: contiguous groups of chunks of about
 /// equal token counts, at most `micro_batches` of them, none empty (a chunk
 /// goes to the group whose share of the tokens holds its middle). The real

@@ -84,23 +84,8 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
     st.layout = l;
     st.first = s == 0;
     st.last = s + 1 == stages_.size();
-    std::vector<RankSpec> specs;
-    for (int r = 0; r < l.tp; ++r) {
-      RankSpec rs;
-      rs.stage = static_cast<int>(s);
-      rs.rank = r;
-      rs.tp = l.tp;
-      rs.first_layer = l.first_layer;
-      rs.n_layers = l.n_layers;
-      rs.first_stage = st.first;
-      rs.last_stage = st.last;
-      rs.kv_blocks = n_kv_blocks;
-      rs.block_tokens = block_tokens;
-      rs.max_rows = max_rows;
-      if (!l.devices.empty()) rs.device = l.devices[static_cast<std::size_t>(r)];
-      if (!l.gpus.empty()) rs.gpu = l.gpus[static_cast<std::size_t>(r)];
-      specs.push_back(rs);
-    }
+    const std::vector<RankSpec> specs = stage_rank_specs(l, static_cast<int>(s), static_cast<int>(stages_.size()),
+                                                         n_kv_blocks, block_tokens, max_rows);
     // The ranks reserve their KV pages on their devices; if one cannot, the
     // ranks made so far give theirs back as they are destroyed.
     auto ranks = be.make_stage(w_, specs);
@@ -277,9 +262,7 @@ std::vector<int> Executor::forward_choose(const std::vector<SeqChunk>& chunks, i
                                           const std::vector<TokenChoice>& choices) {
   std::size_t rows = 0;
   auto mbs = plan_micro_batches(chunks, micro_batches, rows);
-  if (choices.size() != rows)
-    throw Error("executor: forward_choose: " + std::to_string(choices.size()) + " choices for " + std::to_string(rows) +
-                " chunks that want logits");
+  check_choices(choices.size(), rows, "executor: forward_choose");
   std::vector<int> tokens(rows);
   std::size_t next_row = 0;
   for (auto& mb : mbs) {

@@ -56,6 +56,12 @@ struct RankSpec {
   int gpu = -1;                  ///< CUDA: device ordinal; -1: the backend's default (0)
 };
 
+/// The specs of the tp ranks of stage `stage` of `n_stages` laid out as `l`
+/// (devices and GPUs from it where given); what Executor makes its stages
+/// from and what Backend::kv_room_bytes is asked about.
+std::vector<RankSpec> stage_rank_specs(const StageLayout& l, int stage, int n_stages, int kv_blocks, int block_tokens,
+                                       int max_rows);
+
 /// Named scratch buffers of a rank (float32 activations on its device).
 enum class Buf : int { x, xn, q, k, v, att, part, gate, up, logits_in, logits, count };
 

@@ -118,17 +118,8 @@ std::vector<std::vector<std::uint64_t>> Service::gpu_kv_room(const std::vector<e
   for (std::size_t d = 0; d < domains.size(); ++d) {
     const auto& stages = domains[d].stages;
     for (std::size_t s = 0; s < stages.size(); ++s)
-      for (int r = 0; r < stages[s].tp; ++r) {
-        engine::RankSpec rs;
-        rs.stage = static_cast<int>(s);
-        rs.rank = r;
-        rs.tp = stages[s].tp;
-        rs.first_layer = stages[s].first_layer;
-        rs.n_layers = stages[s].n_layers;
-        rs.first_stage = s == 0;
-        rs.last_stage = s + 1 == stages.size();
-        rs.block_tokens = cfg_.block_tokens;
-        rs.gpu = stages[s].gpus.empty() ? -1 : stages[s].gpus[static_cast<std::size_t>(r)];
+      for (const engine::RankSpec& rs : engine::stage_rank_specs(stages[s], static_cast<int>(s),
+                                                                 static_cast<int>(stages.size()), 0, cfg_.block_tokens, 0)) {
         specs.push_back(rs);
         owner.push_back(d);
       }

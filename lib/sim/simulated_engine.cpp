@@ -261,9 +261,7 @@ std::vector<std::vector<float>> SimulatedEngine::forward(const std::vector<engin
 std::vector<int> SimulatedEngine::forward_choose(const std::vector<engine::SeqChunk>& chunks, int micro_batches,
                                                  const std::vector<engine::TokenChoice>& choices) {
   std::vector<int> ids = run_step(chunks, micro_batches, nullptr);
-  if (ids.size() != choices.size())
-    throw Error("simulated engine: forward_choose: " + std::to_string(choices.size()) + " choices for " +
-                std::to_string(ids.size()) + " chunks that want logits");
+  engine::check_choices(choices.size(), ids.size(), "simulated engine: forward_choose");
   return ids;
 }
 

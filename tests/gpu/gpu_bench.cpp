@@ -47,6 +47,7 @@
 #include "comm/nccl.hpp"
 #include "core/error.hpp"
 #include "engine/cuda/cuda_backend.hpp"
+#include "engine/cuda/cuda_check.hpp"
 #include "engine/executor.hpp"
 #include "engine/sampler.hpp"
 #include "engine/weight_store.hpp"
@@ -155,16 +156,11 @@ engine::StageLayout stage(int n_layer, std::vector<int> gpus) {
   return l;
 }
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw BackendError(std::string(what) + ": " + cudaGetErrorString(e));
-}
-void cublas_ok(cublasStatus_t e, const char* what) {
-  if (e != CUBLAS_STATUS_SUCCESS) throw BackendError(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(e)));
-}
-
 /// One layer's matrix products alone (see the file's head), on `layers`
 /// copies of the layer's matrices so that they do not sit in L2.
 nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<int>& batches, double triad_gbs) {
+  // CUDA and cuBLAS statuses as the engine checks them (BackendError).
+  auto cuda_ok = [](auto status, const char* what) { engine::cuda::check(status, what, "gpu-bench sweep"); };
   const std::int64_t E = sh.n_embd, F = sh.n_ff, KV = static_cast<std::int64_t>(sh.n_embd / sh.n_head) * sh.n_head_kv;
   struct Mat {
     const char* name;
@@ -186,7 +182,7 @@ nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<i
   cuda_ok(cudaMalloc(&xh, static_cast<std::size_t>(max_t) * F * 2), "cudaMalloc (x bf16)");
   cuda_ok(cudaMalloc(&out, static_cast<std::size_t>(max_t) * 2 * F * 4), "cudaMalloc (out)");
   cublasHandle_t h = nullptr;
-  cublas_ok(cublasCreate(&h), "cublasCreate");
+  cuda_ok(cublasCreate(&h), "cublasCreate");
   cudaEvent_t e0, e1;
   cuda_ok(cudaEventCreate(&e0), "cudaEventCreate");
   cuda_ok(cudaEventCreate(&e1), "cudaEventCreate");
@@ -212,7 +208,7 @@ nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<i
       const kernels::WeightView v = view(L, m);
       const int n = static_cast<int>(v.rows), k = static_cast<int>(v.cols);
       cuda_ok(kernels::convert_f32(x, xh, kernels::HalfType::bf16, static_cast<std::size_t>(t) * k, nullptr), "convert_f32");
-      cublas_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, t, k, &one, v.data, CUDA_R_16BF, k, xh, CUDA_R_16BF, k, &zero,
+      cuda_ok(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, t, k, &one, v.data, CUDA_R_16BF, k, xh, CUDA_R_16BF, k, &zero,
                              out, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                 "cublasGemmEx");
     }
