@@ -10,8 +10,8 @@ namespace ftp::serve {
 
 DomainRunner::DomainRunner(std::string id, std::string gear, std::vector<std::string> devices,
                            const model::HParams& hp, engine::DomainConfig config,
-                           const engine::Domain::EngineFactory& make)
-    : id_(std::move(id)), gear_(std::move(gear)), devices_(std::move(devices)) {
+                           const engine::Domain::EngineFactory& make, StepObserver observe)
+    : id_(std::move(id)), gear_(std::move(gear)), devices_(std::move(devices)), observe_(std::move(observe)) {
   config.id = id_;
   domain_ = std::make_unique<engine::Domain>(hp, std::move(config), make);
   thread_ = std::thread([this] { loop(); });
@@ -82,7 +82,9 @@ void DomainRunner::loop() {
     }
     auto t0 = std::chrono::steady_clock::now();
     int done = domain_->step();
-    busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    const auto t1 = std::chrono::steady_clock::now();
+    busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    if (observe_) observe_(id_, t0, t1, done);
     auto stages = done > 0 ? domain_->stage_busy_s() : std::vector<double>{};
     {
       // Under mu_, so that a wait_idle that just found work left is already

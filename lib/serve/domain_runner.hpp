@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,9 +21,16 @@ namespace ftp::serve {
 /// the control plane reads. States: warming -> serving -> draining -> retired.
 class DomainRunner {
  public:
+  /// Told of each step the domain's thread ran: the domain's id, when the
+  /// step began and ended, and the tokens it computed (diagnostics:
+  /// shift-bench's trace of its slowest samples). Runs on the domain's
+  /// thread; keep it short.
+  using StepObserver = std::function<void(const std::string& domain, std::chrono::steady_clock::time_point begin,
+                                          std::chrono::steady_clock::time_point end, int tokens)>;
+
   /// Builds the domain with `make` (engine::Domain: the real engine, the simulated one, ...).
   DomainRunner(std::string id, std::string gear, std::vector<std::string> devices, const model::HParams& hp,
-               engine::DomainConfig config, const engine::Domain::EngineFactory& make);
+               engine::DomainConfig config, const engine::Domain::EngineFactory& make, StepObserver observe = {});
   ~DomainRunner();
   DomainRunner(const DomainRunner&) = delete;
   DomainRunner& operator=(const DomainRunner&) = delete;
@@ -93,6 +101,7 @@ class DomainRunner {
   std::atomic<std::int64_t> busy_ns_{0};
   std::atomic<bool> background_{false};
   std::vector<double> last_stage_busy_;  // under mu_
+  StepObserver observe_;
   bool stop_ = false;
   std::thread thread_;
 };

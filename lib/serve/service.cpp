@@ -214,7 +214,7 @@ std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gea
       make = [this, &rep](const engine::DomainConfig& c) { return cfg_.engine_factory(rep, c); };
     else
       make = engine::Domain::real_engine(*store_);
-    auto d = std::make_shared<DomainRunner>(id, gear.name, devices, model_.hparams, dc, make);
+    auto d = std::make_shared<DomainRunner>(id, gear.name, devices, model_.hparams, dc, make, cfg_.step_observer);
     if (slow_start) d->slow_start(std::max(1, cfg_.max_running * 7 / 10), cfg_.slow_start_steps);
     out.push_back(std::move(d));
   }

@@ -25,6 +25,7 @@
 #include "engine/domain.hpp"
 #include "model/model.hpp"
 #include "model/tokenizer.hpp"
+#include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
 #include "serve/latency.hpp"
 
@@ -94,6 +95,8 @@ struct ServiceConfig {
   /// the domain's config. Set: the service loads no weights and creates no
   /// CPU virtual devices, and the model needs only hparams and tokenizer.
   std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine::DomainConfig&)> engine_factory;
+  /// Told of every step of every domain (DomainRunner::StepObserver); null: none.
+  DomainRunner::StepObserver step_observer;
   /// Extra checks of a reloaded gear table (e.g. the daemon's virtual
   /// devices); throws InputError. Null: none beyond the model's shapes.
   std::function<void(const doc::GearTable&)> reload_check;

@@ -31,6 +31,7 @@
 #include <random>
 #include <thread>
 
+#include "backend/cpu/measure.hpp"
 #include "cli/tool.hpp"
 #include "doc/gear_table.hpp"
 #include "model/model.hpp"
@@ -169,7 +170,8 @@ int main(int argc, char** argv) {
   cli::Tool tool("shift-bench", "Shift latency and TTFT during shifts, on CPU virtual devices.");
   std::string model_path, gears_path;
   int shifts = 20, clients = 8, step_ms = 20, max_tokens = 32, prompt_tokens = 0;
-  double steady_s = 3, max_ratio = 0, rate = 0;
+  double steady_s = 3, max_ratio = 0, rate = 0, noise_s = 1;
+  int trace_worst = 0;
   auto& app = tool.app();
   app.add_option("--model", model_path, "Model (stories260K.gguf)")->required();
   app.add_option("--gears", gears_path, "Gear table (examples/gears/stories260K-cpu.json)")->required();
@@ -183,6 +185,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--step-interval-ms", step_ms, "Ramp step wait (default 20)")->check(CLI::NonNegativeNumber);
   app.add_option("--steady-s", steady_s, "Seconds of steady state (default 3)")->check(CLI::PositiveNumber);
+  app.add_option("--noise-s", noise_s,
+                 "Seconds to measure the CPUs' scheduling noise before and after the load (default 1; 0: skip)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--trace-worst", trace_worst,
+                 "Print the N slowest TTFT samples with every domain step that overlapped each (stderr)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-ttft-ratio", max_ratio, "Exit 6 when P99 TTFT shifting / steady of the same gears exceeds this");
   return tool.run(argc, argv, [&]() -> int {
     if (!std::filesystem::exists(model_path)) {
@@ -194,6 +202,19 @@ int main(int argc, char** argv) {
     cfg.model_name = "bench";
     cfg.gears = json::parse_file(gears_path, [](const json::Json& j) { return doc::gear_table_from_json(j); });
     cfg.step_interval_ms = step_ms;
+    // Every step of every domain, for --trace-worst.
+    struct Step {
+      std::string domain;
+      Clock::time_point begin, end;
+      int done;
+    };
+    std::mutex steps_mu;
+    std::vector<Step> steps;
+    if (trace_worst > 0)
+      cfg.step_observer = [&](const std::string& d, Clock::time_point b, Clock::time_point e, int done) {
+        std::lock_guard lk(steps_mu);
+        steps.push_back({d, b, e, done});
+      };
     serve::Service svc(m, cfg);
     svc.start();
 
@@ -229,6 +250,10 @@ int main(int argc, char** argv) {
         throw InputError("--prompt-tokens: " + std::to_string(prompt_tokens) + " + " + std::to_string(max_tokens) +
                          " new tokens exceed the model's context of " + std::to_string(m.hparams.n_ctx_train));
     }
+    // The machine's own noise, with the domains idle: the tail of
+    // sub-millisecond TTFTs sits on it.
+    backend::CpuStalls noise_before, noise_after;
+    if (noise_s > 0) noise_before = backend::measure_cpu_stalls(noise_s);
     Load during{svc, prompt};
     if (rate > 0)
       during.start_open(rate, max_tokens);
@@ -293,6 +318,7 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(window);
     auto ttft_all = during.finish();
+    if (noise_s > 0) noise_after = backend::measure_cpu_stalls(noise_s);
     ByGear steady_by_gear, shift_by_gear;
     std::map<std::string, std::vector<double>> by_phase, by_shift;
     double shifting_s = 0;
@@ -395,19 +421,49 @@ int main(int argc, char** argv) {
                    {"shifting_s", shifting_s},
                    {"ttft_ms_shifting_by_phase", tails(by_phase)},
                    {"ttft_ms_shifting_by_shift", tails(by_shift)},
+                   {"cpu_noise", json::Json::array()},
                    {"failed_requests", during.failed.load()}};
+    if (noise_s > 0)
+      for (const auto* n : {&noise_before, &noise_after})
+        out["cpu_noise"].push_back({{"seconds", n->seconds},
+                                    {"cpus", n->cpus},
+                                    {"stalls_over_1ms_per_s", n->stalls_per_s},
+                                    {"lost_share", n->lost_share},
+                                    {"max_ms", n->max_ms}});
     tool.emit(out);
-    for (const auto& [gear, v] : shift_by_gear) {
-      const auto& st = steady_by_gear[gear];
-      std::fprintf(stderr, "shift-bench: %-12s P99 TTFT %.2f ms steady (n %zu), %.2f ms shifting (n %zu) = %.2fx\n",
-                   gear.c_str(), pct(st, 99), st.size(), pct(v, 99), v.size(), st.empty() ? 0.0 : pct(v, 99) / pct(st, 99));
+    if (noise_s > 0)
+      std::fprintf(stderr,
+                   "shift-bench: CPU noise with the domains idle, before / after: %.1f / %.1f stalls of over 1 ms per "
+                   "second per CPU, %.1f / %.1f %% of the time lost, longest %.1f / %.1f ms\n",
+                   noise_before.stalls_per_s, noise_after.stalls_per_s, 100 * noise_before.lost_share,
+                   100 * noise_after.lost_share, noise_before.max_ms, noise_after.max_ms);
+    if (trace_worst > 0) {
+      // The slowest samples, each with the steps of every domain that ran
+      // between its submission and its first token (times in ms from the
+      // first request).
+      std::vector<std::size_t> order(ttft_all.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return ttft_all[a] > ttft_all[b]; });
+      const Clock::time_point origin = during.sent.empty() ? Clock::now() : during.sent.front();
+      auto at = [&](Clock::time_point t) { return std::chrono::duration<double, std::milli>(t - origin).count(); };
+      std::lock_guard lk(steps_mu);
+      for (std::size_t k = 0; k < order.size() && k < static_cast<std::size_t>(trace_worst); ++k) {
+        const std::size_t i = order[k];
+        const Clock::time_point sent = during.sent[i];
+        const Clock::time_point first = sent + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double, std::milli>(ttft_all[i]));
+        auto it = std::upper_bound(phases.begin(), phases.end(), sent,
+                                   [](Clock::time_point t, const auto& p) { return t < p.first; });
+        std::fprintf(stderr, "shift-bench: slow sample: TTFT %.3f ms, domain %s (%s), sent at %.3f ms in phase %s\n",
+                     ttft_all[i], during.domain[i].c_str(), gear_of[during.domain[i]].c_str(), at(sent),
+                     it == phases.begin() ? "steady" : std::prev(it)->second.c_str());
+        for (const Step& st : steps)
+          if (st.end > sent && st.begin < first)
+            std::fprintf(stderr, "shift-bench:   step of %s (%s) %.3f..%.3f ms: %.3f ms, %d token(s) computed\n",
+                         st.domain.c_str(), gear_of[st.domain].c_str(), at(st.begin), at(st.end),
+                         std::chrono::duration<double, std::milli>(st.end - st.begin).count(), st.done);
+      }
     }
-    std::fprintf(stderr,
-                 "shift-bench: accept->100%% minus waits: median %.1f ms (goal <= 100); P99 TTFT %.2f ms shifting (n %zu) "
-                 "vs %.2f ms steady of the same gears (n %zu) = %.2fx, bootstrap 90 %% interval %.2f-%.2fx (goal <= 1.1); "
-                 "vs %.2f ms all steady samples pooled = %.2fx; worst gear %.2fx\n",
-                 pct(overhead, 50), p99_shift, ttft_shift.size(), p99_matched, ttft_steady.size(), ratio, lo, hi,
-                 p99_steady, ratio_pooled, worst_gear);
     if (during.failed > 0) return 1;
     return (max_ratio > 0 && ratio > max_ratio) ? 6 : 0;
   });

@@ -2,6 +2,7 @@
 #include "backend/cpu/measure.hpp"
 
 #include <cblas.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <barrier>
@@ -15,6 +16,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backend/cpu/cpu_info.hpp"
 #include "core/error.hpp"
 
 namespace ftp::backend {
@@ -224,6 +226,47 @@ Measurement measure_cpu_triad_gbs(int threads, bool quick) {
 
 void cpu_triad(float* a, const float* b, const float* c, float scalar, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) a[i] = b[i] + scalar * c[i];
+}
+
+CpuStalls measure_cpu_stalls(double seconds) {
+  if (!(seconds > 0)) throw BackendError("measure_cpu_stalls: seconds must be positive");
+  const std::vector<int> cpus = usable_cpu_ids();
+  struct PerCpu {
+    long long over_1ms = 0;
+    double lost_s = 0, max_s = 0;
+  };
+  std::vector<PerCpu> per(cpus.size());
+  std::vector<std::thread> threads;
+  const auto span = std::chrono::duration<double>(seconds);
+  for (std::size_t i = 0; i < cpus.size(); ++i)
+    threads.emplace_back([&, i] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpus[i], &set);
+      sched_setaffinity(0, sizeof(set), &set);  // best effort: unpinned, it measures the process's share
+      PerCpu& me = per[i];
+      const auto t0 = std::chrono::steady_clock::now();
+      auto last = t0;
+      for (;;) {
+        const auto t = std::chrono::steady_clock::now();
+        const double gap = std::chrono::duration<double>(t - last).count();
+        last = t;
+        if (gap > 100e-6) me.lost_s += gap;
+        if (gap > 1e-3) ++me.over_1ms;
+        me.max_s = std::max(me.max_s, gap);
+        if (t - t0 >= span) break;
+      }
+    });
+  for (auto& t : threads) t.join();
+  CpuStalls r;
+  r.seconds = seconds;
+  r.cpus = static_cast<int>(cpus.size());
+  for (const PerCpu& p : per) {
+    r.stalls_per_s += static_cast<double>(p.over_1ms) / seconds / static_cast<double>(cpus.size());
+    r.lost_share += p.lost_s / seconds / static_cast<double>(cpus.size());
+    r.max_ms = std::max(r.max_ms, p.max_s * 1e3);
+  }
+  return r;
 }
 
 }  // namespace ftp::backend

@@ -41,6 +41,23 @@ Measurement measure_cpu_triad_gbs(int threads, bool quick);
 /// tests and for ftp-probe's cluster-spec checks.
 Measurement measure_cpu_triad_gbs(int threads, std::size_t elements, int repetitions);
 
+/// How much of the CPUs' time this process does not get: the scheduling
+/// noise a latency benchmark's tail sits on. One thread pinned to each CPU
+/// of the process spins on the clock for `seconds`; a gap between two
+/// readings of over 100 us is time the thread lost (another thread or
+/// process ran, an interrupt, the hypervisor). On a quiet host of its own a
+/// CPU loses next to nothing; a 2-core VM shared with other work loses
+/// several 1-3 ms slices a second, and a step of a few hundred
+/// microseconds that one of them hits takes ten times as long.
+struct CpuStalls {
+  double seconds = 0;            ///< measured wall time
+  int cpus = 0;                  ///< CPUs measured (the process's affinity set)
+  double stalls_per_s = 0;       ///< gaps of over 1 ms per second, per CPU (mean over CPUs)
+  double lost_share = 0;         ///< share of the time lost in gaps of over 100 us (mean over CPUs)
+  double max_ms = 0;             ///< the longest gap on any CPU, ms
+};
+CpuStalls measure_cpu_stalls(double seconds);
+
 /// The reference triad used to check device kernels: a[i] = b[i] + s * c[i].
 void cpu_triad(float* a, const float* b, const float* c, float scalar, std::size_t n);
 
