@@ -70,11 +70,14 @@ void Domain::submit(GenerationRequest r) {
       throw InputError(who + "prompt[" + std::to_string(i) + "]: token id " + std::to_string(r.prompt[i]) +
                        " outside the vocabulary (0.." + std::to_string(hp.n_vocab - 1) + ")");
   if (r.max_tokens < 1) throw InputError(who + "max_tokens: must be positive, got " + std::to_string(r.max_tokens));
-  int need = static_cast<int>(r.prompt.size()) + r.max_tokens;
   if (static_cast<int>(r.prompt.size()) >= cfg_.max_context)
     throw InputError(who + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
                      std::to_string(cfg_.max_context));
-  const int held = std::min(need, cfg_.max_context);  // a request never holds more than the context
+  // The KV pages the request holds at its peak: every token but the last
+  // one it generates (that one ends it and is never computed), and never
+  // more than the context less one. In 64 bits: max_tokens may be huge.
+  const std::int64_t need = static_cast<std::int64_t>(r.prompt.size()) + r.max_tokens - 1;
+  const int held = static_cast<int>(std::min<std::int64_t>(need, cfg_.max_context - 1));
   if (kv_pages(held, cfg_.block_tokens) > cfg_.kv_blocks)
     throw InputError(who + std::to_string(held) + " tokens need " + std::to_string(kv_pages(held, cfg_.block_tokens)) +
                      " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));
@@ -168,12 +171,19 @@ void Domain::cancel(const std::string& id) {
   cancelled_.insert(id);
 }
 
+void Domain::abort_all(const std::string& why) {
+  std::lock_guard lk(mu_);
+  abort_ = why.empty() ? "aborted" : why;
+}
+
 int Domain::step() {
   int max_running = cfg_.max_running;
   std::unordered_set<std::string> cancel;
+  std::string abort;
   {
     std::lock_guard lk(mu_);
     cancel.swap(cancelled_);
+    abort.swap(abort_);
     if (cap_steps_ > 0) {
       max_running = std::min(max_running, cap_);
       --cap_steps_;
@@ -183,12 +193,16 @@ int Domain::step() {
       incoming_.pop_front();
     }
   }
-  if (!cancel.empty()) {
-    // Cancelled requests leave before the plan: their pages go back now.
+  if (!cancel.empty() || !abort.empty()) {
+    // Cancelled (or, after abort_all, all) requests leave before the plan:
+    // their pages go back now.
     EventList gone;
     auto drop = [&](auto& seqs) {
       for (auto it = seqs.begin(); it != seqs.end();) {
-        if (cancel.count((*it)->req.id)) {
+        if (!abort.empty()) {
+          finish(**it, "error", "domain " + cfg_.id + ": " + abort, gone);
+          it = seqs.erase(it);
+        } else if (cancel.count((*it)->req.id)) {
           finish(**it, "cancelled", "", gone);
           it = seqs.erase(it);
         } else {

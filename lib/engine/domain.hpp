@@ -95,6 +95,10 @@ class Domain {
   /// KV pages. For a client that has gone away. Thread-safe; an id this
   /// domain does not hold is forgotten at that step.
   void cancel(const std::string& id);
+  /// Ends every request the domain holds at its next step with reason
+  /// "error" and the message "domain ID: `why`", giving back their KV pages:
+  /// for a shutdown that cannot wait any longer. Thread-safe.
+  void abort_all(const std::string& why);
 
   /// One iteration: schedule, forward, sample, deliver events. Returns the
   /// tokens computed (0 when there was nothing to do).
@@ -131,6 +135,7 @@ class Domain {
   mutable std::mutex mu_;                 // guards incoming_ and the counters read by others
   std::deque<std::unique_ptr<Seq>> incoming_;
   std::unordered_set<std::string> cancelled_;  // ids to cancel at the next step (under mu_)
+  std::string abort_;                          // abort_all's reason, until the next step (under mu_)
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
   std::uint64_t arrivals_ = 0;

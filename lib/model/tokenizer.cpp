@@ -460,7 +460,8 @@ std::string Tokenizer::token_to_piece(int id, bool special) const {
   return pieces_[id];
 }
 
-std::string Tokenizer::decode(const std::vector<int>& ids, bool remove_special, bool unparse_special) const {
+std::string Tokenizer::decode(const std::vector<int>& ids, bool remove_special, bool unparse_special,
+                              bool clean_spaces) const {
   std::string out;
   if (kind_ == Kind::llama2c) {
     // run.c decode(): a piece right after BOS loses its leading space.
@@ -488,7 +489,7 @@ std::string Tokenizer::decode(const std::vector<int>& ids, bool remove_special, 
     out += p;
   }
 
-  if (clean_spaces_ && !out.empty()) {
+  if (clean_spaces && clean_spaces_ && !out.empty()) {
     // HF's clean_up_tokenization_spaces, as llama.cpp applies it.
     std::string a;
     a += out[0];

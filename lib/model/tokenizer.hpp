@@ -46,9 +46,13 @@ class Tokenizer {
   /// vocabulary's add_space_prefix the first token loses one leading space
   /// (SentencePiece); `remove_special` drops a leading BOS / trailing EOS
   /// (and then keeps the space). For llama2c, run.c's rule instead: a piece
-  /// right after BOS loses its leading space.
-  std::string decode(const std::vector<int>& ids, bool remove_special = false,
-                     bool unparse_special = false) const;
+  /// right after BOS loses its leading space. `clean_spaces` applies the
+  /// vocabulary's clean-up of spaces before punctuation and contractions
+  /// (HF's clean_up_tokenization_spaces, on for most BPE vocabularies) as
+  /// llama_detokenize does; streaming passes false, as llama.cpp's server
+  /// does, since the clean-up rewrites text already sent (" " then ".").
+  std::string decode(const std::vector<int>& ids, bool remove_special = false, bool unparse_special = false,
+                     bool clean_spaces = true) const;
 
   /// Text of one token (for streaming): "▁" as " ", byte tokens as the raw
   /// byte, BPE pieces mapped back to bytes; control tokens give "" unless

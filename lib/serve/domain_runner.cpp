@@ -47,6 +47,11 @@ void DomainRunner::cancel(const std::string& request_id) {
   cv_.notify_all();
 }
 
+void DomainRunner::abort_all(const std::string& why) {
+  domain_->abort_all(why);
+  cv_.notify_all();
+}
+
 int DomainRunner::inflight() const { return domain_->running() + domain_->waiting(); }
 
 void DomainRunner::slow_start(int cap, int steps) { domain_->limit_running(cap, steps); }

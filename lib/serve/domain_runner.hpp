@@ -53,6 +53,8 @@ class DomainRunner {
   bool submit(engine::GenerationRequest&& r);
   /// Cancels a request this domain may hold (engine::Domain::cancel) and wakes its thread.
   void cancel(const std::string& request_id);
+  /// Ends every request the domain holds with an error (engine::Domain::abort_all) and wakes its thread.
+  void abort_all(const std::string& why);
   /// Requests running or waiting, including ones submitted but not yet stepped.
   int inflight() const;
   engine::Domain& domain() noexcept { return *domain_; }

@@ -65,9 +65,11 @@ std::string TextStream::decoded() const {
     head_ids.erase(head_ids.begin());
   std::vector<int> all = head_ids;
   all.insert(all.end(), out_.begin(), out_.end());
-  std::string full = tok_.decode(all, true);
-  std::string head = tok_.decode(head_ids, true);
-  return full.compare(0, head.size(), head) == 0 ? full.substr(head.size()) : tok_.decode(out_, true);
+  // Without the BPE clean-up of spaces: it would rewrite text already
+  // sent (" " then "." becomes "."), and the stream would lose bytes.
+  std::string full = tok_.decode(all, true, false, false);
+  std::string head = tok_.decode(head_ids, true, false, false);
+  return full.compare(0, head.size(), head) == 0 ? full.substr(head.size()) : tok_.decode(out_, true, false, false);
 }
 
 namespace {

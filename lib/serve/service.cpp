@@ -100,6 +100,19 @@ std::string Service::current_gear() const {
 
 namespace {
 
+/// Calls fn(first layer, layers, tp, rank) for each rank of the gear on a
+/// device that `want` accepts; returns the sum of what it returned (bytes).
+std::uint64_t for_each_rank(const doc::Gear& g, const std::function<bool(const std::string&)>& want,
+                            const std::function<std::uint64_t(int, int, int, int)>& fn) {
+  std::uint64_t bytes = 0;
+  for (const auto& rep : g.replicas)
+    for (const auto& st : rep.stages)
+      for (std::size_t r = 0; r < st.devices.size(); ++r)
+        if (want(st.devices[r]))
+          bytes += fn(st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), static_cast<int>(r));
+  return bytes;
+}
+
 /// CUDA device of a gear's device name: "gpu<N>" (ftp-probe's ids) is N;
 /// anything else is device 0.
 int gpu_ordinal(const std::string& name) {
@@ -140,11 +153,11 @@ int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const
   auto cap = [&](const std::string& device, std::uint64_t room, const char* what, std::uint64_t per) {
     const int fit = static_cast<int>(
         std::min(gear.kv_cache_cap * static_cast<double>(room) / static_cast<double>(per), static_cast<double>(blocks)));
-    if (fit < engine::kv_pages(ctx, bt))
+    if (fit < engine::kv_pages(ctx - 1, bt))
       throw InputError("gear " + gear.name + ": device " + device + " has " + std::to_string(room) + " " + what +
                        "; its KV pool at kv_cache_cap " + fmt(gear.kv_cache_cap) + " holds " + std::to_string(fit) +
                        " pages of " + std::to_string(bt) + " tokens, fewer than one request of the full context needs (" +
-                       std::to_string(engine::kv_pages(ctx, bt)) + ")");
+                       std::to_string(engine::kv_pages(ctx - 1, bt)) + ")");
     blocks = std::min(blocks, fit);
   };
   if (!gpu_room.empty()) {
@@ -263,7 +276,13 @@ void Service::drain_and_stop() {
     doms = domains_;
   }
   for (auto& d : doms) d->set_state("draining");
-  wait_drained(doms, cfg_.drain_timeout_ms);
+  if (!wait_drained(doms, cfg_.drain_timeout_ms)) {
+    // Out of time: the requests still running end with an error event (none
+    // is dropped without one; the HTTP log names each), then the domains stop.
+    const std::string why = "the service is stopping and the drain timeout of " +
+                            std::to_string(cfg_.drain_timeout_ms) + " ms has passed";
+    for (auto& d : doms) d->abort_all(why);
+  }
   retire(doms);
 }
 
@@ -320,7 +339,7 @@ void Service::submit(CompletionRequest r) {
     throw RequestError(400, "invalid_request_error", "max_tokens",
                        "max_tokens " + std::to_string(r.max_tokens) + " exceeds the limit of " +
                            std::to_string(cfg_.max_tokens_limit));
-  if (n + r.max_tokens > ctx)
+  if (static_cast<std::int64_t>(n) + r.max_tokens > ctx)
     throw RequestError(400, "invalid_request_error", "max_tokens",
                        "this model's context is " + std::to_string(ctx) + " tokens; the prompt (" + std::to_string(n) +
                            ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it");
@@ -501,16 +520,6 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
   for (const auto& d : devs) devlist += (devlist.empty() ? "" : ",") + d;
   // Release weight mode: fetch the target gear's weights ahead, so the
   // reload overlaps the reservation instead of the first steps.
-  auto for_each_rank = [&](const doc::Gear& g, const std::function<bool(const std::string&)>& want,
-                           const std::function<std::uint64_t(int, int, int, int)>& fn) {
-    std::uint64_t bytes = 0;
-    for (const auto& rep : g.replicas)
-      for (const auto& st : rep.stages)
-        for (std::size_t r = 0; r < st.devices.size(); ++r)
-          if (want(st.devices[r]))
-            bytes += fn(st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), static_cast<int>(r));
-    return bytes;
-  };
   std::string reserve_msg = "devices " + devlist;
   if (target->weight_mode == "release" && store_) {
     auto bytes = for_each_rank(*target, [](const std::string&) { return true; },
@@ -542,8 +551,9 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
       d->set_background();
     }
     emit("rollback", 0, why);
-    wait_drained(fresh, cfg_.drain_timeout_ms);
-    retire(fresh);
+    // A shadow that cannot drain in time stays draining and retires at the
+    // next shift or drain (reap_drained).
+    if (wait_drained(fresh, cfg_.drain_timeout_ms)) retire(fresh);
     return finish(outcome, why);
   };
 
@@ -600,17 +610,20 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
     gear_ = target->name;
   }
   bool drained = wait_drained(old, cfg_.drain_timeout_ms);
-  emit("drain", 1.0, drained ? "old domains drained" : "drain timed out; old domains finish in the background");
-  retire(old);
-  std::string retire_msg = std::to_string(old.size()) + " old domain(s) retired, devices released";
-  // Release weight mode: devices that leave drop their weights.
-  const doc::Gear* from_gear = cfg_.gears.find(from);
-  if (from_gear && from_gear->weight_mode == "release" && store_) {
-    std::vector<std::string> keep = target->devices();
-    auto leaving = [&](const std::string& d) { return std::find(keep.begin(), keep.end(), d) == keep.end(); };
-    auto bytes = for_each_rank(*from_gear, leaving,
-                               [&](int f, int n, int tp, int r) { return store_->release_rank(f, n, tp, r); });
-    retire_msg += "; weights released: " + std::to_string(bytes) + " bytes";
+  emit("drain", 1.0,
+       drained ? "old domains drained"
+               : "drain timed out after " + std::to_string(cfg_.drain_timeout_ms) +
+                     " ms; the old domains finish their requests in the background and retire at the next shift or "
+                     "drain");
+  std::string retire_msg;
+  if (drained) {
+    retire(old);
+    retire_msg = std::to_string(old.size()) + " old domain(s) retired, devices released";
+    // Release weight mode: devices that leave drop their weights.
+    if (std::uint64_t bytes = release_weights_leaving(from); bytes > 0)
+      retire_msg += "; weights released: " + std::to_string(bytes) + " bytes";
+  } else {
+    retire_msg = std::to_string(old.size()) + " old domain(s) still draining; none retired yet";
   }
   emit("retire", 1.0, retire_msg);
   return finish("committed", "shifted " + from + " -> " + target->name);
@@ -711,6 +724,23 @@ void Service::reap_drained() {
       if (d->state() == "draining" && d->inflight() == 0) idle.push_back(d);
   }
   retire(idle);
+  std::vector<std::string> gears;
+  for (const auto& d : idle)
+    if (std::find(gears.begin(), gears.end(), d->gear()) == gears.end()) gears.push_back(d->gear());
+  for (const auto& g : gears) release_weights_leaving(g);
+}
+
+std::uint64_t Service::release_weights_leaving(const std::string& gear) {
+  const doc::Gear* from = cfg_.gears.find(gear);
+  if (!from || from->weight_mode != "release" || !store_) return 0;
+  // The devices of the domains that remain keep their weights.
+  std::vector<std::string> keep;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& d : domains_) keep.insert(keep.end(), d->devices().begin(), d->devices().end());
+  }
+  auto leaving = [&](const std::string& d) { return std::find(keep.begin(), keep.end(), d) == keep.end(); };
+  return for_each_rank(*from, leaving, [&](int f, int n, int tp, int r) { return store_->release_rank(f, n, tp, r); });
 }
 
 Json Service::status() const {

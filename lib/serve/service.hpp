@@ -139,7 +139,8 @@ class Service {
   /// Builds and starts the domains of the start gear.
   void start();
   /// Stops routing new requests (submit answers 503), lets every in-flight
-  /// request finish, stops the domains. Idempotent.
+  /// request finish, stops the domains. Requests still running after
+  /// drain_timeout_ms end with an error event. Idempotent.
   void drain_and_stop();
   /// Started, not stopping, and at least one domain serving (a forced drain
   /// of the last one leaves the service alive but not ready).
@@ -219,6 +220,10 @@ class Service {
   /// Stops the domains (each once its requests are done), marks them
   /// retired and removes them from domains_.
   void retire(const std::vector<std::shared_ptr<DomainRunner>>& doms);
+  /// Release weight mode: the weights of `gear`'s ranks on devices that no
+  /// domain uses any more go back to the system (WeightStore::release_rank);
+  /// returns the bytes. 0 for a resident gear.
+  std::uint64_t release_weights_leaving(const std::string& gear);
 
   struct Shared;
   std::shared_ptr<DomainRunner> route(const CompletionRequest& r, int prompt_len);

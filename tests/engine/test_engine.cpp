@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <new>
 #include <random>
 #include <sstream>
@@ -389,9 +390,30 @@ TEST_F(Fixture, RequestsThatCanNeverBeServedAreRefused) {
   };
   EXPECT_EQ(msg(greedy("e", {}, 4)), "request e: prompt: must hold at least one token");
   EXPECT_EQ(msg(greedy("v", {1, 512}, 4)), "request v: prompt[1]: token id 512 outside the vocabulary (0..511)");
-  EXPECT_EQ(msg(greedy("k", {1}, 100)), "request k: 101 tokens need 7 KV pages, domain d0 has 4");
+  // A request holds every token but the last it generates: 1 + 100 - 1.
+  EXPECT_EQ(msg(greedy("k", {1}, 100)), "request k: 100 tokens need 7 KV pages, domain d0 has 4");
+  EXPECT_EQ(msg(greedy("b", {1}, 65)), "request b: 65 tokens need 5 KV pages, domain d0 has 4");
+  // Beyond the context it holds the context less one (511 of this
+  // domain's 512), in 64 bits: a max_tokens near INT_MAX does not wrap
+  // round to "fits".
+  EXPECT_EQ(msg(greedy("o", {1, 2, 3, 4}, std::numeric_limits<int>::max())),
+            "request o: 511 tokens need 32 KV pages, domain d0 has 4");
   EXPECT_EQ(msg(greedy("m", {1}, 0)), "request m: max_tokens: must be positive, got 0");
   EXPECT_TRUE(d.idle());
+}
+
+// The request that fills the pool exactly (1 + 64 - 1 = 64 tokens in 4
+// pages of 16) is accepted and runs to its end.
+TEST_F(Fixture, ARequestThatFillsThePoolExactlyRuns) {
+  DomainConfig cfg;
+  cfg.kv_blocks = 4;
+  Domain d(*store, cfg);
+  auto out = run(d, {greedy("full", {1}, 64)});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].size(), 64u);
+  EXPECT_EQ(d.stats().finished, 1u);
+  EXPECT_EQ(d.stats().preemptions, 0u);
+  EXPECT_EQ(d.kv_usage(), 0.0);
 }
 
 TEST_F(Fixture, SamplingIsReproducibleBySeed) {

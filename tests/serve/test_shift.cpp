@@ -15,11 +15,13 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "core/error.hpp"
 #include "doc/gear_table.hpp"
 #include "model/model.hpp"
 #include "control/clock.hpp"
+#include "engine/domain.hpp"
 #include "engine/weight_store.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
@@ -50,31 +52,40 @@ struct Result {
   std::string finish_reason, error;
 };
 
-/// Submits one request and waits for its end.
-Result complete(Service& svc, const std::string& id, const std::string& prompt, int max_tokens) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Result r;
+/// Submits one request; the future holds its result once it ended.
+/// `on_first` runs at its first event. Refusals throw here.
+std::future<Result> send(Service& svc, const std::string& id, const std::string& prompt, int max_tokens,
+                         std::function<void()> on_first = {}) {
+  struct State {
+    std::mutex mu;
+    Result r;
+    bool told = false;
+    std::promise<Result> done;
+  };
+  auto st = std::make_shared<State>();
   CompletionRequest req;
   req.id = id;
   req.prompt = prompt;
   req.max_tokens = max_tokens;
-  req.on_event = [&](const CompletionEvent& e) {
-    std::lock_guard lk(mu);
-    r.text += e.text;
-    r.domains.insert(e.domain_id);
+  req.on_event = [st, on_first = std::move(on_first)](const CompletionEvent& e) {
+    std::lock_guard lk(st->mu);
+    st->r.text += e.text;
+    st->r.domains.insert(e.domain_id);
+    if (!std::exchange(st->told, true) && on_first) on_first();
     if (e.finished) {
-      r.finish_reason = e.finish_reason;
-      r.error = e.error;
-      done = true;
-      cv.notify_all();
+      st->r.finish_reason = e.finish_reason;
+      st->r.error = e.error;
+      st->done.set_value(st->r);
     }
   };
+  auto fut = st->done.get_future();
   svc.submit(std::move(req));
-  std::unique_lock lk(mu);
-  cv.wait(lk, [&] { return done; });
-  return r;
+  return fut;
+}
+
+/// Submits one request and waits for its end.
+Result complete(Service& svc, const std::string& id, const std::string& prompt, int max_tokens) {
+  return send(svc, id, prompt, max_tokens).get();
 }
 
 /// The name of the error `fn` throws: a ControlError's name, "InputError: "
@@ -530,39 +541,147 @@ TEST_F(ShiftFixture, AfterAForcedDrainOfTheLastDomainAShiftBringsTheGearBack) {
   EXPECT_EQ(complete(svc, "back", "Zoo", 40).text, reference["Zoo"]);
 }
 
+namespace {
+
+/// The real engine with a pause before each step while `pause_ms` > 0: a
+/// request on it is certain to be in flight for pause_ms x its tokens.
+class PacedEngine final : public ftp::engine::Engine {
+ public:
+  PacedEngine(std::unique_ptr<ftp::engine::Engine> inner, std::shared_ptr<std::atomic<int>> pause_ms)
+      : inner_(std::move(inner)), pause_ms_(std::move(pause_ms)) {}
+  const ftp::model::HParams& hparams() const override { return inner_->hparams(); }
+  int block_tokens() const override { return inner_->block_tokens(); }
+  std::uint64_t kv_bytes() const override { return inner_->kv_bytes(); }
+  std::vector<std::vector<float>> forward(const std::vector<ftp::engine::SeqChunk>& c, int mb) override {
+    pause();
+    return inner_->forward(c, mb);
+  }
+  void recycle(std::vector<std::vector<float>>&& logits) override { inner_->recycle(std::move(logits)); }
+  std::vector<int> forward_choose(const std::vector<ftp::engine::SeqChunk>& c, int mb,
+                                  const std::vector<ftp::engine::TokenChoice>& choices) override {
+    pause();
+    return inner_->forward_choose(c, mb, choices);
+  }
+  const std::vector<double>& stage_busy_s() const override { return inner_->stage_busy_s(); }
+  void set_background() override { inner_->set_background(); }
+  std::string failure() const override { return inner_->failure(); }
+
+ private:
+  void pause() const {
+    if (int ms = pause_ms_->load(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+  std::unique_ptr<ftp::engine::Engine> inner_;
+  std::shared_ptr<std::atomic<int>> pause_ms_;
+};
+
+/// A service whose domains run PacedEngines over `store`, all paused by `pause_ms`.
+ServiceConfig paced(ServiceConfig c, const ftp::engine::WeightStore& store, std::shared_ptr<std::atomic<int>> pause_ms) {
+  c.engine_factory = [&store, pause_ms](const ftp::doc::Replica&, const ftp::engine::DomainConfig& dc) {
+    return std::make_unique<PacedEngine>(ftp::engine::Domain::real_engine(store)(dc), pause_ms);
+  };
+  return c;
+}
+
+/// Sends a request and returns its result's future once its first token came.
+std::future<Result> in_flight(Service& svc, const std::string& id, int max_tokens) {
+  auto first = std::make_shared<std::promise<void>>();
+  auto fut = send(svc, id, "Zoo", max_tokens, [first] { first->set_value(); });
+  first->get_future().wait();
+  return fut;
+}
+
+std::vector<std::string> states(const Service& svc) {
+  std::vector<std::string> out;
+  const auto st = svc.status();  // named: a range-for over a temporary's member would dangle
+  for (const auto& d : st["domains"]) out.push_back(d["state"].get<std::string>());
+  return out;
+}
+
+}  // namespace
+
+// A shift whose old domain is still busy when the drain timeout passes
+// returns (committed, the record says so); the old domain finishes its
+// request, takes no new ones, and the next shift retires it.
+TEST_F(ShiftFixture, AShiftReturnsAfterTheDrainTimeoutAndTheOldDomainRetiresLater) {
+  ftp::engine::WeightStore store(*model);
+  auto pause_ms = std::make_shared<std::atomic<int>>(0);
+  ServiceConfig c = paced(config(), store, pause_ms);
+  c.drain_timeout_ms = 50;
+  c.step_interval_ms = 0;
+  Service svc(*model, c);
+  svc.start();
+  pause_ms->store(20);  // 400 tokens: at least 8 s on the old domain
+  auto busy = in_flight(svc, "busy", 400);
+  Service::ShiftOptions o;
+  o.to = "standard";
+  std::vector<std::string> drain_msgs;
+  const auto ev = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) {
+    if (e.phase == "drain" || e.phase == "retire") drain_msgs.push_back(e.message);
+  });
+  EXPECT_EQ(ev.outcome, "committed");
+  ASSERT_EQ(drain_msgs.size(), 2u);
+  EXPECT_NE(drain_msgs[0].find("drain timed out"), std::string::npos) << drain_msgs[0];
+  EXPECT_NE(drain_msgs[1].find("still draining"), std::string::npos) << drain_msgs[1];
+  EXPECT_EQ(busy.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "the request ended too soon";
+  const auto during = states(svc);
+  EXPECT_EQ(std::count(during.begin(), during.end(), "draining"), 1) << svc.status()["domains"].dump();
+  // New requests go to the new domain meanwhile.
+  pause_ms->store(0);
+  const Result fresh = complete(svc, "fresh", "Zoo", 40);
+  EXPECT_EQ(fresh.text, reference["Zoo"]);
+  const Result old = busy.get();
+  EXPECT_EQ(old.finish_reason, "length") << old.error;
+  EXPECT_EQ(old.domains.size(), 1u);
+  EXPECT_NE(fresh.domains, old.domains);
+  // The next shift retires the old domain, now idle.
+  o.to = "economy";
+  EXPECT_EQ(svc.shift(o, nullptr).outcome, "committed");
+  EXPECT_EQ(states(svc), std::vector<std::string>{"serving"}) << svc.status()["domains"].dump();
+}
+
+// SIGTERM's drain waits drain_timeout_ms; a request still running then ends
+// with an error event that says why, and the service stops.
+TEST_F(ShiftFixture, StoppingAfterTheDrainTimeoutEndsTheRestWithAnError) {
+  ftp::engine::WeightStore store(*model);
+  auto pause_ms = std::make_shared<std::atomic<int>>(0);
+  ServiceConfig c = paced(config(), store, pause_ms);
+  c.drain_timeout_ms = 50;
+  Service svc(*model, c);
+  svc.start();
+  pause_ms->store(20);
+  auto busy = in_flight(svc, "busy", 400);
+  svc.drain_and_stop();
+  const Result r = busy.get();
+  EXPECT_EQ(r.finish_reason, "error");
+  EXPECT_NE(r.error.find("drain timeout of 50 ms"), std::string::npos) << r.error;
+  EXPECT_TRUE(states(svc).empty()) << svc.status()["domains"].dump();
+}
+
+// A drain that times out leaves the domain draining (named error); the
+// next drain or shift retires it once idle and frees its device.
 TEST_F(ShiftFixture, ADrainThatTimesOutIsRetiredOnceIdle) {
-  Service svc(*model, config());
+  ftp::engine::WeightStore store(*model);
+  auto pause_ms = std::make_shared<std::atomic<int>>(0);
+  Service svc(*model, paced(config(), store, pause_ms));
   svc.start();
   Service::ShiftOptions o;
   o.to = "replicated";
   ASSERT_EQ(svc.shift(o, nullptr).outcome, "committed");
   auto ids = svc.domains_on_devices({"vd3"});
   ASSERT_EQ(ids.size(), 1u);
-  // Keep the replica busy, then drain it with no time to wait.
-  std::vector<std::thread> clients;
-  for (int i = 0; i < 4; ++i)
-    clients.emplace_back([&, i] { complete(svc, "busy" + std::to_string(i), "Zoo", 40); });
-  std::string name;
-  for (int tries = 0; tries < 200 && name.empty(); ++tries) {
-    try {
-      svc.drain_domain(ids[0], false, 0, nullptr);
-      break;  // it was idle: nothing to test this time around
-    } catch (const ControlError& e) {
-      name = e.name();
-    }
-  }
-  for (auto& c : clients) c.join();
-  if (name.empty()) GTEST_SKIP() << "the replica was never busy when drained";
-  EXPECT_EQ(name, "ftp.DrainTimeout");
-  bool draining = false;
-  const auto st = svc.status();  // named: a range-for over a temporary's member would dangle
-  for (const auto& d : st["domains"]) draining |= d["state"] == "draining";
-  EXPECT_TRUE(draining) << st["domains"].dump();
+  // Requests alternate between the two replicas: one of two is on vd3's.
+  pause_ms->store(20);
+  auto a = in_flight(svc, "a", 400);
+  auto b = in_flight(svc, "b", 400);
+  EXPECT_EQ(refusal([&] { svc.drain_domain(ids[0], false, 0, nullptr); }), "ftp.DrainTimeout");
+  const auto during = states(svc);
+  EXPECT_EQ(std::count(during.begin(), during.end(), "draining"), 1) << svc.status()["domains"].dump();
+  pause_ms->store(0);
+  EXPECT_EQ(a.get().finish_reason, "length");
+  EXPECT_EQ(b.get().finish_reason, "length");
   // The next drain (or shift) retires it, now idle, and frees its device.
   auto others = svc.domains_on_devices({"vd2"});
   ASSERT_EQ(others.size(), 1u);
-  EXPECT_THROW(svc.drain_domain(others[0], false, 1000, nullptr), ControlError);  // the last serving one
-  const auto after = svc.status();
-  for (const auto& d : after["domains"]) EXPECT_NE(d["state"], "draining") << d.dump();
-  EXPECT_EQ(after["domains"].size(), 1u);
+  EXPECT_EQ(refusal([&] { svc.drain_domain(others[0], false, 1000, nullptr); }), "ftp.LastDomain");
+  EXPECT_EQ(states(svc), std::vector<std::string>{"serving"}) << svc.status()["domains"].dump();
 }

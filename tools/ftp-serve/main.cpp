@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
   app.add_option("--ramp", ramp, "Traffic shares of a shift's ramp (default 0.1,0.5,1.0)")->option_text("LIST");
   app.add_option("--step-interval-ms", d.service.step_interval_ms, "Wait at each ramp step (default 1000)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--drain-timeout-ms", d.service.drain_timeout_ms,
+                 "How long a shift, a rollback or SIGTERM waits for a draining domain's requests (default 600000): a "
+                 "shift then returns and the domain retires once idle; SIGTERM ends them with an error")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--auto", d.auto_loop, "Run the control loop inside: observations -> policy -> shifts");
   app.add_option("--policy", d.policy_path, "With --auto: policy config (ftp.policy/v1; default the built-in defaults)")
       ->option_text("FILE");
