@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "doc/gear_table.hpp"
 
@@ -75,6 +78,27 @@ void answer_error(ipc::Call& c, const std::exception& e) {
   }
 }
 
+/// Reads the integer parameter `name` into `out` (left as it is when
+/// absent). Answers invalid_params and returns false when it is outside
+/// [lo, hi]: the protocol's type check lets any integral number through,
+/// and an int would wrap.
+bool int_param(ipc::Call& c, const char* name, std::int64_t lo, std::int64_t hi, int& out) {
+  const Json& p = c.params();
+  if (!p.contains(name)) return true;
+  const Json& v = p[name];
+  const double d = v.is_number() ? v.get<double>() : 0.0;
+  if (!v.is_number() || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+    c.error(ipc::Errc::invalid_params, std::string(name) + ": must be an integer from " + std::to_string(lo) + " to " +
+                                           std::to_string(hi) + ", got " + v.dump(),
+            Json{{"param", name}});
+    return false;
+  }
+  out = static_cast<int>(d);
+  return true;
+}
+
+constexpr std::int64_t kDayMs = 86'400'000;
+
 }  // namespace
 
 std::vector<ipc::Method> ControlPlane::methods() {
@@ -102,18 +126,19 @@ std::vector<ipc::Method> ControlPlane::methods() {
          o.to = p.at("to").get<std::string>();
          try {
            if (p.contains("ramp")) o.ramp = p["ramp"].get<std::vector<double>>();
-           if (p.contains("step_interval_ms")) o.step_interval_ms = p["step_interval_ms"].get<int>();
          } catch (const std::exception& e) {
-           c.error(ipc::Errc::invalid_params, std::string("ramp/step_interval_ms: ") + e.what());
+           c.error(ipc::Errc::invalid_params, std::string("ramp: ") + e.what(), Json{{"param", "ramp"}});
            return;
          }
+         if (!int_param(c, "step_interval_ms", 0, kDayMs, o.step_interval_ms)) return;
          o.trigger = p.value("trigger", std::string("manual"));
          o.inject_fault = p.value("inject_fault", std::string());
-         for (double r : o.ramp)
-           if (!(r > 0 && r <= 1)) {
-             c.error(ipc::Errc::invalid_params, "ramp: every step must be in (0, 1]");
-             return;
-           }
+         try {
+           if (!o.ramp.empty()) check_ramp(o.ramp, "ramp");
+         } catch (const InputError& e) {
+           c.error(ipc::Errc::invalid_params, e.what(), Json{{"param", "ramp"}});
+           return;
+         }
          auto call = c.share();
          spawn([this, call, o] {
            try {
@@ -158,7 +183,8 @@ std::vector<ipc::Method> ControlPlane::methods() {
                    return;
                  }
                  bool force = p.value("force", false);
-                 int timeout = p.value("timeout_ms", 600000);
+                 int timeout = 600000;
+                 if (!int_param(c, "timeout_ms", 0, kDayMs, timeout)) return;
                  // All or nothing: refuse before draining any domain when
                  // none would be left serving.
                  if (!force && svc_.serving_domains_except(ids) == 0) {
@@ -185,8 +211,9 @@ std::vector<ipc::Method> ControlPlane::methods() {
                "{\"end\": true} after count observations",
                true,
                [this](ipc::Call& c) {
-                 int interval = std::max(50, c.params().value("interval_ms", 1000));
-                 int count = c.params().value("count", 0);
+                 int interval = 1000, count = 0;
+                 if (!int_param(c, "interval_ms", 50, kDayMs, interval)) return;
+                 if (!int_param(c, "count", 0, std::numeric_limits<int>::max(), count)) return;
                  auto call = c.share();
                  spawn([this, call, interval, count] {
                    for (int i = 0; count <= 0 || i < count; ++i) {

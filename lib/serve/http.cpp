@@ -295,6 +295,25 @@ bool const_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+/// cpp-httplib's thread pool, counting the connections that wait for a
+/// thread: stop() answers them before it closes the listening socket.
+class CountingPool final : public httplib::TaskQueue {
+ public:
+  CountingPool(std::size_t threads, std::atomic<int>& queued) : pool_(threads), queued_(queued) {}
+  void enqueue(std::function<void()> fn) override {
+    ++queued_;
+    pool_.enqueue([this, fn = std::move(fn)] {
+      --queued_;
+      fn();
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  httplib::ThreadPool pool_;
+  std::atomic<int>& queued_;
+};
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -305,6 +324,7 @@ struct HttpServer::Impl {
   httplib::Server svr;
   std::thread thread;
   std::atomic<bool> stopping{false};
+  std::atomic<int> queued{0};  // connections waiting for a thread (CountingPool)
   int port = 0;
   std::int64_t created = 0;
 
@@ -329,10 +349,12 @@ struct HttpServer::Impl {
 };
 
 void HttpServer::Impl::routes() {
-  if (opts.threads > 0) {
-    int n = opts.threads;
-    svr.new_task_queue = [n] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
-  }
+  const std::size_t n = opts.threads > 0 ? static_cast<std::size_t>(opts.threads) : CPPHTTPLIB_THREAD_POOL_COUNT;
+  svr.new_task_queue = [this, n] { return new CountingPool(n, queued); };
+  // A connection holds its thread while it is kept alive: an idle one lets
+  // the thread go after 1 s (cpp-httplib's default is 5 s), so that idle
+  // pooled connections do not keep new clients waiting for long.
+  svr.set_keep_alive_timeout(1);
   svr.set_payload_max_length(static_cast<std::size_t>(opts.max_body_bytes));
   // cpp-httplib's default also sets SO_REUSEPORT, which lets a second daemon
   // bind the same port and silently share its traffic: keep SO_REUSEADDR only.
@@ -390,7 +412,15 @@ void HttpServer::Impl::routes() {
   // limit on chunked bodies and a fixed 8 KiB one on form-encoded ones (the
   // type curl -d sends), while a completion body is JSON whatever the type.
   auto post = [this, too_large](bool chat) {
-    return [this, chat, too_large](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+    return [this, chat, too_large](const httplib::Request& req, httplib::Response& res,
+                                   const httplib::ContentReader& reader) {
+      if (req.is_multipart_form_data()) {
+        // httplib would hand the parts to a reader of its own.
+        ApiError e{400, "invalid_request_error", "", "invalid_body",
+                   "a multipart/form-data body is not a completion request: send JSON"};
+        refused("-", e);
+        return send_error(res, e);
+      }
       std::string body;
       bool over = false;
       std::size_t seen = 0;
@@ -665,9 +695,18 @@ void HttpServer::start() {
 
 int HttpServer::port() const { return impl_->port; }
 
+int HttpServer::queued_connections() const { return impl_->queued.load(); }
+
 void HttpServer::stop() {
   Impl& m = *impl_;
   if (!m.thread.joinable()) return;
+  // Connections accepted and waiting for a thread are answered first (a
+  // completion with 503: the service no longer accepts): once the listening
+  // socket closes, cpp-httplib would close them unanswered. Bounded: new
+  // connections may keep arriving.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (m.queued.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   m.stopping = true;
   m.svr.stop();
   m.thread.join();

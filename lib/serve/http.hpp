@@ -20,7 +20,8 @@
 //
 // Streams send "data: {json}\n\n" per event and "data: [DONE]\n\n" at the
 // end. A client that goes away mid-stream affects no other request: its
-// request runs to completion in its domain and its events are discarded.
+// request is cancelled (it leaves its domain's batch at the next step and
+// its KV pages return).
 
 #include <functional>
 #include <memory>
@@ -64,7 +65,10 @@ class HttpServer {
   void start();
   /// The bound port (the chosen one when options.port was 0); 0 before start().
   int port() const;
-  /// Stops accepting, ends open streams, waits for the server thread.
+  /// Connections accepted and waiting for a connection thread (all busy).
+  int queued_connections() const;
+  /// Answers the connections waiting for a thread (at most 10 s), then
+  /// stops accepting, ends open streams, waits for the server thread.
   /// Idempotent; the destructor calls it.
   void stop();
 

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "doc/control.hpp"
 #include "ipc/protocol.hpp"
+#include "serve/service.hpp"
 
 namespace ftp::serve {
 
@@ -43,13 +44,11 @@ std::vector<double> parse_ramp(const std::string& text) {
     } catch (...) {
       used = 0;
     }
-    if (used != part.size() || part.empty() || !(v > 0 && v <= 1))
-      throw InputError("--ramp: \"" + part + "\" is not a share in (0, 1]");
-    if (!out.empty() && v <= out.back()) throw InputError("--ramp: shares must increase, got " + text);
+    if (used != part.size() || part.empty()) throw InputError("--ramp: \"" + part + "\" is not a number");
     out.push_back(v);
     pos = end + 1;
   }
-  if (out.back() != 1.0) throw InputError("--ramp: the last share must be 1.0 (100 %), got " + text);
+  check_ramp(out, "--ramp");
   return out;
 }
 

@@ -59,7 +59,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
   if (!cfg_.gears.find(cfg_.start_gear))
     throw ControlError("ftp.NoSuchGear", "--start-gear: no gear \"" + cfg_.start_gear + "\" in the gear table",
                        Exit::usage);
-  if (cfg_.ramp.empty() || cfg_.ramp.back() != 1.0) throw InputError("ramp: the last step must be 1.0 (100 %)");
+  check_ramp(cfg_.ramp, "ramp");
   for (auto& h : hist_) h.counts.assign(kBoundsMs.size() + 1, 0);
   if (cfg_.engine_factory) return;  // no weights, no CPU virtual devices: the engine is someone else's
   // Fails here, before anything is served, where the backend cannot run
@@ -96,6 +96,21 @@ std::int64_t Service::now_ms() const { return now_us() / 1000; }
 std::string Service::current_gear() const {
   std::lock_guard lk(mu_);
   return gear_;
+}
+
+void check_ramp(const std::vector<double>& shares, const std::string& what) {
+  auto list = [&] {
+    std::string t;
+    for (double v : shares) t += (t.empty() ? "" : ",") + fmt(v);
+    return t;
+  };
+  if (shares.empty()) throw InputError(what + ": no shares; a ramp ends at 1.0 (100 %)");
+  for (std::size_t i = 0; i < shares.size(); ++i) {
+    if (!(shares[i] > 0 && shares[i] <= 1))
+      throw InputError(what + ": share " + fmt(shares[i]) + " is not in (0, 1]");
+    if (i > 0 && shares[i] <= shares[i - 1]) throw InputError(what + ": shares must increase, got " + list());
+  }
+  if (shares.back() != 1.0) throw InputError(what + ": the last share must be 1.0 (100 %), got " + list());
 }
 
 namespace {
@@ -478,7 +493,7 @@ doc::ShiftEvent Service::shift(const ShiftOptions& o, const ShiftProgress& progr
   if (from == o.to && serving_domains() > 0)
     throw ControlError("ftp.SameGear", "already in gear \"" + o.to + "\"", Exit::usage);
   std::vector<double> ramp = o.ramp.empty() ? cfg_.ramp : o.ramp;
-  if (ramp.empty() || ramp.back() != 1.0) throw InputError("ramp: the last step must be 1.0");
+  check_ramp(ramp, "ramp");
   int step_ms = o.step_interval_ms >= 0 ? o.step_interval_ms : cfg_.step_interval_ms;
 
   shifting_ = true;

@@ -58,6 +58,10 @@ class ControlError : public Error {
   std::string name_;
 };
 
+/// Checks a shift's ramp (new domains' traffic shares): each in (0, 1],
+/// increasing, the last 1.0. Throws InputError starting with `what`.
+void check_ramp(const std::vector<double>& shares, const std::string& what);
+
 /// What the daemon serves and how.
 struct ServiceConfig {
   std::string model_name;              ///< id in /v1/models

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <mutex>
 #include <sstream>
@@ -400,6 +401,73 @@ TEST_F(HttpTest, BadRequestsGetOpenAIErrors) {
   // The daemon keeps serving.
   EXPECT_EQ(post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 57}, {"temperature", 0}}).second["choices"][0]["text"],
             golden_zoo());
+}
+
+// httplib hands a multipart body to a reader of its own: refused as not
+// JSON, not a 500.
+TEST_F(HttpTest, MultipartBodyIsA400) {
+  auto c = client();
+  httplib::MultipartFormDataItems items = {{"prompt", "Hi", "", ""}};
+  auto r = c.Post("/v1/completions", items);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  expect_openai_error(Json::parse(r->body), "invalid_request_error", nullptr, "invalid_body");
+  // The server goes on serving.
+  auto [s, j] = post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 2}});
+  EXPECT_EQ(s, 200) << j.dump();
+}
+
+// With every connection thread busy, a request waits in the server's queue.
+// On a stop (SIGTERM: the service drains, then the server stops) it is
+// answered -- 503, the service no longer accepts -- not dropped unanswered.
+TEST_F(HttpTest, ARequestQueuedAtStopIsAnswered) {
+  Service svc(*model, config(*model));
+  svc.start();
+  HttpOptions o;
+  o.port = 0;
+  o.threads = 1;
+  HttpServer h(svc, o);
+  h.start();
+  auto inflight = [&] {
+    int n = 0;
+    const Json st = svc.status();  // named: a range-for over a temporary's member would dangle
+    for (const auto& d : st["domains"]) n += d["running"].get<int>() + d["waiting"].get<int>();
+    return n;
+  };
+  // A keeps its connection alive after its answer (as a pooling client
+  // does): its thread then waits on it for a next request.
+  int a_status = -1;
+  std::promise<void> stopped;
+  std::thread ta([&] {
+    httplib::Client ca("127.0.0.1", h.port());
+    ca.set_keep_alive(true);
+    ca.set_read_timeout(std::chrono::seconds(60));
+    auto r = ca.Post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 2000}}.dump(), "application/json");
+    a_status = r ? r->status : 0;
+    stopped.get_future().wait();
+  });
+  // A holds the only thread once its request is in a domain.
+  while (inflight() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  int b_status = -1;
+  std::string b_body;
+  std::thread tb([&] {
+    httplib::Client c("127.0.0.1", h.port());
+    c.set_read_timeout(std::chrono::seconds(60));
+    auto r = c.Post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 2}}.dump(), "application/json");
+    b_status = r ? r->status : 0;
+    if (r) b_body = r->body;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (h.queued_connections() == 0 && inflight() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(h.queued_connections(), 1) << "B was not queued behind A (A ended first?)";
+  svc.drain_and_stop();  // A runs to its end
+  h.stop();
+  stopped.set_value();
+  ta.join();
+  tb.join();
+  EXPECT_EQ(a_status, 200);
+  EXPECT_EQ(b_status, 503) << b_body;
 }
 
 TEST_F(HttpTest, ApiKey) {

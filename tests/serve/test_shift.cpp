@@ -3,6 +3,7 @@
 // request lost, every greedy completion equal to the static output, no
 // request served by two domains; rollback, refusals, drains.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,6 +24,8 @@
 #include "control/clock.hpp"
 #include "engine/domain.hpp"
 #include "engine/weight_store.hpp"
+#include "ipc/client.hpp"
+#include "serve/control.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
 #include "serve/service.hpp"
@@ -684,4 +687,43 @@ TEST_F(ShiftFixture, ADrainThatTimesOutIsRetiredOnceIdle) {
   ASSERT_EQ(others.size(), 1u);
   EXPECT_EQ(refusal([&] { svc.drain_domain(others[0], false, 1000, nullptr); }), "ftp.LastDomain");
   EXPECT_EQ(states(svc), std::vector<std::string>{"serving"}) << svc.status()["domains"].dump();
+}
+
+// The control socket range-checks integers (the protocol's type check lets
+// any integral number through) and checks a shift's ramp as ftp-shift
+// does: named errors, nothing started, and the daemon goes on.
+TEST_F(ShiftFixture, ControlParamsOutOfRangeAreInvalidParams) {
+  Service svc(*model, config());
+  svc.start();
+  ftp::ipc::ServerOptions so;
+  so.socket_path = (std::filesystem::temp_directory_path() / ("ftp-test-control-" + std::to_string(::getpid()))).string();
+  ControlPlane cp(svc, so, "");
+  cp.start();
+  ftp::ipc::Client cl(cp.socket_path());
+  auto err = [&](const std::string& method, const ftp::json::Json& params) {
+    try {
+      cl.stream(method, params, [](const ftp::json::Json&) { return true; }, std::chrono::seconds(30));
+    } catch (const ftp::ipc::RpcError& e) {
+      return e.name() + " " + e.data().value("param", std::string()) + ": " + e.message();
+    }
+    return std::string("<none>");
+  };
+  using ftp::json::Json;
+  EXPECT_EQ(err("watch", Json{{"interval_ms", 4294967396.0}, {"count", 3}}),
+            "ftp.InvalidParams interval_ms: interval_ms: must be an integer from 50 to 86400000, got 4294967396.0");
+  EXPECT_EQ(err("watch", Json{{"interval_ms", 10}}),
+            "ftp.InvalidParams interval_ms: interval_ms: must be an integer from 50 to 86400000, got 10");
+  EXPECT_EQ(err("watch", Json{{"count", -1}}), "ftp.InvalidParams count: count: must be an integer from 0 to 2147483647, got -1");
+  EXPECT_EQ(err("drain", Json{{"domain", "d0"}, {"timeout_ms", -5}, {"force", true}}),
+            "ftp.InvalidParams timeout_ms: timeout_ms: must be an integer from 0 to 86400000, got -5");
+  EXPECT_EQ(err("shift", Json{{"to", "standard"}, {"step_interval_ms", 1e12}}),
+            "ftp.InvalidParams step_interval_ms: step_interval_ms: must be an integer from 0 to 86400000, got 1000000000000.0");
+  EXPECT_EQ(err("shift", Json{{"to", "standard"}, {"ramp", Json::array({0.9, 0.2, 1.0})}}),
+            "ftp.InvalidParams ramp: ramp: shares must increase, got 0.9,0.2,1");
+  EXPECT_EQ(err("shift", Json{{"to", "standard"}, {"ramp", Json::array({0.5})}}),
+            "ftp.InvalidParams ramp: ramp: the last share must be 1.0 (100 %), got 0.5");
+  EXPECT_TRUE(svc.records().empty()) << svc.records().dump();
+  EXPECT_EQ(err("watch", Json{{"count", 1}}), "<none>");
+  EXPECT_EQ(err("shift", Json{{"to", "standard"}, {"ramp", Json::array({0.5, 1.0})}, {"step_interval_ms", 0}}), "<none>");
+  cp.stop();
 }

@@ -21,6 +21,10 @@ complete() {  # PROMPT MAX_TOKENS
 check "gear outside the virtual devices: exit 2" test $rc -eq 2
 check "gear outside the virtual devices: path" grep -qF 'gears[3].replicas[0].stages[0].devices[2]: unknown device "vd2"' "$tmp/err"
 
+"$serve" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --ramp 0.5,0.2,1.0 --port 0 2>"$tmp/err"; rc=$?
+check "--ramp that does not increase: exit 2" test $rc -eq 2
+check "--ramp that does not increase: named" grep -qF -- '--ramp: shares must increase, got 0.5,0.2,1' "$tmp/err"
+
 start_daemon 100
 golden=$(tail -c +4 "$data/models/stories260K/golden_greedy_t0_prompt_Zoo_steps60.txt")
 check "completion: golden text" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"

@@ -10,6 +10,7 @@
 #include "model/model.hpp"
 #include "serve/daemon.hpp"
 #include "serve/generate.hpp"
+#include "serve/remote.hpp"
 #include "topology/probe.hpp"
 
 int main(int argc, char** argv) {
@@ -117,18 +118,7 @@ int main(int argc, char** argv) {
       throw ftp::InputError("--backend " + d.service.backend + ": only the real engine has a backend (--engine " +
                             d.engine + ")");
     if (!have_prompt) {
-      if (!ramp.empty()) {
-        d.service.ramp.clear();
-        for (std::size_t pos = 0; pos <= ramp.size();) {
-          std::size_t end = std::min(ramp.find(',', pos), ramp.size());
-          try {
-            d.service.ramp.push_back(std::stod(ramp.substr(pos, end - pos)));
-          } catch (...) {
-            throw ftp::InputError("--ramp: expected shares like 0.1,0.5,1.0, got \"" + ramp + "\"");
-          }
-          pos = end + 1;
-        }
-      }
+      if (!ramp.empty()) d.service.ramp = ftp::serve::parse_ramp(ramp);
       if (d.engine == "sim" && d.topology_path.empty()) {
         // No described cluster: the simulated engine runs at this machine's measured speeds.
         ftp::topology::ProbeOptions po;
