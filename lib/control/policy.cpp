@@ -68,8 +68,22 @@ class Section {
 void check(bool ok, const std::string& path, const std::string& why, double got) {
   if (!ok) throw InputError(path + ": " + why + ", got " + num(got));
 }
-void positive(const std::string& path, double v) { check(std::isfinite(v) && v > 0, path, "must be positive", v); }
-void nonneg(const std::string& path, double v) { check(std::isfinite(v) && v >= 0, path, "must not be negative", v); }
+/// Durations (keys ending in "_s") become int64 milliseconds: past about
+/// 9e15 s the conversion is undefined (in practice INT64_MIN, "at once"),
+/// so none may exceed a billion seconds (31 years: "never" enough).
+constexpr double kMaxSeconds = 1e9;
+void bounded(const std::string& path, double v) {
+  if (path.size() > 2 && path.compare(path.size() - 2, 2, "_s") == 0)
+    check(v <= kMaxSeconds, path, "must be at most 1e9 s", v);
+}
+void positive(const std::string& path, double v) {
+  check(std::isfinite(v) && v > 0, path, "must be positive", v);
+  bounded(path, v);
+}
+void nonneg(const std::string& path, double v) {
+  check(std::isfinite(v) && v >= 0, path, "must not be negative", v);
+  bounded(path, v);
+}
 void ratio(const std::string& path, double v) { check(v > 0 && v <= 1, path, "must be a ratio in (0, 1]", v); }
 
 const std::vector<std::string> kLatencyMetrics = {"ttft", "tpot", "e2e"};
@@ -255,10 +269,12 @@ void validate(const PolicyConfig& c) {
   positive("rollback.window_s", c.rollback.window_s);
   check(c.rollback.watch_s >= c.rollback.window_s, "rollback.watch_s",
         "must be at least window_s (" + num(c.rollback.window_s) + ")", c.rollback.watch_s);
+  positive("rollback.watch_s", c.rollback.watch_s);
   positive("rollback.baseline_window_s", c.rollback.baseline_window_s);
 
   const auto& t = c.tp_planner;
   positive("tp_planner.loop_ms", t.loop_ms);
+  check(t.loop_ms <= kMaxSeconds * 1000, "tp_planner.loop_ms", "must be at most 1e12 ms", t.loop_ms);
   ratio("tp_planner.alpha", t.alpha);
   ratio("tp_planner.target_utilization", t.target_utilization);
   check(t.scale_down_utilization > 0 && t.scale_down_utilization < t.target_utilization,
@@ -313,6 +329,17 @@ std::vector<int> normal_gears(const doc::GearTable& t) {
   return v;
 }
 
+/// The ladder from the smallest safe capacity to the largest, as the
+/// tracker has them now (measured capacities need not follow the table's
+/// order, and they change as they are refreshed); ties keep table order.
+std::vector<int> by_safe_capacity(std::vector<int> ladder, const doc::GearTable& t, const CapacityTracker& cap) {
+  std::stable_sort(ladder.begin(), ladder.end(), [&](int a, int b) {
+    return cap.capacity(t.gears[static_cast<std::size_t>(a)].name).safe_rps <
+           cap.capacity(t.gears[static_cast<std::size_t>(b)].name).safe_rps;
+  });
+  return ladder;
+}
+
 int gear_index(const doc::GearTable& t, const doc::Observation& o) {
   int i = t.index_of(o.gear);
   if (i < 0) {
@@ -356,9 +383,10 @@ GearShifter::GearShifter(const doc::GearTable& table, const PolicyConfig& config
 
 int GearShifter::target_for(double forecast) const {
   const auto& gs = config_.gear_shifter;
-  for (int i : ladder_)
+  const std::vector<int> ranked = by_safe_capacity(ladder_, table_, capacity_);
+  for (int i : ranked)
     if (forecast <= gs.up_threshold * capacity_.capacity(table_.gears[i].name).safe_rps) return i;
-  return ladder_.back();
+  return ranked.back();
 }
 
 double GearShifter::baseline_p99() const {
@@ -488,7 +516,10 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     for (const auto& s : sig)
       if (s.agrees && s.name != "kv_watermark" && s.name != "p99_regression_ms") ++agree;  // load signals only
   }
-  if (dir < 0 && !in_guard && cur == ladder_.front()) {
+  const std::vector<int> ranked = by_safe_capacity(ladder_, table_, capacity_);
+  // Up and down by safe capacity, not by place in the table.
+  auto rank = [&](int i) { return static_cast<int>(std::find(ranked.begin(), ranked.end(), i) - ranked.begin()); };
+  if (dir < 0 && !in_guard && cur == ranked.front()) {
     confirm_dir_ = confirm_count_ = 0;
     return hold(o, name(), "forecast " + num(forecast) + " req/s below the band of " + o.gear +
                                ", already the smallest gear", sig);
@@ -527,7 +558,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   // Down: the smaller gear must also carry the rate seen now (after a step
   // drop the forecast's level undershoots it for a while).
   int target = target_for(dir < 0 ? std::max(forecast, o.request_rate) : forecast);
-  if ((dir > 0 && target <= cur) || (dir == -1 && target >= cur)) {
+  if ((dir > 0 && rank(target) <= rank(cur)) || (dir == -1 && rank(target) >= rank(cur))) {
     // Resolve by position on the ladder: one step further than the fit says is never taken.
     return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits forecast " +
                                num(forecast) + " req/s", sig);
@@ -687,8 +718,9 @@ doc::Decision NaiveThreshold::observe(const doc::Observation& o) {
   std::vector<doc::Signal> sig{{"request_rate", o.request_rate,
                                 config_.threshold * capacity_.capacity(o.gear).safe_rps, false}};
   if (o.shifting) return hold(o, name(), "shift in progress", sig);
-  int target = ladder_.back();
-  for (int i : ladder_)
+  const std::vector<int> ranked = by_safe_capacity(ladder_, table_, capacity_);
+  int target = ranked.back();
+  for (int i : ranked)
     if (o.request_rate <= config_.threshold * capacity_.capacity(table_.gears[i].name).safe_rps) {
       target = i;
       break;

@@ -179,7 +179,7 @@ class GearShifter final : public Policy {
   Predictor predictor_;
   RollbackMonitor rollback_;
   std::mt19937_64 rng_;
-  std::vector<int> ladder_;        ///< indices of the normal gears, in table order
+  std::vector<int> ladder_;        ///< indices of the normal gears, in table order (ranked by safe capacity when used)
   int guard_ = -1;                 ///< index of the memory-guard gear
   std::optional<Pending> pending_;
   std::string last_gear_, rollback_to_;

@@ -2,6 +2,7 @@
 #include "control/predictor.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ftp::control {
 
@@ -25,6 +26,14 @@ void Predictor::observe(std::int64_t t_ms, double rate) {
     double prev = level_;
     level_ = std::max(0.0, a * rate + (1 - a) * (level_ + trend_ * dt));  // a rate is never negative
     trend_ = a * (level_ - prev) / dt + (1 - a) * trend_;
+  }
+  if (!std::isfinite(level_) || !std::isfinite(trend_)) {
+    // An extreme rate over a short step overflowed the trend (inf - inf is
+    // NaN, and max(0, NaN) is 0): start over from this observation rather
+    // than forecast NaN for ever.
+    level_ = std::isfinite(rate) ? std::max(0.0, rate) : 0.0;
+    trend_ = 0;
+    peaks_.clear();
   }
   ++n_;
   last_t_ms_ = t_ms;

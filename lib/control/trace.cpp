@@ -114,7 +114,8 @@ Pattern parse_pattern(std::string_view spec) {
   if (p.kind != Pattern::constant) {
     auto at = rest.find('@');
     if (at == std::string_view::npos) return fail("no '@SECONDS'");
-    if (!parse_num(rest.substr(at + 1), p.period_s) || !(p.period_s > 0)) return fail("period must be a number > 0");
+    if (!parse_num(rest.substr(at + 1), p.period_s) || !(p.period_s > 0) || !std::isfinite(p.period_s))
+      return fail("period must be a finite number > 0");
     rest = rest.substr(0, at);
   }
   while (true) {

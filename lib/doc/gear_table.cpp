@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "doc/gear_table.hpp"
 
+#include <cstdint>
+#include <limits>
 #include <set>
 
 #include "core/error.hpp"
@@ -59,7 +61,9 @@ Capacity capacity_from_node(const Node& n) {
   Capacity c;
   c.gear = n.str_or("gear", "");
   c.max_rps = n.positive("max_rps", true);
-  c.safe_rps = n.has("safe_rps") ? n.positive("safe_rps", true) : 0.8 * c.max_rps;
+  // Absent: 0, "not given": the policy's capacity.safe_fraction applies
+  // (control::CapacityTracker), not a fraction fixed here.
+  c.safe_rps = n.has("safe_rps") ? n.positive("safe_rps", true) : 0;
   c.max_tokens_s = n.has("max_tokens_s") ? n.positive("max_tokens_s", true) : 0;
   c.safe_tokens_s = n.has("safe_tokens_s") ? n.positive("safe_tokens_s", true) : 0.8 * c.max_tokens_s;
   c.source = n.one_of("source", {"estimate", "bench", "live"});
@@ -147,10 +151,13 @@ GearTable gear_table_from_json(const Json& j) {
         Node layers = sn.at("layers");
         auto lr = layers.items();
         if (lr.size() != 2) layers.fail("expected [first, end) as two integers, got " + std::to_string(lr.size()) + " values");
-        s.first_layer = static_cast<int>(lr[0].integer());
-        int end = static_cast<int>(lr[1].integer());
-        if (s.first_layer < 0 || end <= s.first_layer)
-          layers.fail("expected 0 <= first < end, got [" + std::to_string(s.first_layer) + ", " + std::to_string(end) + "]");
+        // In 64 bits first: a bound past INT_MAX must not wrap into range.
+        const std::int64_t first = lr[0].integer(), last = lr[1].integer();
+        if (first < 0 || last <= first || last > std::numeric_limits<int>::max())
+          layers.fail("expected 0 <= first < end <= " + std::to_string(std::numeric_limits<int>::max()) + ", got [" +
+                      std::to_string(first) + ", " + std::to_string(last) + "]");
+        s.first_layer = static_cast<int>(first);
+        const int end = static_cast<int>(last);
         s.n_layers = end - s.first_layer;
         for (const auto& d : sn.at("devices").items()) s.devices.push_back(d.str());
         r.stages.push_back(std::move(s));

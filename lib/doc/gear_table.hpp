@@ -26,7 +26,7 @@ struct ModelShape {
 struct Capacity {
   std::string gear;             ///< gear name; empty when embedded in a gear
   double max_rps = 0;           ///< requests/s at the throughput knee
-  double safe_rps = 0;          ///< requests/s the controller plans with
+  double safe_rps = 0;          ///< requests/s the controller plans with; 0: not given (its safe_fraction of max)
   double max_tokens_s = 0;      ///< output tokens/s at max_rps
   double safe_tokens_s = 0;
   std::string source;           ///< "estimate" | "bench" | "live"

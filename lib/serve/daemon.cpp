@@ -147,9 +147,33 @@ int run_daemon(DaemonOptions o) {
       throw InputError((o.gears_path.empty() ? std::string("--gear") : o.gears_path) + ": " + e.what());
     }
   }
-  if (o.virtual_devices > 0) {
-    const doc::Topology vt = virtual_topology(o.virtual_devices);
-    o.service.reload_check = [vt](const doc::GearTable& t) { doc::validate_against(t, vt); };
+  // --auto: the policy and its config first, so that a table it cannot run
+  // on stops the daemon before it serves, with the file named.
+  control::PolicyConfig pc;
+  std::shared_ptr<const doc::GearTable> table;
+  std::shared_ptr<control::Policy> policy;
+  if (o.auto_loop) {
+    if (!o.policy_path.empty())
+      pc = json::parse_file(o.policy_path, [](const json::Json& j) { return control::policy_config_from_json(j); });
+    // The policy reads the table it is made with: keep it alive beside it.
+    table = std::make_shared<const doc::GearTable>(o.service.gears);
+    try {
+      policy = std::shared_ptr<control::Policy>(control::make_policy(o.policy_name, *table, pc));
+    } catch (const std::exception& e) {
+      json::rethrow_with_source(o.gears_path.empty() ? std::string("--gear") : o.gears_path, e);
+    }
+  }
+  {
+    std::optional<doc::Topology> vt;
+    if (o.virtual_devices > 0) vt = virtual_topology(o.virtual_devices);
+    // A reloaded table must fit the virtual devices and, with --auto, be
+    // one the policy can run on: else the reload is refused and the
+    // daemon goes on with the table it has.
+    if (vt || o.auto_loop)
+      o.service.reload_check = [vt, auto_loop = o.auto_loop, name = o.policy_name, pc](const doc::GearTable& t) {
+        if (vt) doc::validate_against(t, *vt);
+        if (auto_loop) control::make_policy(name, t, pc);
+      };
   }
   Service svc(model, o.service);
   svc.start();
@@ -173,12 +197,6 @@ int run_daemon(DaemonOptions o) {
   std::atomic<bool> stop_loop{false};
   std::thread loop;
   if (o.auto_loop) {
-    control::PolicyConfig pc;
-    if (!o.policy_path.empty())
-      pc = json::parse_file(o.policy_path, [](const json::Json& j) { return control::policy_config_from_json(j); });
-    // The policy reads the table it is made with: keep it alive beside it.
-    auto table = std::make_shared<const doc::GearTable>(svc.gear_table());
-    auto policy = std::shared_ptr<control::Policy>(control::make_policy(o.policy_name, *table, pc));
     std::uint64_t table_seen = svc.gear_table_generation();
     log("auto: policy " + o.policy_name + ", an observation every " + std::to_string(o.observe_interval_ms) + " ms");
     loop = std::thread([&, table, policy, table_seen, pc]() mutable {
@@ -189,12 +207,14 @@ int run_daemon(DaemonOptions o) {
         if (stop_loop) break;
         try {
           if (const auto gen = svc.gear_table_generation(); gen != table_seen) {
-            // A reloaded table: the policy starts over on it (its windows
-            // and dwell with it), and a decision for the old one is dropped.
+            // A reloaded table (reload_check made a policy on it already):
+            // the policy starts over on it (its windows and dwell with it),
+            // and a decision for the old one is dropped. Seen either way:
+            // were it to fail here, the old policy goes on, logged once.
+            table_seen = gen;
             auto next_table = std::make_shared<const doc::GearTable>(svc.gear_table());
             policy = std::shared_ptr<control::Policy>(control::make_policy(o.policy_name, *next_table, pc));
             table = std::move(next_table);  // after the policy that read the old one has gone
-            table_seen = gen;
             pending.reset();
             log("auto: gear table reloaded; the policy starts over on it");
           }

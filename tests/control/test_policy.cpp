@@ -4,6 +4,7 @@
 // policy config.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -559,6 +560,9 @@ TEST(PolicyConfig, ValidationErrorsNameThePath) {
             "kind: expected \"ftp.policy/v1\", got \"ftp.gear-table/v1\"");
   EXPECT_CONTAINS(error_of([] { make_policy("bogus", ftp::test::sample_gears(), PolicyConfig{}); }),
                   "must be one of gear-shifter, tp-planner, naive");
+  // Durations become int64 milliseconds: a billion seconds at most.
+  EXPECT_EQ(err({{"gear_shifter", {{"min_dwell_s", 1e18}}}}), "gear_shifter.min_dwell_s: must be at most 1e9 s, got 1e+18");
+  EXPECT_EQ(err({{"rollback", {{"watch_s", 1e300}}}}), "rollback.watch_s: must be at most 1e9 s, got 1e+300");
 }
 
 // --------------------------------------------------------- review findings
@@ -641,4 +645,52 @@ TEST(TpPlanner, ADecidedShiftIsNotRepeatedWhileItIsCarriedOut) {
   for (double s = 60.5; s <= 125 && d.action == "hold"; s += 0.5) d = p.observe(tp_obs(s, "economy", 25));
   EXPECT_EQ(d.action, "shift");
   EXPECT_EQ(d.to, "performance");
+}
+
+// Measured capacities need not follow the table's order: up and down are by
+// safe capacity, so an up-shift never goes to a gear that holds less.
+TEST(GearShifter, UpAndDownFollowSafeCapacityNotTableOrder) {
+  Shifter s;
+  // performance (third in the table) now holds less than standard.
+  ftp::doc::Capacity m;
+  m.max_rps = 400;
+  m.source = "bench";
+  s.table.gears[2].measured = m;  // safe 320 < standard's 480
+  s.p = std::make_unique<GearShifter>(s.table, s.config);
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 380));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "standard") << d.reason;  // 380 > 0.85 x 320: performance would not hold it
+  // On performance, more load is an up-shift to standard, the larger.
+  Shifter p;
+  p.table = s.table;
+  p.p = std::make_unique<GearShifter>(p.table, p.config);
+  for (int t = 0; t <= 20; t += 10) d = p(busy(t, "performance", 380));
+  EXPECT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "standard") << d.reason;
+}
+
+// A table without safe_rps plans with the policy's capacity.safe_fraction.
+TEST(Capacity, SafeFractionAppliesWhereTheTableGivesNoSafeRate) {
+  const Json j = Json::parse(R"({"kind": "ftp.capacity/v1", "gear": "g", "max_rps": 100, "source": "bench"})");
+  const ftp::doc::Capacity c = ftp::doc::capacity_from_json(j);
+  EXPECT_EQ(c.safe_rps, 0);
+  auto t = ftp::test::sample_gears();
+  t.gears[0].estimated = c;
+  CapacityConfig cc;
+  cc.safe_fraction = 0.5;
+  CapacityTracker tr(t, cc);
+  EXPECT_DOUBLE_EQ(tr.capacity("economy").safe_rps, 50);
+  EXPECT_DOUBLE_EQ(tr.capacity("standard").safe_rps, 0.8 * 600);  // given in the table: kept
+}
+
+// An extreme rate over a 1 ms step overflows the trend; the predictor
+// starts over instead of forecasting NaN for ever.
+TEST(Predictor, AnOverflowingStepStartsOver) {
+  Predictor p(PredictorConfig{0.3, 60, 0});
+  p.observe(0, 5);
+  p.observe(1, 1e306);
+  for (int t = 1; t <= 40; ++t) p.observe(t * 10000, 500);
+  EXPECT_TRUE(std::isfinite(p.forecast(60)));
+  EXPECT_GT(p.forecast(60), 400);
 }

@@ -144,6 +144,9 @@ TEST(Synthetic, PatternsAndErrors) {
             "--rate-pattern: rate \"x\" is not a number >= 0 in \"steps:1,x@5\" (expected const:R, steps:R1,R2,...@SECONDS "
             "or day:MIN,MAX@PERIOD_S)");
   EXPECT_EQ(error_of([] { synthesize({.pattern = "const:5"}); }), "--duration: a const rate pattern needs a duration");
+  // An infinite period would never end a simulation.
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "period must be a finite number > 0",
+                      error_of([] { pattern_rate("day:1,2@inf", 0); }));
 }
 
 TEST(Synthetic, RatesFollowThePatternAndSeedIsDeterministic) {

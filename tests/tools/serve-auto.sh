@@ -39,8 +39,11 @@ run_burst() {  # SECONDS
   done
 }
 
-# 1. ftp-serve --auto
-start_daemon --auto --policy "$policy" --observe-interval-ms 200
+# 1. ftp-serve --auto (on a copy of the table, replaced below)
+live=$tmp/gears.json
+cp "$gears" "$live"
+start_daemon_with "$tools/ftp-serve" "$tmp/serve.log" -m "$m" --gears "$live" --max-running 2 --step-interval-ms 50 \
+  --auto --policy "$policy" --observe-interval-ms 200
 run_burst 8
 check "auto: up-shift during the burst" wait_gear standard 8
 wait "${burst[@]}" 2>/dev/null; burst=()
@@ -49,6 +52,12 @@ check "auto: log shows the policy's decisions" grep -q "auto: decision shift eco
 kill -HUP $daemon
 for _ in $(seq 1 30); do grep -q "auto: gear table reloaded" "$tmp/serve.log" && break; sleep 0.1; done
 check "auto: SIGHUP reloads the table, the policy starts over on it" grep -q "auto: gear table reloaded" "$tmp/serve.log"
+# A table the policy cannot run on (no capacities) is refused; the loop goes on.
+cp "$src/examples/gears/stories260K-cpu.json" "$live"
+kill -HUP $daemon
+for _ in $(seq 1 30); do grep -q "SIGHUP: reload refused" "$tmp/serve.log" && break; sleep 0.1; done
+check "auto: a table without capacities is refused at reload" grep -q "SIGHUP: reload refused.*no measured or estimated capacity" "$tmp/serve.log"
+check "auto: the daemon still answers" test "$(gear_now)" = economy
 kill -TERM $daemon; wait $daemon; rc=$?; daemon=
 check "auto: exit 0 after SIGTERM" test $rc -eq 0
 

@@ -121,7 +121,7 @@ TEST(GearTable, RoundTripIgnoresUnknownFields) {
   EXPECT_EQ(t.gears[1].weight_mode, "release");
   EXPECT_EQ(t.gears[2].replicas[1].stages[1].first_layer, 2);
   EXPECT_EQ(t.gears[2].replicas[1].stages[1].n_layers, 3);
-  EXPECT_DOUBLE_EQ(t.gears[0].estimated->safe_rps, 8.0);  // safe defaults to 0.8 x max
+  EXPECT_DOUBLE_EQ(t.gears[0].estimated->safe_rps, 0.0);  // absent: 0, the policy's safe_fraction applies
   EXPECT_EQ(t.index_of("performance"), 2);
   Json out = to_json(t);
   EXPECT_FALSE(out["gears"][2].contains("future_field"));
@@ -132,6 +132,12 @@ TEST(GearTable, RoundTripIgnoresUnknownFields) {
 TEST(GearTable, ValidationNamesPath) {
   Json j = sample_gear_table_json();
   Json bad = j;
+  // A layer bound past INT_MAX does not wrap into range (4294967301 = 2^32 + 5).
+  bad["gears"][0]["replicas"][0]["stages"][0]["layers"] = Json::array({0, 4294967301LL});
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring,
+                      "gears[0].replicas[0].stages[0].layers: expected 0 <= first < end <= 2147483647, got [0, 4294967301]",
+                      error_of([&] { gear_table_from_json(bad); }));
+  bad = j;
   bad["gears"][2]["tp"] = 3;
   // n_heads = 8 is checked first: 3 does not divide it.
   EXPECT_EQ(error_of([&] { gear_table_from_json(bad); }), "gears[2].tp: must divide n_heads (8), got 3");
