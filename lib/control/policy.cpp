@@ -72,6 +72,8 @@ void check(bool ok, const std::string& path, const std::string& why, double got)
 /// 9e15 s the conversion is undefined (in practice INT64_MIN, "at once"),
 /// so none may exceed a billion seconds (31 years: "never" enough).
 constexpr double kMaxSeconds = 1e9;
+/// The longest hold-off after rollbacks from a gear: a day.
+constexpr double kMaxBackoffS = 86400;
 void bounded(const std::string& path, double v) {
   if (path.size() > 2 && path.compare(path.size() - 2, 2, "_s") == 0)
     check(v <= kMaxSeconds, path, "must be at most 1e9 s", v);
@@ -499,12 +501,22 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     auto v = rollback_.observe(o);
     sig.push_back({"p99_regression_ms", o.e2e_ms.p99, config_.rollback.p99_factor * rollback_.baseline_ms(),
                    o.e2e_ms.p99 > config_.rollback.p99_factor * rollback_.baseline_ms()});
-    if (v == RollbackMonitor::Verdict::rollback && table_.index_of(rollback_to_) >= 0 && rollback_to_ != o.gear)
+    if (v == RollbackMonitor::Verdict::committed) backoff_.erase(o.gear);  // it held: a later shift to it is new
+    if (v == RollbackMonitor::Verdict::rollback && table_.index_of(rollback_to_) >= 0 && rollback_to_ != o.gear) {
+      // The same load would lead back to this gear after the dwell: hold
+      // off a load-driven shift to it for twice the longer of the dwell and
+      // the rollback window, doubling with each rollback from it in a row.
+      Backoff& b = backoff_[o.gear];
+      b.rollbacks = std::min(b.rollbacks + 1, 20);
+      const double base_s = std::max(gs.min_dwell_s, config_.rollback.window_s);
+      const double wait_s = std::min(kMaxBackoffS, base_s * std::ldexp(1.0, b.rollbacks));
+      b.not_before_ms = o.t_ms + static_cast<std::int64_t>(wait_s * 1000);
       return shift(o, rollback_to_,
                    "rollback: E2E P99 " + num(o.e2e_ms.p99) + " ms > " + num(config_.rollback.p99_factor) +
                        " x pre-shift baseline " + num(rollback_.baseline_ms()) + " ms for " +
                        num(config_.rollback.window_s) + " s",
                    sig, false, false);
+    }
   }
 
   // 4. Load.
@@ -563,6 +575,12 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits forecast " +
                                num(forecast) + " req/s", sig);
   }
+  if (auto b = backoff_.find(table_.gears[target].name); b != backoff_.end() && o.t_ms < b->second.not_before_ms)
+    return hold(o, name(), std::string(what) + ": " + table_.gears[target].name + " was rolled back from " +
+                               std::to_string(b->second.rollbacks) + " time(s) in a row; held off for " +
+                               secs(b->second.not_before_ms - o.t_ms) + " more",
+                sig);
+
   std::string reason = std::string(what) + ": forecast " + num(forecast) + " req/s " +
                        (dir > 0 ? "> " + num(gs.up_threshold) : dir == -1 ? "< " + num(gs.down_threshold) : "vs") +
                        " x safe " + num(safe) + " of " + o.gear + ", " + std::to_string(agree) +

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -183,6 +184,13 @@ class GearShifter final : public Policy {
   int guard_ = -1;                 ///< index of the memory-guard gear
   std::optional<Pending> pending_;
   std::string last_gear_, rollback_to_;
+  /// Gears rolled back from: a load-driven shift to one waits until
+  /// not_before_ms (twice the dwell, doubling per rollback in a row).
+  struct Backoff {
+    int rollbacks = 0;
+    std::int64_t not_before_ms = 0;
+  };
+  std::map<std::string, Backoff> backoff_;
   std::optional<std::int64_t> last_shift_ms_;
   int confirm_dir_ = 0, confirm_count_ = 0;
   std::int64_t confirm_t_ms_ = 0;

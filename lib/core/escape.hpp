@@ -23,4 +23,24 @@ inline std::string backslash_escape(std::string_view v) {
   return out;
 }
 
+/// Text read from a file, fit for a one-line error message: control bytes
+/// (newline, escape, ...) and DEL written \xNN, at most `max` bytes kept
+/// ("..." after a longer one). Bytes of 0x80 and above stay (UTF-8).
+inline std::string printable(std::string_view v, std::size_t max = 200) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < v.size() && i < max; ++i) {
+    const auto c = static_cast<unsigned char>(v[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (v.size() > max) out += "...";
+  return out;
+}
+
 }  // namespace ftp

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "core/escape.hpp"
 
 namespace ftp::model {
 
@@ -125,12 +126,7 @@ class Cursor {
   const std::string& name_;
 };
 
-std::string quoted(std::string_view s) {
-  std::string out = "'";
-  out.append(s.substr(0, 200));
-  if (s.size() > 200) out += "...";
-  return out + "'";
-}
+std::string quoted(std::string_view s) { return "'" + printable(s) + "'"; }
 
 }  // namespace
 
@@ -290,7 +286,9 @@ void GgufFile::parse_all() {
     throw InputError(path_ + ": truncated file: tensor count " + std::to_string(n_tensors) +
                      " cannot fit in " + std::to_string(size_) + " bytes");
 
-  kvs_.reserve(static_cast<std::size_t>(n_kv));
+  // Counts come from the file: reserve a little, let a real one grow (a
+  // corrupt count would otherwise ask for several times the file's size).
+  kvs_.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n_kv, 4096)));
   for (std::uint64_t i = 0; i < n_kv; ++i) {
     std::string what = "metadata key #" + std::to_string(i);
     GgufKV kv;
@@ -323,7 +321,7 @@ void GgufFile::parse_all() {
     alignment_ = static_cast<std::size_t>(v);
   }
 
-  tensors_.reserve(static_cast<std::size_t>(n_tensors));
+  tensors_.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n_tensors, 4096)));
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     std::string what = "tensor info #" + std::to_string(i);
     GgufTensorInfo ti;
@@ -480,7 +478,7 @@ std::vector<std::string> GgufFile::get_string_array(std::string_view key) const 
     fail_key(key, std::string("expected an array of strings, got ") + gguf_type_name(kv.type) +
                       (kv.type == GgufType::array ? std::string(" of ") + gguf_type_name(kv.elem_type) : ""));
   std::vector<std::string> out;
-  out.reserve(static_cast<std::size_t>(kv.count));
+  out.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(kv.count, 1u << 20)));
   std::size_t off = kv.offset;  // bounds were checked by the parse
   for (std::uint64_t i = 0; i < kv.count; ++i) {
     auto len = static_cast<std::size_t>(load<std::uint64_t>(base_ + off));

@@ -185,7 +185,9 @@ TokenizerData parse_llama2c_tokenizer(const void* data, std::size_t size, int n_
 TokenizerData load_llama2c_tokenizer(const std::string& path, int n_vocab) {
   std::size_t size = 0;
   auto map = map_file(path, size);
-  return parse_llama2c_tokenizer(map.get(), size, n_vocab, path);
+  TokenizerData d = parse_llama2c_tokenizer(map.get(), size, n_vocab, path);
+  check_tokenizer(d, path);
+  return d;
 }
 
 Model load_llama2c(const std::string& path, const std::string& tokenizer_path) {

@@ -3,13 +3,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <cstring>
 #include <limits>
+#include <new>
+#include <optional>
 
 #include "core/error.hpp"
+#include "core/escape.hpp"
 #include "model/gguf.hpp"
 #include "model/llama2c.hpp"
+#include "model/tokenizer.hpp"
 
 namespace ftp::model {
 
@@ -230,7 +233,7 @@ Model model_from_gguf(const GgufFile& f) {
   // Mistral and similar models are written with architecture "llama"; other
   // architectures differ in layout or math and are refused by name.
   if (h.arch != "llama")
-    f.fail_key("general.architecture", "unsupported architecture '" + h.arch + "' (supported: llama)");
+    f.fail_key("general.architecture", "unsupported architecture '" + printable(h.arch) + "' (supported: llama)");
   const std::string a = h.arch + ".";
   h.name = f.get_string_or("general.name", "");
   h.n_ctx_train = hp_int(f, a + "context_length", std::nullopt);
@@ -265,6 +268,7 @@ Model model_from_gguf(const GgufFile& f) {
   h.rope_theta = static_cast<float>(theta);
 
   m.tokenizer = tokenizer_from_gguf(f);
+  check_tokenizer(m.tokenizer, f.path());
 
   const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
   if (!emb) throw InputError(f.path() + ": tensor 'token_embd.weight': missing");
@@ -315,7 +319,26 @@ bool has_gguf_magic(const std::shared_ptr<const void>& map, std::size_t size) {
 
 }  // namespace
 
+void check_tokenizer(const TokenizerData& data, const std::string& source) {
+  try {
+    (void)Tokenizer::from(data);
+  } catch (const InputError& e) {
+    throw InputError(source + ": " + e.what());
+  }
+}
+
+static Model load_model_unchecked(const std::string& path, const std::string& tokenizer_path);
+
 Model load_model(const std::string& path, const std::string& tokenizer_path) {
+  try {
+    return load_model_unchecked(path, tokenizer_path);
+  } catch (const std::bad_alloc&) {
+    // A count or size in the file too large to hold: a corrupt file, named.
+    throw InputError(path + ": out of memory while reading it (a corrupt count or size?)");
+  }
+}
+
+static Model load_model_unchecked(const std::string& path, const std::string& tokenizer_path) {
   std::size_t size = 0;
   auto map = map_file(path, size);
   if (has_gguf_magic(map, size)) {

@@ -133,6 +133,11 @@ class Model {
 /// mismatch with the metadata.
 Model load_model(const std::string& path, const std::string& tokenizer_path = "");
 
+/// Checks that a tokenizer can be built from `data` (Tokenizer::from): the
+/// loaders call it so that a bad vocabulary is refused with the file named
+/// (`source`: "PATH: tokenizer: ..."), as the model's other errors are.
+void check_tokenizer(const TokenizerData& data, const std::string& source);
+
 /// Reads only the tokenizer data: of a GGUF file (a full model or a
 /// vocab-only GGUF, whatever its architecture), or of a llama2.c
 /// tokenizer.bin (told apart by the GGUF magic; all its tokens up to the end

@@ -6,6 +6,7 @@
 #include <queue>
 
 #include "core/error.hpp"
+#include "core/escape.hpp"
 
 namespace ftp::model {
 
@@ -65,10 +66,14 @@ Tokenizer Tokenizer::from(const TokenizerData& d) {
   else if (d.model == "gpt2") t.kind_ = Kind::bpe;
   else if (d.model == "llama2c") t.kind_ = Kind::llama2c;
   else
-    throw InputError("tokenizer: unsupported tokenizer model '" + d.model +
+    throw InputError("tokenizer: unsupported tokenizer model '" + printable(d.model) +
                      "' (supported: llama, gpt2, llama2c)");
   if (d.tokens.empty()) throw InputError("tokenizer: the vocabulary is empty");
   const std::size_t n = d.tokens.size();
+  // run.c's byte fallback: byte b is token b + 3, so ids 3..258 must exist.
+  if (t.kind_ == Kind::llama2c && n < 259)
+    throw InputError("tokenizer: a llama2.c vocabulary holds the 256 byte tokens at ids 3..258; this one has " +
+                     std::to_string(n) + " tokens");
   if (!d.scores.empty() && d.scores.size() != n)
     throw InputError("tokenizer: " + std::to_string(d.scores.size()) + " scores for " +
                      std::to_string(n) + " tokens");
@@ -76,7 +81,7 @@ Tokenizer Tokenizer::from(const TokenizerData& d) {
     throw InputError("tokenizer: " + std::to_string(d.types.size()) + " token types for " +
                      std::to_string(n) + " tokens");
   if (t.kind_ == Kind::bpe && !unicode::pre_style_from_name(d.pre, t.pre_))
-    throw InputError("tokenizer: unsupported pre-tokenizer '" + d.pre + "'");
+    throw InputError("tokenizer: unsupported pre-tokenizer '" + printable(d.pre) + "'");
 
   t.tokens_.resize(n);
   t.ids_.reserve(n * 2);
@@ -406,7 +411,10 @@ void Tokenizer::encode_llama2c(std::string_view text, std::vector<int>& out) con
     if (id >= 0) {
       out.push_back(id);
     } else {
-      for (const char b : buf) out.push_back(static_cast<unsigned char>(b) + 3);
+      for (const char b : buf) {
+        const int id = static_cast<unsigned char>(b) + 3;  // run.c's byte tokens (from() checked they exist)
+        out.push_back(id < static_cast<int>(tokens_.size()) ? id : std::max(unk_, 0));
+      }
     }
     buf.clear();
   }
@@ -468,7 +476,11 @@ std::string Tokenizer::decode(const std::vector<int>& ids, bool remove_special, 
     int prev = -1;
     for (const int id : ids) {
       std::string p = token_to_piece(id, unparse_special);
-      if (prev == bos_ && bos_ >= 0 && !p.empty() && p[0] == ' ') p.erase(0, 1);
+      // run.c tests the vocabulary's string, not the piece: a byte token
+      // <0x20> after BOS keeps its space.
+      const bool text_space = id >= 0 && id < static_cast<int>(tokens_.size()) && !tokens_[static_cast<std::size_t>(id)].text.empty() &&
+                              tokens_[static_cast<std::size_t>(id)].text[0] == ' ';
+      if (prev == bos_ && bos_ >= 0 && text_space && !p.empty() && p[0] == ' ') p.erase(0, 1);
       out += p;
       prev = id;
     }

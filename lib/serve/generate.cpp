@@ -143,14 +143,20 @@ std::string generate_once(const model::Model& model, const GenerateOptions& o,
   if (o.max_tokens < 1) throw InputError("--max-tokens: must be positive, got " + std::to_string(o.max_tokens));
   model::Tokenizer tok = model::Tokenizer::from(model.tokenizer);
   std::vector<int> prompt = tok.encode(o.prompt, true);
-  if (prompt.empty()) prompt.push_back(tok.bos());
+  if (prompt.empty()) {
+    if (tok.bos() < 0) throw InputError("--prompt '': the model's vocabulary has no BOS token; give a prompt");
+    prompt.push_back(tok.bos());
+  }
   engine::WeightStore store(model);
   engine::DomainConfig cfg;
   cfg.id = "oneshot";
   cfg.stages = even_stages(model.hparams.n_layer, o.gear.tp, o.gear.pp);
   cfg.micro_batches = 1;
   cfg.backend = &engine::backend_named(o.backend);
-  int positions = std::min<int>(static_cast<int>(prompt.size()) + o.max_tokens, model.hparams.n_ctx_train);
+  // What the request holds at its peak (engine::Domain::submit), summed in
+  // 64 bits: -n may be as large as an int goes.
+  const int positions = static_cast<int>(std::min<std::int64_t>(
+      static_cast<std::int64_t>(prompt.size()) + o.max_tokens - 1, model.hparams.n_ctx_train - 1));
   cfg.kv_blocks = (positions + cfg.block_tokens - 1) / cfg.block_tokens;
   engine::Domain domain(store, cfg);
 

@@ -341,7 +341,12 @@ std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int pro
 void Service::submit(CompletionRequest r) {
   if (!accepting_) throw RequestError(503, "unavailable_error", "", "the service is draining and accepts no new requests");
   std::vector<int> prompt = r.prompt_tokens.empty() ? tok_.encode(r.prompt, true) : r.prompt_tokens;
-  if (prompt.empty()) prompt.push_back(tok_.bos());
+  if (prompt.empty()) {
+    if (tok_.bos() < 0)
+      throw RequestError(400, "invalid_request_error", "prompt",
+                         "the prompt is empty and the model's vocabulary has no BOS token to start from");
+    prompt.push_back(tok_.bos());
+  }
   const int ctx = context_length();
   const int max_prompt = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, ctx - 1) : ctx - 1;
   const int n = static_cast<int>(prompt.size());

@@ -338,6 +338,18 @@ TEST(GearShifter, RollbackAfterItsWindow) {
   EXPECT_EQ(d.to, "economy");
   EXPECT_CONTAINS(d.reason, "rollback: E2E P99 3500 ms > 1.5 x pre-shift baseline 2000 ms for 180 s");
   EXPECT_TRUE(signal(d, "p99_regression_ms")->agrees);
+  // The same load does not lead straight back to the gear that was rolled
+  // back from: a load-driven shift to it waits twice the dwell (600 s,
+  // until t = 820), then goes ahead.
+  s(obs(230, "economy", 300));  // the rollback done
+  for (int t = 540; t < 820; t += 10) {
+    d = s(busy(t, "economy", 300));
+    ASSERT_EQ(d.action, "hold") << "t=" << t << ": " << d.reason;
+  }
+  EXPECT_CONTAINS(d.reason, "standard was rolled back from 1 time(s) in a row; held off for 10 s more");
+  for (int t = 820; t <= 840 && d.action == "hold"; t += 10) d = s(busy(t, "economy", 300));
+  EXPECT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "standard");
 }
 
 TEST(RollbackMonitor, NeedsTheWholeWindowWithoutABreak) {

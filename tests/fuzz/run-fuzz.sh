@@ -40,7 +40,9 @@ fi
 
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -I"$src/lib")
-libsrc=("$src/lib/model/gguf.cpp" "$src/lib/model/llama2c.cpp" "$src/lib/model/model.cpp")
+libsrc=("$src/lib/model/gguf.cpp" "$src/lib/model/llama2c.cpp" "$src/lib/model/model.cpp" "$src/lib/model/tokenizer.cpp"
+        "$src/lib/model/unicode.cpp")
+libs=(-licuuc)  # the tokenizer's Unicode classes (ICU, as in the meson build)
 
 # Seed corpora from the real files.
 mkdir -p "$tmp/seed_gguf" "$tmp/seed_llama2c"
@@ -66,7 +68,7 @@ status=0
 for target in fuzz_gguf fuzz_llama2c; do
   exe=$work/fuzz/$target
   echo "== $target: building"
-  if ! "$CXX" "${flags[@]}" "$src/tests/fuzz/$target.cpp" "${libsrc[@]}" -o "$exe"; then
+  if ! "$CXX" "${flags[@]}" "$src/tests/fuzz/$target.cpp" "${libsrc[@]}" "${libs[@]}" -o "$exe"; then
     echo "FAIL: $target does not build"
     status=1
     continue

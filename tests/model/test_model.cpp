@@ -653,6 +653,33 @@ TEST_F(Damaged, UnsupportedArchitecture) {
   b.set_u32("general.architecture", 7);
   m = load_error("arch.gguf", b.bytes());
   EXPECT_HAS(m, "expected a string, got uint32");
+  // Bytes from the file stay on one line: control bytes are written \xNN.
+  b.set_string("general.architecture", "gpt\nINFO: ok\x1b[2J");
+  m = load_error("arch.gguf", b.bytes());
+  EXPECT_HAS(m, "unsupported architecture 'gpt\\x0aINFO: ok\\x1b[2J'");
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+}
+
+// A vocabulary the tokenizer cannot use is refused at load, with the file
+// named, as the model's other errors are (not later, by whoever builds the
+// tokenizer, without a path).
+TEST_F(Damaged, UnusableVocabularyNamesTheFile) {
+  GgufBuilder b = GgufBuilder::from(GgufFile::parse(gguf.data(), gguf.size(), "x"));
+  b.set_string("tokenizer.ggml.model", "bert");
+  std::string m = load_error("tok.gguf", b.bytes());
+  EXPECT_HAS(m, "tok.gguf: tokenizer: unsupported tokenizer model 'bert'");
+  // llama2.c: byte b is token b + 3 (run.c), so fewer than 259 tokens cannot
+  // encode every byte; tok512.bin cut to its first 100 tokens.
+  const std::string tokbin = read_bytes(stories("tok512.bin"));
+  std::size_t off = 4;  // max_token_length, then (score, length, bytes) per token
+  for (int i = 0; i < 100; ++i) {
+    std::int32_t len = 0;
+    std::memcpy(&len, tokbin.data() + off + 4, 4);
+    off += 8 + static_cast<std::size_t>(len);
+  }
+  const std::string small = tmp.write("tok100.bin", tokbin.substr(0, off));
+  m = error_of([&] { load_llama2c_tokenizer(small, 100); });
+  EXPECT_HAS(m, "tok100.bin: tokenizer: a llama2.c vocabulary holds the 256 byte tokens at ids 3..258; this one has 100");
 }
 
 TEST_F(Damaged, ShapeMismatch) {

@@ -225,6 +225,11 @@ TEST(Tokenizer, Llama2cGolden) {
   const std::vector<int> e = tok.encode("\xE4\xB8\x96", false);
   EXPECT_EQ(e, (std::vector<int>{410, 0xE4 + 3, 0xB8 + 3, 0x96 + 3}));
   EXPECT_EQ(tok.decode(e), " \xE4\xB8\x96");
+  // run.c drops a leading space after BOS only from a piece whose vocabulary
+  // string starts with one: the byte token <0x20> (id 35) keeps it.
+  EXPECT_EQ(tok.decode({1, 35}), " ");
+  EXPECT_EQ(tok.decode({1, 35, 35}), "  ");
+  EXPECT_EQ(tok.decode({1, 410}), "");  // " " itself (id 410) does lose it
 }
 
 // run.c's encode(), literally (quadratic), as a reference for the heap-based

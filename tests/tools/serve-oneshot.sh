@@ -33,6 +33,9 @@ done
 check "sampling: same seed, same text across gears" cmp "$tmp/s1" "$tmp/s2"
 "$serve" -m "$m/stories260K.bin" -p '' -n 256 --stop 'Lily' >"$tmp/stop"
 check "stop string: text ends before it" test "$(cat "$tmp/stop")" = "Once upon a time, there was a little girl named "
+"$serve" -m "$m/stories260K.gguf" -p '' -n 2147483647 >"$tmp/long" 2>"$tmp/err"
+check "-n 2147483647: generates to the end of the context, exit 0" test $? -eq 0
+check "-n 2147483647: starts as the golden" cmp -n 200 "$tmp/long" "$m/golden_greedy_t0_steps256.txt"
 "$serve" -m "$m/stories260K.bin" -p '' -n 10 --json=short >"$tmp/json"
 check "--json: a completion document" jq -e '.kind=="ftp.completion/v1" and (.text|length)>0' "$tmp/json"
 
