@@ -90,7 +90,7 @@ struct RunSummary {
   double total_token_throughput = 0;  ///< (prompt + output tokens) / duration_s
   double goodput = 0;           ///< good requests / duration_s, req/s
   double slo_attainment = 0;    ///< good / requests
-  double keep_up = 0;           ///< request_throughput / (requests / last arrival)
+  double keep_up = 0;           ///< completed / requests x min(1, (last arrival + median E2E) / duration)
   bool sustainable = false;
   Stats ttft_ms, tpot_ms, itl_ms, e2e_ms;
 };

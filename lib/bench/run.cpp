@@ -35,8 +35,9 @@ Report run_bench(const BenchSpec& spec, std::int64_t t_ms, const std::function<v
       a.seed = spec.arrivals.seed + i;
       for (double at : arrival_times(rate, a, spec.requests, spec.duration_s))
         plan.push_back({at, spec.prompt_tokens, spec.output_tokens});
-    } else if (plan.back().at_s > 0) {
-      rate = plan.size() / plan.back().at_s;
+    } else if (plan.size() > 1 && plan.back().at_s > plan.front().at_s) {
+      // N arrivals span N - 1 gaps.
+      rate = static_cast<double>(plan.size() - 1) / (plan.back().at_s - plan.front().at_s);
     }
     char line[160];
     std::snprintf(line, sizeof line, "rate %g req/s: %zu requests", rate, plan.size());

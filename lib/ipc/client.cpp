@@ -142,7 +142,7 @@ std::optional<Json> Client::read_message(std::optional<std::chrono::milliseconds
   if (!line) return std::nullopt;
   try {
     return Json::parse(*line);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number past a double
     lost(std::string("malformed message from the daemon: ") + e.what());
   }
 }

@@ -454,6 +454,14 @@ struct Server::Impl {
       if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
       reject(c, nullptr, Errc::parse_error, "malformed JSON: " + what, Json{{"byte", e.byte}});
       return;
+    } catch (const Json::exception& e) {
+      // Valid syntax the parser still refuses (a number past a double:
+      // out_of_range.406): the same answer. Nothing may escape into the
+      // event loop's callback, which would end the process.
+      std::string what = e.what();
+      if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+      reject(c, nullptr, Errc::parse_error, "malformed JSON: " + what);
+      return;
     }
     if (msg.is_array()) {
       reject(c, nullptr, Errc::invalid_request, "batch requests are not supported: send one request per line");
@@ -601,10 +609,22 @@ struct Server::Impl {
     if (!hard) {
       auto* req = new uv_shutdown_t;
       req->data = c;
-      if (uv_shutdown(req, reinterpret_cast<uv_stream_t*>(&c->pipe), on_shutdown) == 0) return;
+      if (uv_shutdown(req, reinterpret_cast<uv_stream_t*>(&c->pipe), on_shutdown) == 0) {
+        // The shutdown completes once the queued writes are out: a client
+        // that never reads would hold its socket and those bytes for ever,
+        // outside the connection limit. It gets shutdown_grace, then is cut.
+        uv_timer_start(&c->idle, on_close_grace, static_cast<std::uint64_t>(opt.shutdown_grace.count()), 0);
+        return;
+      }
       delete req;
     }
     close_handles(c);
+  }
+
+  static void on_close_grace(uv_timer_t* t) {
+    auto* c = static_cast<Conn*>(t->data);
+    c->impl->log(LogLevel::debug, "conn=" + std::to_string(c->id) + ": closing without its last messages (not read)");
+    c->impl->close_handles(c);
   }
 
   static void on_shutdown(uv_shutdown_t* req, int) {

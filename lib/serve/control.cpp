@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 
 #include "doc/gear_table.hpp"
@@ -168,7 +169,8 @@ std::vector<ipc::Method> ControlPlane::methods() {
                      if (!p["devices"][i].is_string()) {
                        c.error(ipc::Errc::invalid_params, "devices[" + std::to_string(i) +
                                                               "]: expected a device id string, got " +
-                                                              p["devices"][i].type_name());
+                                                              p["devices"][i].type_name(),
+                               Json{{"param", "devices"}});
                        return;
                      }
                      devices.push_back(p["devices"][i].get<std::string>());
@@ -184,7 +186,8 @@ std::vector<ipc::Method> ControlPlane::methods() {
                  }
                  bool force = p.value("force", false);
                  int timeout = 600000;
-                 if (!int_param(c, "timeout_ms", 0, kDayMs, timeout)) return;
+                 // ftp-drain's --timeout goes to 2000000 s.
+                 if (!int_param(c, "timeout_ms", 0, 2'000'000'000, timeout)) return;
                  // All or nothing: refuse before draining any domain when
                  // none would be left serving.
                  if (!force && svc_.serving_domains_except(ids) == 0) {
@@ -236,17 +239,33 @@ std::vector<ipc::Method> ControlPlane::methods() {
                            "the daemon runs a --gear layout, not a gear table file: give path");
                    return;
                  }
-                 try {
-                   auto table = json::parse_file(path, [](const Json& j) { return doc::gear_table_from_json(j); });
-                   svc_.reload(table);
-                   Json names = Json::array();
-                   for (const auto& g : table.gears) names.push_back(g.name);
-                   c.reply(Json{{"gears", names}, {"current", svc_.current_gear()}});
-                 } catch (const ControlError& e) {
-                   answer_error(c, e);
-                 } catch (const std::exception& e) {
-                   c.error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable", e.what());
+                 // A regular file of sane size only: a FIFO, /dev/zero or "-"
+                 // (stdin) would block or fill the daemon.
+                 std::error_code ec;
+                 const auto st = std::filesystem::status(path, ec);
+                 const bool regular = !ec && std::filesystem::is_regular_file(st);
+                 const auto size = regular ? std::filesystem::file_size(path, ec) : 0;
+                 if (!regular || ec || size > (64u << 20)) {
+                   c.error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable",
+                           path + ": " + (!regular ? "not a regular file" : "over 64 MiB, not a gear table"),
+                           Json{{"param", "path"}});
+                   return;
                  }
+                 // Read and applied off the event loop, which must never block.
+                 auto call = c.share();
+                 spawn([this, call, path] {
+                   try {
+                     auto table = json::parse_file(path, [](const Json& j) { return doc::gear_table_from_json(j); });
+                     svc_.reload(table);
+                     Json names = Json::array();
+                     for (const auto& g : table.gears) names.push_back(g.name);
+                     call->reply(Json{{"gears", names}, {"current", svc_.current_gear()}});
+                   } catch (const ControlError& e) {
+                     answer_error(*call, e);
+                   } catch (const std::exception& e) {
+                     call->error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable", e.what());
+                   }
+                 });
                }});
   return m;
 }

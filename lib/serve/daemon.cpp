@@ -164,7 +164,10 @@ int run_daemon(DaemonOptions o) {
     }
   }
   {
+    // The topology a reloaded table is checked against, as the first was:
+    // the simulated engine's, or the CPU virtual devices.
     std::optional<doc::Topology> vt;
+    if (simulated) vt = topo;
     if (o.virtual_devices > 0) vt = virtual_topology(o.virtual_devices);
     // A reloaded table must fit the virtual devices and, with --auto, be
     // one the policy can run on: else the reload is refused and the

@@ -64,11 +64,15 @@ std::vector<std::string> parse_device_list(const std::string& text) {
       while (digits > 0 && std::isdigit(static_cast<unsigned char>(part[digits - 1]))) --digits;
       std::string prefix = part.substr(0, digits);
       try {
-        int a = std::stoi(part.substr(digits, dash - digits)), b = std::stoi(part.substr(dash + 1));
-        if (a > b) throw std::out_of_range("");
+        // The whole of each bound is a number, and a range names at most
+        // 65536 devices (no cluster has more in one drain).
+        const std::string lo = part.substr(digits, dash - digits), hi = part.substr(dash + 1);
+        std::size_t used_lo = 0, used_hi = 0;
+        const int a = std::stoi(lo, &used_lo), b = std::stoi(hi, &used_hi);
+        if (used_lo != lo.size() || used_hi != hi.size() || a > b || b - a >= 65536) throw std::out_of_range("");
         for (int i = a; i <= b; ++i) out.push_back(prefix + std::to_string(i));
       } catch (...) {
-        throw InputError("--devices: \"" + part + "\" is not a range like vd4-7");
+        throw InputError("--devices: \"" + part + "\" is not a range like vd4-7 (at most 65536 devices)");
       }
     } else if (!part.empty()) {
       out.push_back(part);
@@ -131,6 +135,10 @@ int execute_decisions(ipc::Client& client, std::istream& in, const ShiftRequest&
     ShiftRequest r = defaults;
     r.to = d.to;
     r.trigger = "policy:" + d.policy;
+    // A fresh connection for each shift: between decisions (holds, often
+    // minutes of them) the daemon closes an idle one (ftp.IdleTimeout).
+    client.close();
+    client.connect();
     try {
       Json done = remote_shift(client, r, on_event);
       on_done(done);

@@ -89,6 +89,11 @@ plan::Calibration read_calibration(const std::string& path) {
       if (positive ? !(out > 0) : out < 0)
         throw InputError(std::string(key) + ": must be " + (positive ? "positive" : "non-negative") + ", got " +
                          std::to_string(out));
+      // Efficiencies are shares of a peak and overheads seconds per layer
+      // or row: far outside these, a step's time overflows the clock.
+      if (positive ? (out < 1e-6 || out > 1e3) : out > 1.0)
+        throw InputError(std::string(key) + ": " + std::to_string(out) + " is out of range (" +
+                         (positive ? "1e-6 to 1000" : "0 to 1 s") + ")");
     };
     num("compute_efficiency", c.compute_efficiency, true);
     num("attention_efficiency", c.attention_efficiency, true);

@@ -345,6 +345,15 @@ TEST_F(Ipc, MalformedJsonGetsParseErrorAndConnectionKeepsServing) {
   ASSERT_TRUE(m);
   EXPECT_EQ((*m)["error"]["data"]["name"], "ftp.InvalidRequest");
 
+  // Valid syntax the parser refuses (a number past a double): a parse
+  // error too, not an exception out of the event loop (which ended the
+  // process).
+  c.send_raw("{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"add\",\"params\":{\"x\":1e400}}\n");
+  m = c.read_message(10s);
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)["error"]["code"], -32700);
+  EXPECT_EQ((*m)["error"]["data"]["name"], "ftp.ParseError");
+
   // A notification (no id) gets no answer: the next line answers id 7.
   c.send_raw("\n{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"value\":1}}\r\n"
              "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"echo\",\"params\":{\"value\":2}}\n");
@@ -542,6 +551,27 @@ TEST_F(Ipc, IdleTimeout) {
   // A call in progress keeps the connection alive past the idle timeout.
   Client busy(path_);
   EXPECT_EQ(busy.call("slow", {{"ms", 800}}, 30s)["slept"], true);
+}
+
+// A client that never reads: its idle connection's close waits for the
+// queued answers to go out, so it is cut after shutdown_grace instead of
+// holding its socket (and the bytes) for ever.
+TEST_F(Ipc, AnIdleClientThatNeverReadsIsCutAfterTheGrace) {
+  auto o = options();
+  o.idle_timeout = 200ms;
+  o.shutdown_grace = 100ms;
+  start(o);
+  auto fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{});
+  };
+  const auto before = fds();
+  Client c(path_);
+  EXPECT_TRUE(eventually([&] { return fds() == before + 2; }));  // the client's socket and the server's
+  // Far more answer bytes than the socket buffers hold, never read.
+  const std::string big(16 * 1024, 'x');
+  for (int i = 0; i < 400; ++i) c.send_request("echo", {{"value", big}});
+  // Idle timeout, graceful close, the grace: only the client's socket is left.
+  EXPECT_TRUE(eventually([&] { return fds() == before + 1; })) << fds() - before << " fds left";
 }
 
 TEST_F(Ipc, MaxConnections) {

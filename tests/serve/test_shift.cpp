@@ -28,6 +28,7 @@
 #include "serve/control.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
+#include "serve/remote.hpp"
 #include "serve/service.hpp"
 #include "test_data.hpp"
 
@@ -715,13 +716,22 @@ TEST_F(ShiftFixture, ControlParamsOutOfRangeAreInvalidParams) {
             "ftp.InvalidParams interval_ms: interval_ms: must be an integer from 50 to 86400000, got 10");
   EXPECT_EQ(err("watch", Json{{"count", -1}}), "ftp.InvalidParams count: count: must be an integer from 0 to 2147483647, got -1");
   EXPECT_EQ(err("drain", Json{{"domain", "d0"}, {"timeout_ms", -5}, {"force", true}}),
-            "ftp.InvalidParams timeout_ms: timeout_ms: must be an integer from 0 to 86400000, got -5");
+            "ftp.InvalidParams timeout_ms: timeout_ms: must be an integer from 0 to 2000000000, got -5");
   EXPECT_EQ(err("shift", Json{{"to", "standard"}, {"step_interval_ms", 1e12}}),
             "ftp.InvalidParams step_interval_ms: step_interval_ms: must be an integer from 0 to 86400000, got 1000000000000.0");
   EXPECT_EQ(err("shift", Json{{"to", "standard"}, {"ramp", Json::array({0.9, 0.2, 1.0})}}),
             "ftp.InvalidParams ramp: ramp: shares must increase, got 0.9,0.2,1");
   EXPECT_EQ(err("shift", Json{{"to", "standard"}, {"ramp", Json::array({0.5})}}),
             "ftp.InvalidParams ramp: ramp: the last share must be 1.0 (100 %), got 0.5");
+  // reload reads a regular file only: a FIFO or /dev/zero would block the
+  // socket's thread or fill the daemon.
+  // ftp-drain --devices: each bound wholly a number, a bounded range.
+  EXPECT_THROW(ftp::serve::parse_device_list("vd0-1x"), ftp::InputError);
+  EXPECT_THROW(ftp::serve::parse_device_list("vd0-2000000000"), ftp::InputError);
+  EXPECT_EQ(ftp::serve::parse_device_list("vd4-6,gpu1"), (std::vector<std::string>{"vd4", "vd5", "vd6", "gpu1"}));
+  EXPECT_EQ(err("reload", Json{{"path", "/dev/zero"}}), "ftp.InvalidGearTable path: /dev/zero: not a regular file");
+  EXPECT_EQ(err("drain", Json{{"devices", Json::array({1})}}),
+            "ftp.InvalidParams devices: devices[0]: expected a device id string, got number");
   EXPECT_TRUE(svc.records().empty()) << svc.records().dump();
   EXPECT_EQ(err("watch", Json{{"count", 1}}), "<none>");
   EXPECT_EQ(err("shift", Json{{"to", "standard"}, {"ramp", Json::array({0.5, 1.0})}, {"step_interval_ms", 0}}), "<none>");

@@ -332,6 +332,15 @@ TEST(SimServing, EngineNameAndCalibrationErrorsAreNamed) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("memory_efficiency: must be positive"), std::string::npos) << e.what();
   }
+  // Far outside the plausible, a step's time would overflow the clock.
+  std::ofstream(path, std::ios::trunc) << R"({"kind": "ftp.sim-calibration/v1", "layer_overhead_s": 1e300})";
+  try {
+    sim::read_calibration(path);
+    FAIL() << "no error for an overhead of 1e300 s";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_overhead_s:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("out of range (0 to 1 s)"), std::string::npos) << e.what();
+  }
   std::filesystem::remove(path);
 }
 

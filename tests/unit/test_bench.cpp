@@ -81,7 +81,7 @@ TEST(Bench, SummaryThroughputAndGoodput) {
   EXPECT_DOUBLE_EQ(r.total_token_throughput, 30);
   EXPECT_DOUBLE_EQ(r.goodput, 1.0);  // two meet TTFT <= 50
   EXPECT_DOUBLE_EQ(r.slo_attainment, 0.5);
-  EXPECT_DOUBLE_EQ(r.keep_up, 0.75);  // 1.5 achieved / (4 sent / 2 s)
+  EXPECT_DOUBLE_EQ(r.keep_up, 0.75);  // 3 of 4 finished, on time: 2 s last arrival + 0.2 s median E2E >= 2 s
   EXPECT_FALSE(r.sustainable);
   EXPECT_EQ(r.itl_ms.n, 3);
   EXPECT_LE(r.goodput, r.request_throughput);
@@ -90,21 +90,43 @@ TEST(Bench, SummaryThroughputAndGoodput) {
 }
 
 TEST(Bench, CapacityFromBestSustainedRun) {
+  // A run shows its completions over its length less a typical request's
+  // time to finish (the last ones' tail), at most its offered rate.
   RunSummary a, b, c;
-  a.sustainable = true, a.request_throughput = 4, a.output_throughput = 400, a.duration_s = 10;
-  b.sustainable = true, b.request_throughput = 8, b.output_throughput = 700, b.duration_s = 11;
-  c.sustainable = false, c.request_throughput = 9, c.output_throughput = 900;
+  a.sustainable = true, a.offered_rps = 4, a.completed = 40, a.duration_s = 10.5, a.e2e_ms.p50 = 500;
+  a.request_throughput = 40 / 10.5, a.output_throughput = 400 / 10.5;
+  b.sustainable = true, b.offered_rps = 8, b.completed = 80, b.duration_s = 11, b.e2e_ms.p50 = 1000;
+  b.request_throughput = 80 / 11.0, b.output_throughput = 7000 / 11.0;
+  c.sustainable = false, c.offered_rps = 9, c.completed = 80, c.duration_s = 10, c.request_throughput = 8;
   auto cap = capacity_from_runs({a, b, c}, "economy", 1234);
   ASSERT_TRUE(cap);
-  EXPECT_DOUBLE_EQ(cap->max_rps, 8);
+  EXPECT_DOUBLE_EQ(cap->max_rps, 8);  // 80 / (11 - 1), not 80 / 11
   EXPECT_DOUBLE_EQ(cap->safe_rps, 6.4);
-  EXPECT_DOUBLE_EQ(cap->max_tokens_s, 700);
+  EXPECT_DOUBLE_EQ(cap->max_tokens_s, 700);  // 87.5 tokens a request at 8 req/s
   EXPECT_DOUBLE_EQ(cap->safe_tokens_s, 560);
   EXPECT_EQ(cap->source, "bench");
   EXPECT_EQ(cap->gear, "economy");
   EXPECT_EQ(cap->t_ms, 1234);
   EXPECT_DOUBLE_EQ(cap->window_s, 11);
   EXPECT_FALSE(capacity_from_runs({c}, "economy", 0));
+  // A burst (every request at t = 0) offers no rate: no capacity from it.
+  RunSummary burst = b;
+  burst.offered_rps = 0;
+  EXPECT_FALSE(capacity_from_runs({burst}, "economy", 0));
+}
+
+// An idle server answering slow requests keeps up: the run ends a typical
+// request's E2E after the last arrival (1 s apart, 1.8 s each).
+TEST(Bench, SlowRequestsOnAnIdleServerKeepUp) {
+  std::vector<Sample> s;
+  for (int i = 0; i < 4; ++i) s.push_back(ok_sample(60, 1800, 64));
+  RunSummary r = summarize(s, 0.5, 7.8, 6.0, Slo{}, Sustain{});
+  EXPECT_DOUBLE_EQ(r.keep_up, 1.0);
+  EXPECT_TRUE(r.sustainable);
+  // Falling behind: the run ends far past that.
+  r = summarize(s, 0.5, 20.0, 6.0, Slo{}, Sustain{});
+  EXPECT_NEAR(r.keep_up, 7.8 / 20.0, 1e-12);
+  EXPECT_FALSE(r.sustainable);
 }
 
 TEST(Bench, ArrivalsSeededWithTheRightMean) {

@@ -3,10 +3,15 @@
 // shifts), or with --prompt one completion and exit.
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
+#include <set>
+#include <string>
 
 #include "cli/tool.hpp"
 #include "core/error.hpp"
+#include "core/json.hpp"
+#include "doc/gear_table.hpp"
 #include "model/model.hpp"
 #include "serve/daemon.hpp"
 #include "serve/generate.hpp"
@@ -126,6 +131,14 @@ int main(int argc, char** argv) {
         po.gpus = false;
         auto g = ftp::serve::parse_gear_spec(d.gear_spec);
         po.virtual_devices = d.virtual_devices > 0 ? d.virtual_devices : g.tp * g.pp * g.dp;
+        if (d.virtual_devices == 0 && !d.gears_path.empty()) {
+          // As many as the gear table names.
+          auto table = ftp::json::parse_file(d.gears_path, [](const ftp::json::Json& j) { return ftp::doc::gear_table_from_json(j); });
+          std::set<std::string> names;
+          for (const auto& gear : table.gears)
+            for (const auto& dev : gear.devices()) names.insert(dev);
+          po.virtual_devices = std::max<int>(1, static_cast<int>(names.size()));
+        }
         d.topology = ftp::topology::probe_local(po);
       }
       std::string pid = std::to_string(::getpid());
