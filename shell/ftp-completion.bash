@@ -1,5 +1,7 @@
 # Bash completion for the flextp tools: source this file, or install it as
-# /usr/share/bash-completion/completions/ftp-probe (and a link ftp-plan).
+# /usr/share/bash-completion/completions/ftp-probe with a link of the same
+# folder for each of the other tools (ftp-plan, ftp-gear-bench, ftp-serve,
+# ftp-shift, ftp-drain): bash-completion loads the file named after the command.
 
 _ftp_probe() {
   local cur prev

@@ -202,6 +202,17 @@ void check_gear(const std::string& path, const std::string& gear) {
   read_table(path, gear, i);
 }
 
+void check_table_model(const std::string& path, const std::string& served_model) {
+  const json::Json j = json::read_file(path);
+  const std::string table_model =
+      j.contains("model") && j["model"].is_object() && j["model"].contains("name") && j["model"]["name"].is_string()
+          ? j["model"]["name"].get<std::string>()
+          : "";
+  if (!table_model.empty() && !served_model.empty() && table_model != served_model)
+    throw InputError(path + ": model.name: the table is for \"" + table_model + "\", the daemon serves \"" +
+                     served_model + "\"; a capacity measured on one model does not belong to another");
+}
+
 void write_capacity(const std::string& path, const std::string& gear, const doc::Capacity& c) {
   std::size_t i = 0;
   json::Json j = read_table(path, gear, i);

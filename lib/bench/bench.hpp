@@ -106,6 +106,10 @@ json::Json to_json(const RunSummary& r);
 std::optional<doc::Capacity> capacity_from_runs(const std::vector<RunSummary>& runs, const std::string& gear,
                                                 std::int64_t t_ms, double safe_share = 0.8);
 
+/// Refuses (InputError naming the file) a gear table whose model.name is
+/// not the model the daemon serves (`served_model`, from /v1/models).
+void check_table_model(const std::string& path, const std::string& served_model);
+
 /// Sets gears[i].measured of gear `gear` in the ftp.gear-table/v1 file
 /// `path`, keeping every other field, validates the result and replaces
 /// the file atomically. Throws InputError when the table is invalid or has no such gear.

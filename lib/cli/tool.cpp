@@ -18,6 +18,9 @@ Tool::Tool(std::string name, std::string description) : name_(std::move(name)), 
   app_.set_version_flag("--version", std::string(name_) + " " + std::string(ftp::version()) +
                                          " (flextp; cuda " + (ftp::built_with_cuda() ? "built" : "not built") + ")",
                         "Print the version and exit");
+  // Subcommands (ftp-plan decide, simulate) inherit this: an option of the
+  // tool's own (--json) may follow the subcommand too.
+  app_.fallthrough();
   app_.add_option("--json", json_opt_, "JSON output style: pretty or short (default: pretty on a terminal, short in a pipe)")
       ->check(CLI::IsMember({"pretty", "short"}))
       ->option_text("pretty|short");

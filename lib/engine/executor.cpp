@@ -304,14 +304,16 @@ void Executor::run_micro_batches(std::vector<MicroBatch>& mbs) {
           try {
             run_stage_rank(st, r, mbs[static_cast<std::size_t>(b)]);
           } catch (...) {
-            // The first failure is the cause (its peers then fail with
-            // "aborted"). Wake the peers out of their collectives now: the
-            // domain thread may be waiting on one of them, not on this rank.
-            std::lock_guard lk(cause_mu);
-            if (!cause) {
-              cause = std::current_exception();
-              for (auto& peer : st.ranks) peer.be->abort();
+            // The first failure of the forward is its cause (the peers then
+            // fail with "aborted"). Wake the peers out of their collectives
+            // now: the domain thread may be waiting on one of them, not on
+            // this rank. Every failing stage aborts its own (two stages of
+            // one tick can fail together; abort is idempotent).
+            {
+              std::lock_guard lk(cause_mu);
+              if (!cause) cause = std::current_exception();
             }
+            for (auto& peer : st.ranks) peer.be->abort();
             throw;
           }
           rank_s[a][static_cast<std::size_t>(r)] =

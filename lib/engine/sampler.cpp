@@ -42,8 +42,15 @@ int pick(const float* logits, std::size_t n_logits, int top_k, float temperature
            (logits[static_cast<std::size_t>(a)] == logits[static_cast<std::size_t>(b)] && a < b);
   });
   idx.resize(static_cast<std::size_t>(k));
-  std::vector<double> prob(idx.size());
   double mx = logits[static_cast<std::size_t>(idx[0])], sum = 0;
+  if (std::isinf(mx)) {
+    // +inf logits (an F16/BF16 overflow) outweigh every finite one: draw
+    // among them alone (inf - inf would make every probability NaN).
+    std::size_t m = 0;
+    while (m < idx.size() && std::isinf(logits[static_cast<std::size_t>(idx[m])])) ++m;
+    return idx[std::min(m - 1, static_cast<std::size_t>(r * static_cast<double>(m)))];
+  }
+  std::vector<double> prob(idx.size());
   for (std::size_t i = 0; i < idx.size(); ++i) {
     prob[i] = std::exp((logits[static_cast<std::size_t>(idx[i])] - mx) / temperature);
     sum += prob[i];

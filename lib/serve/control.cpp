@@ -261,9 +261,12 @@ std::vector<ipc::Method> ControlPlane::methods() {
                      for (const auto& g : table.gears) names.push_back(g.name);
                      call->reply(Json{{"gears", names}, {"current", svc_.current_gear()}});
                    } catch (const ControlError& e) {
-                     answer_error(*call, e);
+                     call->error(control_error_code(e.name()), e.name(), path + ": " + e.what());
                    } catch (const std::exception& e) {
-                     call->error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable", e.what());
+                     // parse_file's errors name the file already; the service's do not.
+                     std::string what = e.what();
+                     if (what.rfind(path + ":", 0) != 0) what = path + ": " + what;
+                     call->error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable", what);
                    }
                  });
                }});

@@ -178,7 +178,14 @@ int run_daemon(DaemonOptions o) {
         if (auto_loop) control::make_policy(name, t, pc);
       };
   }
-  Service svc(model, o.service);
+  // The table's errors (its model shapes against the loaded model) name it.
+  std::optional<Service> svc_slot;
+  try {
+    svc_slot.emplace(model, o.service);
+  } catch (const InputError& e) {
+    json::rethrow_with_source(o.gears_path.empty() ? std::string("--gear") : o.gears_path, e);
+  }
+  Service& svc = *svc_slot;
   svc.start();
   log("service started: model=" + name + " gear=" + svc.current_gear());
 

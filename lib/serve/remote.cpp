@@ -118,7 +118,7 @@ int execute_decisions(ipc::Client& client, std::istream& in, const ShiftRequest&
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     doc::Decision d;
     try {
-      d = doc::decision_from_json(json::parse(line, "stdin"));
+      d = doc::decision_from_json(json::parse_line(line));
     } catch (const std::exception& e) {
       warn("stdin:" + std::to_string(n) + ": " + e.what() + "; line skipped");
       worst = std::max(worst, static_cast<int>(Exit::usage));

@@ -453,6 +453,13 @@ TEST(TokenChoice, TheEnginesChoiceIsTheSamplersPick) {
     EXPECT_EQ(differ, 0) << "temperature " << p.temperature << " top_p " << p.top_p;
   }
   EXPECT_FALSE(Sampler(SamplingParams{1.0f, 40, 1.0f, 1}).engine_can_choose());
+  // A +inf logit (an F16/BF16 overflow) wins at any temperature, as in
+  // greedy: inf - inf made every probability NaN and picked the last token.
+  const float inf_row[3] = {0, INFINITY, 1};
+  for (double u : {0.0, 0.5, 0.999}) EXPECT_EQ(choose_token(inf_row, 3, TokenChoice{1.0f, 1.0f, u}), 1) << u;
+  const float two_inf[4] = {INFINITY, 0, INFINITY, 1};  // drawn among the +inf ones
+  EXPECT_EQ(choose_token(two_inf, 4, TokenChoice{1.0f, 1.0f, 0.25}), 0);
+  EXPECT_EQ(choose_token(two_inf, 4, TokenChoice{1.0f, 1.0f, 0.75}), 2);
 }
 
 TEST_F(Fixture, ForwardChooseIsForwardThenChooseToken) {

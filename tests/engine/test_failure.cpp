@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <random>
 #include <stdexcept>
@@ -30,16 +31,21 @@ namespace {
 struct Faults {
   std::atomic<int> fail_rank{-1};  ///< rank whose next set_batch throws; -1: none
   bool can_recover = true;
+  /// Stage -> the call of set_batch at which its rank 1 throws (1: the first).
+  std::map<int, int> stage_call;
 };
 
 struct FaultyRank final : RankBackend {
-  FaultyRank(std::unique_ptr<RankBackend> b, int rank, Faults& f) : b_(std::move(b)), rank_(rank), f_(f) {}
+  FaultyRank(std::unique_ptr<RankBackend> b, int rank, int stage, Faults& f)
+      : b_(std::move(b)), rank_(rank), stage_(stage), f_(f) {}
   void bind_thread() override { b_->bind_thread(); }
   std::uint64_t kv_bytes() const override { return b_->kv_bytes(); }
   float* buffer(Buf id, std::size_t n) override { return b_->buffer(id, n); }
   void set_batch(const BatchLayout& l) override {
     int want = rank_;
     if (f_.fail_rank.compare_exchange_strong(want, -1)) throw std::runtime_error("injected: out of memory");
+    if (auto it = f_.stage_call.find(stage_); rank_ == 1 && it != f_.stage_call.end() && ++calls_ == it->second)
+      throw std::runtime_error("injected: out of memory");
     b_->set_batch(l);
   }
   void upload(const float* h, float* d, std::size_t n) override { b_->upload(h, d, n); }
@@ -62,7 +68,7 @@ struct FaultyRank final : RankBackend {
 
  private:
   std::unique_ptr<RankBackend> b_;
-  int rank_;
+  int rank_, stage_, calls_ = 0;
   Faults& f_;
 };
 
@@ -73,7 +79,7 @@ struct FaultyBackend final : Backend {
     auto ranks = cpu_backend().make_stage(w, s);
     std::vector<std::unique_ptr<RankBackend>> out;
     for (std::size_t i = 0; i < ranks.size(); ++i)
-      out.push_back(std::make_unique<FaultyRank>(std::move(ranks[i]), static_cast<int>(i), f_));
+      out.push_back(std::make_unique<FaultyRank>(std::move(ranks[i]), static_cast<int>(i), s[i].stage, f_));
     return out;
   }
   Faults& f_;
@@ -280,4 +286,35 @@ TEST_F(FailureTest, CancelledRequestsLeaveAtTheNextStepAndOthersAreUntouched) {
   EXPECT_EQ((*out)["kept"].tokens, alone.tokens);
   EXPECT_EQ(d.kv_usage(), 0.0);
   EXPECT_EQ(d.stats().failed, 0u);
+}
+
+// Two stages of one pipeline tick fail together (TP 2 x PP 2, two
+// micro-batches: stage 0's second micro-batch and stage 1's first): each
+// aborts its own collectives, so the forward throws instead of leaving a
+// peer waiting for ever, and the next forward runs.
+TEST_F(FailureTest, TwoStagesFailingInOneTickBothRecover) {
+  Faults f;
+  f.stage_call = {{0, 2}, {1, 1}};
+  FaultyBackend be(f);
+  Executor ex(*store, {{0, 1, 2}, {1, 1, 2}}, 16, 16, &be);
+  std::vector<int> ba = {0}, bb = {1};
+  std::vector<SeqChunk> cs(2);
+  cs[0].blocks = &ba, cs[0].tokens = {1, 2, 3}, cs[0].want_logits = true;
+  cs[1].blocks = &bb, cs[1].tokens = {4, 5, 6}, cs[1].want_logits = true;
+  auto run = [&] {
+    return std::async(std::launch::async, [&] {
+      try {
+        ex.forward(cs, 2);
+        return std::string("ok");
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    });
+  };
+  auto first = run();
+  ASSERT_EQ(first.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the forward hung";
+  EXPECT_NE(first.get().find("injected"), std::string::npos);
+  auto second = run();
+  ASSERT_EQ(second.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the forward hung";
+  EXPECT_EQ(second.get(), "ok");
 }

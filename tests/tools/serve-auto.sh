@@ -9,7 +9,7 @@ tools=$1; src=$2
 data=${FTP_TEST_DATA:-}
 m=$data/models/stories260K/stories260K.gguf
 if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
-gears=$src/tests/tools/fixtures/stories260K-auto-gears.json
+gears=$src/examples/gears/stories260K-cpu-measured.json
 policy=$src/tests/tools/fixtures/fast-policy.json
 source "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d)

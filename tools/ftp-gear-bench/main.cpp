@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
     if (!samples_path.empty() && !samples) throw ftp::Error(samples_path + ": write failed");
     tool.emit(ftp::bench::to_json(spec, rep));
     if (write) {
+      ftp::bench::check_table_model(gears_path, rep.served_model);
       if (!rep.capacity) throw ftp::Error("no rate was sustained; " + gears_path + " left unchanged", ftp::Exit::check_failed);
       ftp::bench::write_capacity(gears_path, spec.gear, *rep.capacity);
       tool.progress("wrote the measured capacity of " + spec.gear + " into " + gears_path);
