@@ -431,6 +431,17 @@ int main(int argc, char** argv) {
                                     {"lost_share", n->lost_share},
                                     {"max_ms", n->max_ms}});
     tool.emit(out);
+    for (const auto& [gear, v] : shift_by_gear) {
+      const auto& st = steady_by_gear[gear];
+      std::fprintf(stderr, "shift-bench: %-12s P99 TTFT %.2f ms steady (n %zu), %.2f ms shifting (n %zu) = %.2fx\n",
+                   gear.c_str(), pct(st, 99), st.size(), pct(v, 99), v.size(), st.empty() ? 0.0 : pct(v, 99) / pct(st, 99));
+    }
+    std::fprintf(stderr,
+                 "shift-bench: accept->100%% minus waits: median %.1f ms (goal <= 100); P99 TTFT %.2f ms shifting (n %zu) "
+                 "vs %.2f ms steady of the same gears (n %zu) = %.2fx, bootstrap 90 %% interval %.2f-%.2fx (goal <= 1.1); "
+                 "vs %.2f ms all steady samples pooled = %.2fx; worst gear %.2fx\n",
+                 pct(overhead, 50), p99_shift, ttft_shift.size(), p99_matched, ttft_steady.size(), ratio, lo, hi,
+                 p99_steady, ratio_pooled, worst_gear);
     if (noise_s > 0)
       std::fprintf(stderr,
                    "shift-bench: CPU noise with the domains idle, before / after: %.1f / %.1f stalls of over 1 ms per "
