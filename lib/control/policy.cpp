@@ -383,9 +383,8 @@ GearShifter::GearShifter(const doc::GearTable& table, const PolicyConfig& config
     if (table.gears[i].role == "memory-guard") guard_ = static_cast<int>(i);
 }
 
-int GearShifter::target_for(double forecast) const {
+int GearShifter::target_for(double forecast, const std::vector<int>& ranked) const {
   const auto& gs = config_.gear_shifter;
-  const std::vector<int> ranked = by_safe_capacity(ladder_, table_, capacity_);
   for (int i : ranked)
     if (forecast <= gs.up_threshold * capacity_.capacity(table_.gears[i].name).safe_rps) return i;
   return ranked.back();
@@ -569,7 +568,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
                                secs(dwell_ms) + " since the last shift", sig);
   // Down: the smaller gear must also carry the rate seen now (after a step
   // drop the forecast's level undershoots it for a while).
-  int target = target_for(dir < 0 ? std::max(forecast, o.request_rate) : forecast);
+  int target = target_for(dir < 0 ? std::max(forecast, o.request_rate) : forecast, ranked);
   if ((dir > 0 && rank(target) <= rank(cur)) || (dir == -1 && rank(target) >= rank(cur))) {
     // Resolve by position on the ladder: one step further than the fit says is never taken.
     return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits forecast " +

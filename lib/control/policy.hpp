@@ -172,7 +172,8 @@ class GearShifter final : public Policy {
   doc::Decision shift(const doc::Observation& o, std::string to, std::string reason, std::vector<doc::Signal> signals,
                       bool stagger, bool load_driven);
   double baseline_p99() const;
-  int target_for(double forecast) const;
+  /// The smallest gear of `ranked` (by_safe_capacity) that holds `forecast`.
+  int target_for(double forecast, const std::vector<int>& ranked) const;
 
   const doc::GearTable& table_;
   PolicyConfig config_;

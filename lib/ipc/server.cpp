@@ -448,19 +448,16 @@ struct Server::Impl {
     Json msg;
     try {
       msg = Json::parse(text.begin(), text.end());
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {
+      // A syntax error (parse_error: its byte is told), or valid syntax the
+      // parser still refuses (a number past a double: out_of_range.406).
+      // Nothing may escape into the event loop's callback: it would end the
+      // process.
       std::string what = e.what();
       // nlohmann's text: "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
       if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-      reject(c, nullptr, Errc::parse_error, "malformed JSON: " + what, Json{{"byte", e.byte}});
-      return;
-    } catch (const Json::exception& e) {
-      // Valid syntax the parser still refuses (a number past a double:
-      // out_of_range.406): the same answer. Nothing may escape into the
-      // event loop's callback, which would end the process.
-      std::string what = e.what();
-      if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-      reject(c, nullptr, Errc::parse_error, "malformed JSON: " + what);
+      const auto* pe = dynamic_cast<const Json::parse_error*>(&e);
+      reject(c, nullptr, Errc::parse_error, "malformed JSON: " + what, pe ? Json{{"byte", pe->byte}} : Json(nullptr));
       return;
     }
     if (msg.is_array()) {
