@@ -33,6 +33,10 @@ std::uint64_t kv_block_bytes_per_rank(const model::HParams& hp, const StageLayou
   return 2ull * st.n_layers * kv_heads * block_tokens * hp.head_dim * sizeof(float);
 }
 
+int peak_kv_tokens(std::int64_t prompt_tokens, std::int64_t max_tokens, int max_context) {
+  return static_cast<int>(std::min<std::int64_t>(prompt_tokens + max_tokens - 1, max_context - 1));
+}
+
 int kv_pages(std::int64_t tokens, int block_tokens) {
   return static_cast<int>((tokens + block_tokens - 1) / block_tokens);
 }
@@ -73,11 +77,7 @@ void Domain::submit(GenerationRequest r) {
   if (static_cast<int>(r.prompt.size()) >= cfg_.max_context)
     throw InputError(who + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
                      std::to_string(cfg_.max_context));
-  // The KV pages the request holds at its peak: every token but the last
-  // one it generates (that one ends it and is never computed), and never
-  // more than the context less one. In 64 bits: max_tokens may be huge.
-  const std::int64_t need = static_cast<std::int64_t>(r.prompt.size()) + r.max_tokens - 1;
-  const int held = static_cast<int>(std::min<std::int64_t>(need, cfg_.max_context - 1));
+  const int held = peak_kv_tokens(static_cast<std::int64_t>(r.prompt.size()), r.max_tokens, cfg_.max_context);
   if (kv_pages(held, cfg_.block_tokens) > cfg_.kv_blocks)
     throw InputError(who + std::to_string(held) + " tokens need " + std::to_string(kv_pages(held, cfg_.block_tokens)) +
                      " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));

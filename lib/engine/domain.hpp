@@ -151,4 +151,9 @@ std::uint64_t kv_block_bytes_per_rank(const model::HParams& hp, const StageLayou
 /// KV pages that hold `tokens` positions, `block_tokens` to a page.
 int kv_pages(std::int64_t tokens, int block_tokens);
 
+/// KV positions a request holds at its peak: every token but the last it
+/// generates (that one ends it and is never computed), never more than the
+/// context less one. In 64 bits: max_tokens may be as large as an int goes.
+int peak_kv_tokens(std::int64_t prompt_tokens, std::int64_t max_tokens, int max_context);
+
 }  // namespace ftp::engine

@@ -153,10 +153,8 @@ std::string generate_once(const model::Model& model, const GenerateOptions& o,
   cfg.stages = even_stages(model.hparams.n_layer, o.gear.tp, o.gear.pp);
   cfg.micro_batches = 1;
   cfg.backend = &engine::backend_named(o.backend);
-  // What the request holds at its peak (engine::Domain::submit), summed in
-  // 64 bits: -n may be as large as an int goes.
-  const int positions = static_cast<int>(std::min<std::int64_t>(
-      static_cast<std::int64_t>(prompt.size()) + o.max_tokens - 1, model.hparams.n_ctx_train - 1));
+  const int positions =
+      engine::peak_kv_tokens(static_cast<std::int64_t>(prompt.size()), o.max_tokens, model.hparams.n_ctx_train);
   cfg.kv_blocks = (positions + cfg.block_tokens - 1) / cfg.block_tokens;
   engine::Domain domain(store, cfg);
 

@@ -165,14 +165,16 @@ int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const
   int blocks = engine::kv_pages(static_cast<std::int64_t>(cfg_.max_running) * ctx, bt);
   // The gear's cap: a fraction of each device's free memory, so that a
   // shadow domain built beside this one still finds room for its own.
+  // What one request of the full context holds at its peak.
+  const int one_request = engine::kv_pages(engine::peak_kv_tokens(1, ctx, ctx), bt);
   auto cap = [&](const std::string& device, std::uint64_t room, const char* what, std::uint64_t per) {
     const int fit = static_cast<int>(
         std::min(gear.kv_cache_cap * static_cast<double>(room) / static_cast<double>(per), static_cast<double>(blocks)));
-    if (fit < engine::kv_pages(ctx - 1, bt))
+    if (fit < one_request)
       throw InputError("gear " + gear.name + ": device " + device + " has " + std::to_string(room) + " " + what +
                        "; its KV pool at kv_cache_cap " + fmt(gear.kv_cache_cap) + " holds " + std::to_string(fit) +
                        " pages of " + std::to_string(bt) + " tokens, fewer than one request of the full context needs (" +
-                       std::to_string(engine::kv_pages(ctx - 1, bt)) + ")");
+                       std::to_string(one_request) + ")");
     blocks = std::min(blocks, fit);
   };
   if (!gpu_room.empty()) {
