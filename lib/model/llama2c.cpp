@@ -182,11 +182,19 @@ TokenizerData parse_llama2c_tokenizer(const void* data, std::size_t size, int n_
   return t;
 }
 
-TokenizerData load_llama2c_tokenizer(const std::string& path, int n_vocab) {
+namespace {
+
+TokenizerData read_llama2c_tokenizer(const std::string& path, int n_vocab) {
   std::size_t size = 0;
   auto map = map_file(path, size);
-  TokenizerData d = parse_llama2c_tokenizer(map.get(), size, n_vocab, path);
-  check_tokenizer(d, path);
+  return parse_llama2c_tokenizer(map.get(), size, n_vocab, path);
+}
+
+}  // namespace
+
+TokenizerData load_llama2c_tokenizer(const std::string& path, int n_vocab) {
+  TokenizerData d = read_llama2c_tokenizer(path, n_vocab);
+  (void)build_tokenizer(d, path);  // refused here, with the file named
   return d;
 }
 
@@ -207,7 +215,8 @@ Model load_llama2c(const std::string& path, const std::string& tokenizer_path) {
       throw InputError(path + ": llama2.c checkpoint without a tokenizer: neither " + a + " nor " + b +
                        " exists (give the tokenizer's path)");
   }
-  m.tokenizer = load_llama2c_tokenizer(tok, m.hparams.n_vocab);
+  m.tokenizer = read_llama2c_tokenizer(tok, m.hparams.n_vocab);
+  m.built_tokenizer = build_tokenizer(m.tokenizer, tok);
   return m;
 }
 

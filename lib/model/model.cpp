@@ -268,7 +268,7 @@ Model model_from_gguf(const GgufFile& f) {
   h.rope_theta = static_cast<float>(theta);
 
   m.tokenizer = tokenizer_from_gguf(f);
-  check_tokenizer(m.tokenizer, f.path());
+  m.built_tokenizer = build_tokenizer(m.tokenizer, f.path());
 
   const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
   if (!emb) throw InputError(f.path() + ": tensor 'token_embd.weight': missing");
@@ -319,9 +319,9 @@ bool has_gguf_magic(const std::shared_ptr<const void>& map, std::size_t size) {
 
 }  // namespace
 
-void check_tokenizer(const TokenizerData& data, const std::string& source) {
+std::shared_ptr<const Tokenizer> build_tokenizer(const TokenizerData& data, const std::string& source) {
   try {
-    (void)Tokenizer::from(data);
+    return std::make_shared<const Tokenizer>(Tokenizer::from(data));
   } catch (const InputError& e) {
     throw InputError(source + ": " + e.what());
   }

@@ -103,6 +103,8 @@ struct TokenizerData {
   std::string chat_template;         ///< tokenizer.chat_template; empty when absent
 };
 
+class Tokenizer;
+
 /// A loaded model: hyper-parameters, weight views into the memory-mapped
 /// file, tokenizer data. Move-only; views stay valid while it lives.
 class Model {
@@ -112,6 +114,10 @@ class Model {
   TokenizerData tokenizer;
   std::string path;
   std::string format;                ///< "gguf" or "llama2c"
+  /// The tokenizer built from `tokenizer` by the loader, which refuses a
+  /// vocabulary it cannot build; null for a model made in code (use
+  /// tokenizer_of, which builds one then).
+  std::shared_ptr<const Tokenizer> built_tokenizer;
 
   Model();
   ~Model();
@@ -133,10 +139,11 @@ class Model {
 /// mismatch with the metadata.
 Model load_model(const std::string& path, const std::string& tokenizer_path = "");
 
-/// Checks that a tokenizer can be built from `data` (Tokenizer::from): the
-/// loaders call it so that a bad vocabulary is refused with the file named
-/// (`source`: "PATH: tokenizer: ..."), as the model's other errors are.
-void check_tokenizer(const TokenizerData& data, const std::string& source);
+/// Builds the tokenizer of `data` (Tokenizer::from): the loaders call it so
+/// that a bad vocabulary is refused with the file named (`source`: "PATH:
+/// tokenizer: ..."), as the model's other errors are, and keep what it
+/// built (Model::built_tokenizer).
+std::shared_ptr<const Tokenizer> build_tokenizer(const TokenizerData& data, const std::string& source);
 
 /// Reads only the tokenizer data: of a GGUF file (a full model or a
 /// vocab-only GGUF, whatever its architecture), or of a llama2.c

@@ -209,6 +209,20 @@ bool Tokenizer::is_control(int id) const noexcept {
   return id >= 0 && id < n_vocab() && (tokens_[id].attr & control);
 }
 
+std::vector<int> Tokenizer::encode_prompt(std::string_view text) const {
+  std::vector<int> ids = encode(text, true);
+  if (ids.empty()) {
+    if (bos_ < 0) throw InputError("the prompt is empty and the model's vocabulary has no BOS token to start from");
+    ids.push_back(bos_);
+  }
+  return ids;
+}
+
+std::shared_ptr<const Tokenizer> tokenizer_of(const Model& model) {
+  if (model.built_tokenizer) return model.built_tokenizer;
+  return std::make_shared<const Tokenizer>(Tokenizer::from(model.tokenizer));
+}
+
 std::vector<int> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
   std::vector<int> out;
   if (kind_ == Kind::llama2c) {

@@ -41,6 +41,11 @@ class Tokenizer {
   /// tokens are always matched, as llama.cpp does.
   std::vector<int> encode(std::string_view text, bool add_special, bool parse_special = false) const;
 
+  /// Token ids of a prompt to generate from: encode(text, true), and for an
+  /// empty prompt BOS alone. Throws ftp::InputError when that is empty and
+  /// the vocabulary has no BOS to start from.
+  std::vector<int> encode_prompt(std::string_view text) const;
+
   /// Text of tokens, as llama.cpp's llama_detokenize: byte tokens give their
   /// raw byte, control tokens give nothing unless `unparse_special`; with the
   /// vocabulary's add_space_prefix the first token loses one leading space
@@ -105,5 +110,9 @@ class Tokenizer {
   bool add_bos_ = false, add_eos_ = false, add_space_prefix_ = false;
   bool ignore_merges_ = false, clean_spaces_ = false;
 };
+
+/// The model's tokenizer: the one its loader built (Model::built_tokenizer),
+/// or, for a model made in code, one built now from its tokenizer data.
+std::shared_ptr<const Tokenizer> tokenizer_of(const Model& model);
 
 }  // namespace ftp::model

@@ -141,11 +141,13 @@ std::string generate_once(const model::Model& model, const GenerateOptions& o,
                           const std::function<void(std::string_view)>& on_text) {
   if (o.gear.dp != 1) throw InputError("--gear: dp=" + std::to_string(o.gear.dp) + ": one-shot generation runs one replica (dp=1)");
   if (o.max_tokens < 1) throw InputError("--max-tokens: must be positive, got " + std::to_string(o.max_tokens));
-  model::Tokenizer tok = model::Tokenizer::from(model.tokenizer);
-  std::vector<int> prompt = tok.encode(o.prompt, true);
-  if (prompt.empty()) {
-    if (tok.bos() < 0) throw InputError("--prompt '': the model's vocabulary has no BOS token; give a prompt");
-    prompt.push_back(tok.bos());
+  const std::shared_ptr<const model::Tokenizer> tok_of = model::tokenizer_of(model);
+  const model::Tokenizer& tok = *tok_of;
+  std::vector<int> prompt;
+  try {
+    prompt = tok.encode_prompt(o.prompt);
+  } catch (const InputError& e) {
+    throw InputError(std::string("--prompt: ") + e.what() + "; give a prompt");
   }
   engine::WeightStore store(model);
   engine::DomainConfig cfg;

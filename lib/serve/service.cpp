@@ -49,8 +49,8 @@ std::string prom(double v) {
 }  // namespace
 
 Service::Service(const model::Model& model, ServiceConfig config)
-    : model_(model), cfg_(std::move(config)), tok_(model::Tokenizer::from(model.tokenizer)),
-      eog_(end_of_generation(model, tok_)) {
+    : model_(model), cfg_(std::move(config)), tok_(model::tokenizer_of(model)),
+      eog_(end_of_generation(model, *tok_)) {
   if (!cfg_.clock) cfg_.clock = std::make_shared<control::SystemClock>();
   t0_us_ = cfg_.clock->now_us();
   check_model(cfg_.gears);
@@ -253,7 +253,7 @@ std::vector<std::shared_ptr<DomainRunner>> Service::build_domains(const doc::Gea
     auto done = std::make_shared<std::promise<std::string>>();
     engine::GenerationRequest r;
     r.id = "warmup-" + d->id();
-    r.prompt = {tok_.bos() >= 0 ? tok_.bos() : 0};
+    r.prompt = {tok_->bos() >= 0 ? tok_->bos() : 0};
     r.max_tokens = 1;
     r.on_event = [done](const engine::GenerationEvent& e) {
       if (e.finished) done->set_value(e.finish_reason == "error" ? e.error : "");
@@ -342,12 +342,13 @@ std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int pro
 
 void Service::submit(CompletionRequest r) {
   if (!accepting_) throw RequestError(503, "unavailable_error", "", "the service is draining and accepts no new requests");
-  std::vector<int> prompt = r.prompt_tokens.empty() ? tok_.encode(r.prompt, true) : r.prompt_tokens;
+  std::vector<int> prompt = r.prompt_tokens;
   if (prompt.empty()) {
-    if (tok_.bos() < 0)
-      throw RequestError(400, "invalid_request_error", "prompt",
-                         "the prompt is empty and the model's vocabulary has no BOS token to start from");
-    prompt.push_back(tok_.bos());
+    try {
+      prompt = tok_->encode_prompt(r.prompt);
+    } catch (const InputError& e) {
+      throw RequestError(400, "invalid_request_error", "prompt", e.what());
+    }
   }
   const int ctx = context_length();
   const int max_prompt = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, ctx - 1) : ctx - 1;
@@ -373,7 +374,7 @@ void Service::submit(CompletionRequest r) {
   };
   auto tr = std::make_shared<Track>();
   tr->arrival_us = now_us();
-  tr->text = std::make_unique<TextStream>(tok_, prompt, r.stop);
+  tr->text = std::make_unique<TextStream>(*tok_, prompt, r.stop);
 
   engine::GenerationRequest g;
   g.id = r.id;

@@ -155,7 +155,7 @@ class Service {
   int serving_domains_except(const std::vector<std::string>& ids) const;
   bool accepting() const noexcept { return accepting_.load(); }
 
-  const model::Tokenizer& tokenizer() const noexcept { return tok_; }
+  const model::Tokenizer& tokenizer() const noexcept { return *tok_; }
   const ServiceConfig& config() const noexcept { return cfg_; }
   int context_length() const noexcept;
 
@@ -248,7 +248,7 @@ class Service {
 
   const model::Model& model_;
   ServiceConfig cfg_;
-  model::Tokenizer tok_;
+  std::shared_ptr<const model::Tokenizer> tok_;           // the model's (model::tokenizer_of)
   EndOfGeneration eog_;                                    // computed once: it scans the vocabulary
   std::unique_ptr<engine::WeightStore> store_;            // null with an engine_factory
   engine::Backend* backend_ = nullptr;                    // the real engine's (cfg_.backend)

@@ -37,7 +37,8 @@ model::Model load_sim_model(const std::string& path, const std::string& tokenize
 std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine::DomainConfig&)> engine_factory(
     const plan::ModelShape& shape, const model::Model& model, doc::Topology topo, plan::Calibration calibration,
     Pacing pacing) {
-  auto tok = model::Tokenizer::from(model.tokenizer);
+  const std::shared_ptr<const model::Tokenizer> tok_of = model::tokenizer_of(model);
+  const model::Tokenizer& tok = *tok_of;
   std::vector<int> ids, avoid;
   if (model.format.rfind("model-shape", 0) == 0) {
     for (char c = 'a'; c <= 'z'; ++c) ids.push_back(3 + static_cast<unsigned char>(c));

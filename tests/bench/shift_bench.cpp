@@ -36,6 +36,7 @@
 #include "doc/gear_table.hpp"
 #include "model/model.hpp"
 #include "model/tokenizer.hpp"
+#include "serve/remote.hpp"
 #include "serve/service.hpp"
 
 using namespace ftp;
@@ -172,6 +173,7 @@ int main(int argc, char** argv) {
   int shifts = 20, clients = 8, step_ms = 20, max_tokens = 32, prompt_tokens = 0;
   double steady_s = 3, max_ratio = 0, rate = 0, noise_s = 1;
   int trace_worst = 0;
+  std::string ramp_list;
   auto& app = tool.app();
   app.add_option("--model", model_path, "Model (stories260K.gguf)")->required();
   app.add_option("--gears", gears_path, "Gear table (examples/gears/stories260K-cpu.json)")->required();
@@ -183,6 +185,7 @@ int main(int argc, char** argv) {
                  "Prompt length in tokens: a story's text, repeated and cut to length (default: \"Once upon a time\", "
                  "5 tokens with BOS)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--ramp", ramp_list, "The new domains' traffic shares, comma-separated (default 0.1,0.5,1.0)");
   app.add_option("--step-interval-ms", step_ms, "Ramp step wait (default 20)")->check(CLI::NonNegativeNumber);
   app.add_option("--steady-s", steady_s, "Seconds of steady state (default 3)")->check(CLI::PositiveNumber);
   app.add_option("--noise-s", noise_s,
@@ -202,6 +205,7 @@ int main(int argc, char** argv) {
     cfg.model_name = "bench";
     cfg.gears = json::parse_file(gears_path, [](const json::Json& j) { return doc::gear_table_from_json(j); });
     cfg.step_interval_ms = step_ms;
+    if (!ramp_list.empty()) cfg.ramp = serve::parse_ramp(ramp_list);
     // Every step of every domain, for --trace-worst.
     struct Step {
       std::string domain;
@@ -235,7 +239,7 @@ int main(int argc, char** argv) {
     note_domains();
     // The prompt: BOS and "Once upon a time", or a story's text repeated
     // and cut to --prompt-tokens.
-    const model::Tokenizer tok = model::Tokenizer::from(m.tokenizer);
+    const model::Tokenizer& tok = svc.tokenizer();
     std::vector<int> prompt = tok.encode("Once upon a time", true);
     if (prompt_tokens > 0) {
       const std::vector<int> story = tok.encode(
@@ -269,6 +273,8 @@ int main(int argc, char** argv) {
     std::map<std::string, int> built_by;
     std::vector<int> phase_shift;
     std::vector<std::string> shift_name;  // "from->to" of each shift
+    // How long each phase of each shift took (the shift events' phase_ms), by phase.
+    std::map<std::string, std::vector<double>> phase_ms;
     for (int s = 0; s < shifts; ++s) {
       std::this_thread::sleep_for(window);
       serve::Service::ShiftOptions o;
@@ -284,6 +290,8 @@ int main(int argc, char** argv) {
       };
       add_phase(t_call, "build");
       auto done = svc.shift(o, [&](const doc::ShiftEvent& e) {
+        phase_ms[e.phase == "ramp" ? "ramp-" + std::to_string(static_cast<int>(e.traffic_share * 100 + 0.5)) : e.phase]
+            .push_back(e.phase_ms);
         if (e.phase == "reserve") t_reserve = e.t_ms;
         if (e.phase == "ramp" && e.traffic_share >= 1.0) t_full = e.t_ms;
         // A request sent in a phase: "build" (shadow built and warmed),
@@ -400,6 +408,8 @@ int main(int argc, char** argv) {
       }
     }
     const double lo = pct(boot, 5), hi = pct(boot, 95);
+    json::Json phase_json = json::Json::object();
+    for (const auto& [name, v] : phase_ms) phase_json[name] = {{"p50", pct(v, 50)}, {"max", pct(v, 100)}};
     json::Json out{{"kind", "ftp.shift-bench/v1"},
                    {"shifts", shifts},
                    {"committed", committed},
@@ -419,6 +429,7 @@ int main(int argc, char** argv) {
                    {"ttft_ms_by_gear", gear_json},
                    {"p99_ttft_ratio_worst_gear", worst_gear},
                    {"shifting_s", shifting_s},
+                   {"phase_ms", phase_json},
                    {"ttft_ms_shifting_by_phase", tails(by_phase)},
                    {"ttft_ms_shifting_by_shift", tails(by_shift)},
                    {"cpu_noise", json::Json::array()},

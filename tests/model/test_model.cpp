@@ -23,6 +23,7 @@
 #include "model/gguf.hpp"
 #include "model/llama2c.hpp"
 #include "model/model.hpp"
+#include "model/tokenizer.hpp"
 #include "test_data.hpp"
 
 namespace fs = std::filesystem;
@@ -291,6 +292,12 @@ TEST(Model, Stories260KGguf) {
   EXPECT_EQ(t.tokens[3], "<0x00>");
   EXPECT_EQ(t.tokens[259], "\xe2\x96\x81t");  // "▁t"
   EXPECT_TRUE(t.add_bos);
+  // The loader keeps the tokenizer it built to check the vocabulary, and
+  // tokenizer_of hands out that one rather than building it again.
+  ASSERT_NE(m.built_tokenizer, nullptr);
+  EXPECT_EQ(ftp::model::tokenizer_of(m).get(), m.built_tokenizer.get());
+  EXPECT_EQ(m.built_tokenizer->n_vocab(), 512);
+  EXPECT_EQ(m.built_tokenizer->encode_prompt(""), std::vector<int>{1});  // BOS alone
 }
 
 TEST(Model, Stories260KLlama2c) {
@@ -316,6 +323,14 @@ TEST(Model, Stories260KLlama2c) {
   EXPECT_EQ(t.bos, 1);
   EXPECT_EQ(t.eos, 2);
   EXPECT_TRUE(t.add_bos);
+  ASSERT_NE(m.built_tokenizer, nullptr);
+  EXPECT_EQ(m.built_tokenizer->kind(), ftp::model::Tokenizer::Kind::llama2c);
+  // A model made in code (no loader) gets a tokenizer built on request.
+  Model bare;
+  bare.tokenizer = t;
+  const auto built = ftp::model::tokenizer_of(bare);
+  ASSERT_NE(built, nullptr);
+  EXPECT_EQ(built->encode("Zoo", true), m.built_tokenizer->encode("Zoo", true));
   // The weights' last byte is the file's last byte: the views cover it exactly.
   const auto* end = static_cast<const char*>(m.weights.output_norm.data) + m.weights.output_norm.bytes;
   EXPECT_EQ(end + 2 * 512 * 8 / 2 * 4, static_cast<const char*>(m.weights.tok_embd.data) + 1056540 - 28);
