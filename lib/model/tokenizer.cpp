@@ -88,6 +88,7 @@ Tokenizer Tokenizer::from(const TokenizerData& d) {
   for (std::size_t i = 0; i < n; ++i) {
     Token& tok = t.tokens_[i];
     tok.text = d.tokens[i].empty() ? "[EMPTY_" + std::to_string(i) + "]" : d.tokens[i];
+    t.max_token_bytes_ = std::max(t.max_token_bytes_, tok.text.size());
     tok.score = d.scores.empty() ? 0.0f : d.scores[i];
     if (!d.types.empty()) {
       switch (d.types[i]) {

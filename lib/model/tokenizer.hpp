@@ -67,6 +67,13 @@ class Tokenizer {
   /// The token's text as stored in the vocabulary.
   const std::string& token_text(int id) const { return tokens_.at(static_cast<std::size_t>(id)).text; }
 
+  /// Bytes of the longest token text in the vocabulary. No token of any
+  /// kind here covers more bytes of the input than its own text holds
+  /// (SentencePiece's "▁" stands for one space in 3 bytes, byte-level BPE
+  /// maps a byte to 1-2), so `text` takes at least text.size() / this
+  /// many tokens: a bound that needs no encoding.
+  std::size_t max_token_bytes() const noexcept { return max_token_bytes_; }
+
   int bos() const noexcept { return bos_; }
   int eos() const noexcept { return eos_; }
   int n_vocab() const noexcept { return static_cast<int>(tokens_.size()); }
@@ -107,6 +114,7 @@ class Tokenizer {
   std::vector<int> eog_;
   std::vector<std::string> pieces_;  ///< token_to_piece(id, true), precomputed
   int bos_ = -1, eos_ = -1, unk_ = -1;
+  std::size_t max_token_bytes_ = 1;
   bool add_bos_ = false, add_eos_ = false, add_space_prefix_ = false;
   bool ignore_merges_ = false, clean_spaces_ = false;
 };

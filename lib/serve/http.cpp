@@ -133,10 +133,42 @@ std::vector<int> token_ids(const Json& arr, const std::string& param) {
 /// What both endpoints share; the prompt is set by each.
 struct Parsed {
   CompletionRequest req;
+  /// /v1/completions: each prompt of the request, one choice each (text in
+  /// `prompt`, or token ids); empty for a chat, whose prompt is in `req`.
+  std::vector<CompletionRequest> prompts;
   bool stream = false;
   bool include_usage = false;
   bool max_tokens_given = false;
+  const char* max_tokens_key = "max_tokens";  ///< the key the client sent (or max_tokens)
 };
+
+/// Most prompts in one /v1/completions request (each is a request of its own).
+constexpr std::size_t kMaxPrompts = 128;
+
+/// Refuses a field whose feature this server does not have, where ignoring
+/// it would answer something the client did not ask for (a tool call, JSON
+/// output, a penalty): a 400 naming it, as for n and logprobs.
+void refuse_unsupported(const Json& body) {
+  for (const char* key : {"tools", "functions"})
+    if (const Json* f = field(body, key); f && !(f->is_array() && f->empty()))
+      bad(key, std::string(key) + ": tool and function calling is not supported");
+  for (const char* key : {"tool_choice", "function_call"})
+    if (const Json* f = field(body, key); f && !(f->is_string() && f->get<std::string>() == "none"))
+      bad(key, std::string(key) + ": tool and function calling is not supported");
+  if (const Json* f = field(body, "response_format")) {
+    if (!f->is_object()) bad("response_format", std::string("response_format: expected an object, got ") + f->type_name());
+    const Json* type = field(*f, "type");
+    if (!type || !type->is_string() || type->get<std::string>() != "text")
+      bad("response_format", "response_format: only {\"type\": \"text\"} is supported, got " + f->dump());
+  }
+  if (const Json* f = field(body, "logit_bias")) {
+    if (!f->is_object()) bad("logit_bias", std::string("logit_bias: expected an object, got ") + f->type_name());
+    if (!f->empty()) bad("logit_bias", "logit_bias: not supported");
+  }
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (get_num(body, key, 0.0, -2.0, 2.0) != 0.0)
+      bad(key, std::string(key) + ": not supported (only 0), got " + field(body, key)->dump());
+}
 
 Parsed parse_common(const Json& body, const Service& service, int default_max_tokens) {
   Parsed p;
@@ -153,10 +185,12 @@ Parsed parse_common(const Json& body, const Service& service, int default_max_to
   if (get_bool(body, "echo", false)) bad("echo", "echo: not supported");
   if (const Json* l = field(body, "logprobs"); l && !(l->is_boolean() && !l->get<bool>()))
     bad("logprobs", "logprobs: not supported");
+  refuse_unsupported(body);
 
   const int limit = service.config().max_tokens_limit;
   const char* mt_key = field(body, "max_completion_tokens") && !field(body, "max_tokens") ? "max_completion_tokens" : "max_tokens";
   p.max_tokens_given = field(body, mt_key) != nullptr;
+  p.max_tokens_key = mt_key;
   // A request that names no max_tokens gets the default, within the limit:
   // only a value the client sends can be over it.
   const int fallback = limit > 0 ? std::min(default_max_tokens, limit) : default_max_tokens;
@@ -199,25 +233,34 @@ Parsed parse_common(const Json& body, const Service& service, int default_max_to
   return p;
 }
 
+/// The prompts of /v1/completions, as OpenAI takes them: a string, an array
+/// of token ids, or an array of either (one choice each, in order).
 void parse_prompt(const Json& body, Parsed& p) {
   const Json* f = field(body, "prompt");
   if (!f) bad("prompt", "prompt: missing required field");
-  if (f->is_string()) {
-    p.req.prompt = f->get<std::string>();
-  } else if (f->is_array() && f->size() == 1 && (*f)[0].is_string()) {
-    p.req.prompt = (*f)[0].get<std::string>();
-  } else if (f->is_array() && !f->empty() && (*f)[0].is_number()) {
-    p.req.prompt_tokens = token_ids(*f, "prompt");
-  } else if (f->is_array() && f->size() == 1 && (*f)[0].is_array()) {
-    p.req.prompt_tokens = token_ids((*f)[0], "prompt[0]");
-  } else if (f->is_array() && f->size() > 1) {
-    bad("prompt", "prompt: only one prompt per request is supported, got " + std::to_string(f->size()));
+  auto add = [&](const Json& one, const std::string& at) {
+    CompletionRequest r = p.req;
+    if (one.is_string()) {
+      r.prompt = one.get<std::string>();
+    } else if (one.is_array() && !one.empty()) {
+      r.prompt_tokens = token_ids(one, at);
+    } else {
+      bad("prompt", at + ": expected a string or a non-empty array of token ids, got " +
+                        (one.is_array() ? std::string("an empty array") : one.type_name()));
+    }
+    p.prompts.push_back(std::move(r));
+  };
+  if (f->is_string() || (f->is_array() && !f->empty() && (*f)[0].is_number())) {
+    add(*f, "prompt");
+  } else if (f->is_array() && !f->empty()) {
+    if (f->size() > kMaxPrompts)
+      bad("prompt", "prompt: at most " + std::to_string(kMaxPrompts) + " prompts per request, got " +
+                        std::to_string(f->size()));
+    for (std::size_t i = 0; i < f->size(); ++i) add((*f)[i], "prompt[" + std::to_string(i) + "]");
   } else {
-    bad("prompt", std::string("prompt: expected a string, an array of one string or an array of token ids, got ") +
+    bad("prompt", std::string("prompt: expected a string, an array of token ids or an array of prompts, got ") +
                       (f->is_array() ? "an empty array" : f->type_name()));
   }
-  if (p.req.prompt.empty() && p.req.prompt_tokens.empty() && f->is_array() && !(f->size() == 1 && (*f)[0].is_string()))
-    bad("prompt", "prompt: empty array of token ids");
 }
 
 std::vector<ChatMessage> parse_messages(const Json& body) {
@@ -234,6 +277,8 @@ std::vector<ChatMessage> parse_messages(const Json& body) {
     ChatMessage cm;
     cm.role = role->get<std::string>();
     if (cm.role == "developer") cm.role = "system";
+    if (cm.role == "tool" || cm.role == "function")
+      bad(at + ".role", at + ".role: '" + cm.role + "': tool and function calling is not supported");
     if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
       bad(at + ".role", at + ".role: expected system, developer, user or assistant, got '" + cm.role + "'");
     const Json* c = field(m, "content");
@@ -242,12 +287,14 @@ std::vector<ChatMessage> parse_messages(const Json& body) {
     } else if (c->is_string()) {
       cm.content = c->get<std::string>();
     } else if (c->is_array()) {
-      // Content parts: only text is served; parts are joined.
+      // Content parts: only text is served; parts are joined by a newline,
+      // as vLLM joins them (they are separate pieces of text).
       for (std::size_t k = 0; k < c->size(); ++k) {
         const Json& part = (*c)[k];
         std::string pat = at + ".content[" + std::to_string(k) + "]";
         if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
           bad(pat, pat + ": only {\"type\": \"text\", \"text\": ...} parts are supported");
+        if (k > 0) cm.content += "\n";
         cm.content += part["text"].get<std::string>();
       }
     } else {
@@ -260,16 +307,30 @@ std::vector<ChatMessage> parse_messages(const Json& body) {
 
 // --- requests in flight --------------------------------------------------
 
-/// The events of one request, between its domain's thread and the HTTP
-/// thread that answers it.
+/// The events of one HTTP request's choices (one service request each),
+/// between their domains' threads and the HTTP thread that answers.
 struct Pending {
+  explicit Pending(std::size_t n) : ids(n), domain_id(n, "-"), last(n) {}
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<CompletionEvent> events;
-  bool finished = false;   // the finish event is queued (or was consumed)
-  bool gone = false;       // the client went away: events are dropped, the request cancelled
-  std::string domain_id = "-";
+  std::deque<std::pair<std::size_t, CompletionEvent>> events;  // (choice, event)
+  std::vector<std::string> ids;        // each choice's request_id
+  std::vector<std::string> domain_id;  // each choice's domain, once known
+  std::vector<CompletionEvent> last;   // each choice's finish event
+  std::size_t finished = 0;            // choices whose finish event is queued (or was consumed)
+  bool gone = false;                   // the client went away: events are dropped, the requests cancelled
+  bool all_finished() const { return finished == ids.size(); }
 };
+
+/// Usage summed over the choices' finish events.
+Json usage_of(const std::vector<CompletionEvent>& last) {
+  int prompt = 0, completion = 0;
+  for (const auto& e : last) {
+    prompt += e.prompt_tokens;
+    completion += e.completion_tokens;
+  }
+  return Json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
 
 std::string id_suffix() {
   static std::mutex mu;
@@ -279,12 +340,6 @@ std::string id_suffix() {
   std::string s;
   for (int i = 0; i < 24; ++i) s += hex[rng() & 15];
   return s;
-}
-
-Json usage_json(const CompletionEvent& e) {
-  return Json{{"prompt_tokens", e.prompt_tokens},
-              {"completion_tokens", e.completion_tokens},
-              {"total_tokens", e.prompt_tokens + e.completion_tokens}};
 }
 
 std::string sse(const Json& j) { return "data: " + dumps(j) + "\n\n"; }
@@ -368,7 +423,9 @@ void HttpServer::Impl::routes() {
     const std::string auth = req.get_header_value("Authorization");
     // The scheme is case-insensitive (RFC 7235 section 2.1), the key is not.
     const bool bearer = auth.size() > 7 && strncasecmp(auth.c_str(), "bearer ", 7) == 0;
-    if (bearer && const_time_equal(std::string_view(auth).substr(7), opts.api_key))
+    // One or more spaces after the scheme (RFC 7235's 1*SP).
+    const std::size_t key_at = bearer ? auth.find_first_not_of(' ', 7) : std::string::npos;
+    if (key_at != std::string::npos && const_time_equal(std::string_view(auth).substr(key_at), opts.api_key))
       return httplib::Server::HandlerResponse::Unhandled;
     res.set_header("WWW-Authenticate", "Bearer");
     send_error(res, {401, "invalid_request_error", "", "invalid_api_key",
@@ -493,6 +550,11 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
       p = parse_common(body, service, opts.chat_max_tokens);
       std::vector<ChatMessage> msgs = parse_messages(body);
       std::string text = render_chat(chat_template, msgs);
+      try {
+        service.check_prompt_bytes(text.size());
+      } catch (const RequestError& e) {
+        throw ApiError{e.status(), e.type(), "messages", e.code(), e.what()};
+      }
       // Markers such as <|im_start|> are control tokens: parse them.
       p.req.prompt_tokens = service.tokenizer().encode(text, true, true);
       for (auto& s : chat_stop_strings(chat_template)) p.req.stop.push_back(std::move(s));
@@ -501,36 +563,63 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
         int left = service.context_length() - static_cast<int>(p.req.prompt_tokens.size());
         p.req.max_tokens = std::max(1, std::min(p.req.max_tokens, left));
       }
+      p.prompts.push_back(std::move(p.req));
     } else {
       p = parse_common(body, service, opts.completion_max_tokens);
       parse_prompt(body, p);
     }
 
-    auto st = std::make_shared<Pending>();
-    p.req.id = id;
-    p.req.on_event = [st, log = log, id](const CompletionEvent& e) {
-      bool gone;
-      {
-        std::lock_guard lk(st->mu);
-        st->domain_id = e.domain_id.empty() ? "-" : e.domain_id;
-        gone = st->gone;
-        if (!gone) st->events.push_back(e);
-        if (e.finished) st->finished = true;
+    // One service request per prompt: choice i is request `id` (one prompt)
+    // or `id`-i (several).
+    const std::size_t n = p.prompts.size();
+    auto st = std::make_shared<Pending>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      st->ids[i] = n == 1 ? id : id + "-" + std::to_string(i);
+      CompletionRequest& r = p.prompts[i];
+      r.id = st->ids[i];
+      r.on_event = [st, log = log, i, rid = st->ids[i]](const CompletionEvent& e) {
+        bool gone;
+        {
+          std::lock_guard lk(st->mu);
+          st->domain_id[i] = e.domain_id.empty() ? "-" : e.domain_id;
+          gone = st->gone;
+          if (!gone) st->events.emplace_back(i, e);
+          if (e.finished) {
+            st->last[i] = e;
+            ++st->finished;
+          }
+        }
+        st->cv.notify_all();
+        if (e.finished)
+          (*log)("request_id=" + rid + " domain_id=" + logval(e.domain_id.empty() ? "-" : e.domain_id) +
+                 " event=finished finish_reason=" + logval(e.finish_reason) +
+                 " prompt_tokens=" + std::to_string(e.prompt_tokens) +
+                 " completion_tokens=" + std::to_string(e.completion_tokens) + (gone ? " client=gone" : "") +
+                 (e.error.empty() ? "" : " error=" + logval(e.error)));
+      };
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      try {
+        service.submit(std::move(p.prompts[i]));
+      } catch (const InputError& e) {
+        // All or nothing: the prompts already accepted are cancelled.
+        {
+          std::lock_guard lk(st->mu);
+          st->gone = true;
+          st->events.clear();
+        }
+        for (std::size_t j = 0; j < i; ++j) service.cancel(st->ids[j]);
+        const auto* re = dynamic_cast<const RequestError*>(&e);
+        std::string param = re ? re->param() : "";
+        // The names the client used: a chat has messages, not a prompt, and
+        // max_tokens may have come as max_completion_tokens.
+        if (param == "prompt" && chat) param = "messages";
+        if (param == "max_tokens") param = p.max_tokens_key;
+        std::string message = e.what();
+        if (n > 1) message = "prompt[" + std::to_string(i) + "]: " + message;
+        throw ApiError{re ? re->status() : 400, re ? re->type() : "invalid_request_error", param, re ? re->code() : "",
+                       message};
       }
-      st->cv.notify_all();
-      if (e.finished)
-        (*log)("request_id=" + id + " domain_id=" + logval(e.domain_id.empty() ? "-" : e.domain_id) +
-               " event=finished finish_reason=" + logval(e.finish_reason) +
-               " prompt_tokens=" + std::to_string(e.prompt_tokens) +
-               " completion_tokens=" + std::to_string(e.completion_tokens) + (gone ? " client=gone" : "") +
-               (e.error.empty() ? "" : " error=" + logval(e.error)));
-    };
-    try {
-      service.submit(std::move(p.req));
-    } catch (const RequestError& e) {
-      throw ApiError{e.status(), e.type(), e.param(), "", e.what()};
-    } catch (const InputError& e) {
-      throw ApiError{400, "invalid_request_error", "", "", e.what()};
     }
     if (p.stream)
       answer_stream(res, st, id, chat, p.include_usage, created_s);
@@ -550,34 +639,45 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
   }
 }
 
+namespace {
+
+/// A choice that failed in its domain: the error answered for the request.
+ApiError failed_choice(const CompletionEvent& e) {
+  return {500, "server_error", "", "", e.error.empty() ? "the request failed in domain " + e.domain_id : e.error};
+}
+
+}  // namespace
+
 void HttpServer::Impl::answer_whole(httplib::Response& res, const std::shared_ptr<Pending>& st, const std::string& id,
                                     bool chat, std::int64_t created_s) {
   // The service promises a finish event for every submitted request.
-  std::string text;
-  CompletionEvent last;
+  std::vector<std::string> text(st->ids.size());
+  std::vector<CompletionEvent> last;
   {
     std::unique_lock lk(st->mu);
-    st->cv.wait(lk, [&] { return st->finished; });
-    for (auto& e : st->events) {
-      text += e.text;
-      if (e.finished) last = e;
-    }
+    st->cv.wait(lk, [&] { return st->all_finished(); });
+    for (auto& [i, e] : st->events) text[i] += e.text;
     st->events.clear();
+    last = st->last;
   }
-  if (last.finish_reason == "error")
-    return send_error(res, {500, "server_error", "", "",
-                            last.error.empty() ? "the request failed in domain " + last.domain_id : last.error});
-  Json choice = chat ? Json{{"index", 0},
-                            {"message", {{"role", "assistant"}, {"content", text}}},
-                            {"logprobs", nullptr},
-                            {"finish_reason", last.finish_reason}}
-                     : Json{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", last.finish_reason}};
+  for (const auto& e : last)
+    if (e.finish_reason == "error") return send_error(res, failed_choice(e));
+  Json choices = Json::array();
+  for (std::size_t i = 0; i < last.size(); ++i)
+    choices.push_back(chat ? Json{{"index", i},
+                                  {"message", {{"role", "assistant"}, {"content", text[i]}}},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", last[i].finish_reason}}
+                           : Json{{"text", text[i]},
+                                  {"index", i},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", last[i].finish_reason}});
   Json out{{"id", id},
            {"object", chat ? "chat.completion" : "text_completion"},
            {"created", created_s},
            {"model", service.config().model_name},
-           {"choices", Json::array({choice})},
-           {"usage", usage_json(last)}};
+           {"choices", choices},
+           {"usage", usage_of(last)}};
   res.set_content(dumps(out), "application/json");
 }
 
@@ -585,8 +685,8 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, const std::shared_p
                                      bool chat, bool include_usage, std::int64_t created_s) {
   const std::string model = service.config().model_name;
   const char* object = chat ? "chat.completion.chunk" : "text_completion";
-  auto chunk = [=](const std::string* text, const std::string* finish) {
-    Json choice{{"index", 0}};
+  auto chunk = [=](std::size_t index, const std::string* text, const std::string* finish) {
+    Json choice{{"index", index}};
     if (chat) {
       choice["delta"] = text ? Json{{"content", *text}} : Json::object();
     } else {
@@ -594,46 +694,72 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, const std::shared_p
     }
     choice["logprobs"] = nullptr;
     choice["finish_reason"] = finish ? Json(*finish) : Json(nullptr);
-    return Json{{"id", id}, {"object", object}, {"created", created_s}, {"model", model}, {"choices", Json::array({choice})}};
+    Json j{{"id", id}, {"object", object}, {"created", created_s}, {"model", model}, {"choices", Json::array({choice})}};
+    // With include_usage every chunk carries "usage": null but the last.
+    if (include_usage) j["usage"] = nullptr;
+    return j;
   };
   auto started = std::make_shared<bool>(false);
   auto log = this->log;
+  // Cancels the choices still running (the client left, or one failed).
+  auto cancel_all = [this](const std::shared_ptr<Pending>& p) {
+    std::vector<std::string> ids;
+    {
+      std::lock_guard lk(p->mu);
+      p->gone = true;
+      p->events.clear();
+      for (std::size_t i = 0; i < p->ids.size(); ++i)
+        if (!p->last[i].finished) ids.push_back(p->ids[i]);
+    }
+    for (const auto& rid : ids) service.cancel(rid);
+  };
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
       [=, this](std::size_t, httplib::DataSink& sink) {
-        std::deque<CompletionEvent> batch;
+        std::deque<std::pair<std::size_t, CompletionEvent>> batch;
+        bool all = false;
+        std::vector<CompletionEvent> last;
         {
           std::unique_lock lk(st->mu);
           // Wake now and then to notice a server stop.
           st->cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return !st->events.empty(); });
           batch.swap(st->events);
+          all = st->all_finished();
+          if (all) last = st->last;
         }
-        if (batch.empty()) return !stopping.load();
+        if (batch.empty() && !all) return !stopping.load();
         std::string out;
         bool done = false;
         if (chat && !*started) {
           // OpenAI opens a chat stream with the role.
-          Json first = chunk(nullptr, nullptr);
+          Json first = chunk(0, nullptr, nullptr);
           first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
           out += sse(first);
         }
         *started = true;
-        for (const auto& e : batch) {
-          if (!e.text.empty()) out += sse(chunk(&e.text, nullptr));
+        for (const auto& [i, e] : batch) {
+          if (done) break;
+          if (!e.text.empty()) out += sse(chunk(i, &e.text, nullptr));
           if (!e.finished) continue;
           if (e.finish_reason == "error") {
-            out += sse(error_json({500, "server_error", "", "",
-                                   e.error.empty() ? "the request failed in domain " + e.domain_id : e.error}));
-          } else {
-            out += sse(chunk(nullptr, &e.finish_reason));
-            if (include_usage) {
-              Json u = chunk(nullptr, nullptr);
-              u["choices"] = Json::array();
-              u["usage"] = usage_json(e);
-              out += sse(u);
-            }
+            // One failed choice ends the stream: the others are cancelled.
+            out += sse(error_json(failed_choice(e)));
+            out += "data: [DONE]\n\n";
+            done = true;
+            cancel_all(st);
+            continue;
+          }
+          out += sse(chunk(i, nullptr, &e.finish_reason));
+        }
+        if (!done && all) {
+          // The last finish event of all the choices closes the stream.
+          if (include_usage) {
+            Json u = chunk(0, nullptr, nullptr);
+            u["choices"] = Json::array();
+            u["usage"] = usage_of(last);
+            out += sse(u);
           }
           out += "data: [DONE]\n\n";
           done = true;
@@ -642,27 +768,23 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, const std::shared_p
           std::string dom;
           {
             std::lock_guard lk(st->mu);
-            st->gone = true;
-            st->events.clear();
-            dom = st->domain_id;
+            dom = st->domain_id[0];
           }
           (*log)("request_id=" + id + " domain_id=" + logval(dom) +
                  " event=client_gone detail=\"write failed; the request is cancelled\"");
-          service.cancel(id);
+          cancel_all(st);
           return false;
         }
         if (done) sink.done();
         return true;
       },
-      [st, id, this](bool success) {
+      [st, cancel_all](bool success) {
         if (success) return;
         {
           std::lock_guard lk(st->mu);
-          if (st->finished) return;
-          st->gone = true;
-          st->events.clear();
+          if (st->all_finished()) return;
         }
-        service.cancel(id);  // the stream ended early (the client left, the server stops)
+        cancel_all(st);  // the stream ended early (the client left, the server stops)
       });
 }
 

@@ -340,10 +340,26 @@ std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int pro
   return pick;
 }
 
+int Service::max_prompt_tokens() const noexcept {
+  const int ctx = context_length();
+  return cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, ctx - 1) : ctx - 1;
+}
+
+void Service::check_prompt_bytes(std::size_t bytes) const {
+  const std::size_t most = static_cast<std::size_t>(std::max(0, max_prompt_tokens())) * tok_->max_token_bytes();
+  if (bytes > most)
+    throw RequestError(400, "invalid_request_error", "prompt",
+                       "this model's maximum prompt length is " + std::to_string(max_prompt_tokens()) +
+                           " tokens; a prompt of " + std::to_string(bytes) + " bytes takes at least " +
+                           std::to_string(bytes / tok_->max_token_bytes()) + " tokens",
+                       "context_length_exceeded");
+}
+
 void Service::submit(CompletionRequest r) {
   if (!accepting_) throw RequestError(503, "unavailable_error", "", "the service is draining and accepts no new requests");
   std::vector<int> prompt = r.prompt_tokens;
   if (prompt.empty()) {
+    check_prompt_bytes(r.prompt.size());
     try {
       prompt = tok_->encode_prompt(r.prompt);
     } catch (const InputError& e) {
@@ -351,11 +367,13 @@ void Service::submit(CompletionRequest r) {
     }
   }
   const int ctx = context_length();
-  const int max_prompt = cfg_.max_prompt_tokens > 0 ? std::min(cfg_.max_prompt_tokens, ctx - 1) : ctx - 1;
+  const int max_prompt = max_prompt_tokens();
   const int n = static_cast<int>(prompt.size());
   if (n > max_prompt)
     throw RequestError(400, "invalid_request_error", "prompt",
-                       "prompt of " + std::to_string(n) + " tokens exceeds the limit of " + std::to_string(max_prompt));
+                       "this model's maximum prompt length is " + std::to_string(max_prompt) + " tokens; the prompt has " +
+                           std::to_string(n),
+                       "context_length_exceeded");
   if (r.max_tokens < 1)
     throw RequestError(400, "invalid_request_error", "max_tokens", "max_tokens must be at least 1, got " + std::to_string(r.max_tokens));
   if (r.max_tokens > cfg_.max_tokens_limit)
@@ -364,8 +382,9 @@ void Service::submit(CompletionRequest r) {
                            std::to_string(cfg_.max_tokens_limit));
   if (static_cast<std::int64_t>(n) + r.max_tokens > ctx)
     throw RequestError(400, "invalid_request_error", "max_tokens",
-                       "this model's context is " + std::to_string(ctx) + " tokens; the prompt (" + std::to_string(n) +
-                           ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it");
+                       "this model's maximum context length is " + std::to_string(ctx) + " tokens; the prompt (" +
+                           std::to_string(n) + ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it",
+                       "context_length_exceeded");
 
   struct Track {
     std::int64_t arrival_us, first_us = -1;  // the service's clock, microseconds: sub-ms TTFTs are not 0

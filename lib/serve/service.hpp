@@ -32,18 +32,22 @@
 namespace ftp::serve {
 
 /// A request the service refuses, with what an HTTP or RPC answer needs:
-/// status 400 "invalid_request_error" for bad input, 503 when not serving.
+/// status 400 "invalid_request_error" for bad input, 503 when not serving;
+/// `code` as OpenAI's ("context_length_exceeded" for a request longer than
+/// the context allows; empty: none).
 class RequestError : public InputError {
  public:
-  RequestError(int status, std::string type, std::string param, std::string message)
-      : InputError(std::move(message)), status_(status), type_(std::move(type)), param_(std::move(param)) {}
+  RequestError(int status, std::string type, std::string param, std::string message, std::string code = "")
+      : InputError(std::move(message)), status_(status), type_(std::move(type)), param_(std::move(param)),
+        code_(std::move(code)) {}
   int status() const noexcept { return status_; }
   const std::string& type() const noexcept { return type_; }
   const std::string& param() const noexcept { return param_; }
+  const std::string& code() const noexcept { return code_; }
 
  private:
   int status_;
-  std::string type_, param_;
+  std::string type_, param_, code_;
 };
 
 /// A refused control operation, with its ftp.* error name (ftp.NoSuchGear,
@@ -163,6 +167,14 @@ class Service {
   /// it stays until it finishes. Throws RequestError on bad input or when
   /// the service is not accepting.
   void submit(CompletionRequest request);
+  /// Refuses, before any encoding, a prompt text of `bytes` bytes that must
+  /// take more tokens than the prompt limit whatever its text
+  /// (Tokenizer::max_token_bytes): a 12 MB prompt costs no tokenizer time.
+  /// Throws RequestError (400, param "prompt", code context_length_exceeded).
+  void check_prompt_bytes(std::size_t bytes) const;
+  /// The longest prompt a request may have, in tokens (--max-prompt-tokens,
+  /// at most the context - 1).
+  int max_prompt_tokens() const noexcept;
   /// Cancels an accepted request whose client has gone: it finishes with
   /// reason "cancelled" at its domain's next step, and its KV pages return.
   /// An unknown or finished id is ignored.

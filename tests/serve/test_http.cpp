@@ -226,6 +226,144 @@ TEST_F(HttpTest, PromptAsArrayOfOneStringOrTokenIds) {
   EXPECT_EQ(j2["choices"][0]["text"], golden_zoo());
 }
 
+// Several prompts in one request, as OpenAI takes them: one choice each, in
+// order, each what the prompt gives alone; usage is the sum.
+TEST_F(HttpTest, SeveralPromptsOneChoiceEach) {
+  auto [s0, alone] = post("/v1/completions", Json{{"prompt", "Once"}, {"max_tokens", 20}, {"temperature", 0}});
+  ASSERT_EQ(s0, 200) << alone.dump();
+  auto [s00, zoo] = post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 20}, {"temperature", 0}});
+  ASSERT_EQ(s00, 200) << zoo.dump();
+  const Json prompts = Json::parse(R"(["Zoo", [1, 410, 469, 347], "Once"])");
+  Json body{{"prompt", prompts}, {"max_tokens", 20}, {"temperature", 0}};
+  auto [s1, j] = post("/v1/completions", body);
+  ASSERT_EQ(s1, 200) << j.dump();
+  ASSERT_EQ(j["choices"].size(), 3u) << j.dump();
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(j["choices"][i]["index"], i);
+  EXPECT_EQ(j["choices"][0]["text"], zoo["choices"][0]["text"]);
+  EXPECT_EQ(j["choices"][1]["text"], zoo["choices"][0]["text"]);  // the same prompt as token ids
+  EXPECT_EQ(j["choices"][2]["text"], alone["choices"][0]["text"]);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 4 + 4 + alone["usage"]["prompt_tokens"].get<int>());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 60);
+
+  // Streamed: each chunk names its choice; one [DONE] after the last.
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  Sse st = post_stream(port, "/v1/completions", body);
+  ASSERT_EQ(st.status, 200) << st.raw;
+  EXPECT_TRUE(st.done);
+  std::vector<std::string> text(3);
+  std::vector<int> finishes(3, 0);
+  Json usage;
+  for (const auto& e : st.events) {
+    if (!e["usage"].is_null()) {
+      usage = e["usage"];
+      continue;
+    }
+    const std::size_t i = e["choices"][0]["index"].get<std::size_t>();
+    ASSERT_LT(i, 3u);
+    text[i] += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) ++finishes[i];
+  }
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(text[i], j["choices"][i]["text"]) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+  }
+  EXPECT_EQ(usage, j["usage"]);
+  EXPECT_EQ(st.raw.find("[DONE]"), st.raw.rfind("[DONE]"));
+
+  // All or nothing: one prompt over the context refuses the request, naming it.
+  std::string long_prompt;
+  for (int i = 0; i < service->context_length() / 2; ++i) long_prompt += "Once upon a time ";
+  auto [s2, e2] = post("/v1/completions", Json{{"prompt", Json::array({"Zoo", long_prompt})}, {"max_tokens", 4}});
+  EXPECT_EQ(s2, 400);
+  expect_openai_error(e2, "invalid_request_error", "prompt", "context_length_exceeded");
+  EXPECT_EQ(e2["error"]["message"].get<std::string>().rfind("prompt[1]: ", 0), 0u) << e2.dump();
+  auto [s3, e3] = post("/v1/completions", Json{{"prompt", Json::array({"Zoo", Json::array()})}});
+  EXPECT_EQ(s3, 400);
+  expect_openai_error(e3, "invalid_request_error", "prompt", nullptr);
+  EXPECT_EQ(post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 57}, {"temperature", 0}}).second["choices"][0]["text"],
+            golden_zoo());
+}
+
+// Fields of features this server lacks are refused by name, not ignored:
+// ignoring them would answer what the client did not ask for.
+TEST_F(HttpTest, UnsupportedFeaturesAreRefusedByName) {
+  const Json msgs = Json::array({Json{{"role", "user"}, {"content", "Hi"}}});
+  const std::vector<std::pair<Json, std::string>> refused = {
+      {Json{{"tools", Json::parse(R"([{"type":"function","function":{"name":"f","parameters":{}}}])")}}, "tools"},
+      {Json{{"tool_choice", "required"}}, "tool_choice"},
+      {Json{{"functions", Json::parse(R"([{"name":"f"}])")}}, "functions"},
+      {Json{{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {Json{{"response_format", "json"}}, "response_format"},
+      {Json{{"logit_bias", {{"100", 100}}}}, "logit_bias"},
+      {Json{{"logit_bias", 3}}, "logit_bias"},
+      {Json{{"presence_penalty", 0.5}}, "presence_penalty"},
+      {Json{{"frequency_penalty", "x"}}, "frequency_penalty"},
+      {Json{{"frequency_penalty", 3}}, "frequency_penalty"},
+  };
+  for (const auto& [extra, param] : refused) {
+    Json body{{"messages", msgs}, {"max_tokens", 2}};
+    body.update(extra);
+    auto [status, j] = post("/v1/chat/completions", body);
+    EXPECT_EQ(status, 400) << body.dump();
+    expect_openai_error(j, "invalid_request_error", param.c_str(), nullptr);
+  }
+  // Their neutral values are fine.
+  Json ok{{"messages", msgs},     {"max_tokens", 2},        {"tools", Json::array()}, {"tool_choice", "none"},
+          {"logit_bias", Json::object()}, {"presence_penalty", 0}, {"frequency_penalty", 0.0},
+          {"response_format", {{"type", "text"}}}};
+  auto [s_ok, j_ok] = post("/v1/chat/completions", ok);
+  EXPECT_EQ(s_ok, 200) << j_ok.dump();
+  // A tool's answer in the history is refused the same way.
+  auto [s_tool, j_tool] = post("/v1/chat/completions",
+                               Json{{"messages", Json::array({Json{{"role", "user"}, {"content", "Hi"}},
+                                                              Json{{"role", "tool"}, {"content", "42"}}})}});
+  EXPECT_EQ(s_tool, 400);
+  expect_openai_error(j_tool, "invalid_request_error", "messages[1].role", nullptr);
+}
+
+// Text parts of one message are separate pieces of text: joined by a newline.
+TEST_F(HttpTest, ChatTextPartsAreJoinedByANewline) {
+  auto tokens = [&](const Json& content) {
+    auto [status, j] = post("/v1/chat/completions",
+                            Json{{"messages", Json::array({Json{{"role", "user"}, {"content", content}}})}, {"max_tokens", 1}});
+    EXPECT_EQ(status, 200) << j.dump();
+    return j["usage"]["prompt_tokens"].get<int>();
+  };
+  const int parts = tokens(Json::parse(R"([{"type":"text","text":"Hi"},{"type":"text","text":"there"}])"));
+  EXPECT_EQ(parts, tokens("Hi\nthere"));
+  EXPECT_NE(parts, tokens("Hithere"));
+}
+
+// A request longer than the context says so as OpenAI does
+// (code context_length_exceeded), naming the field the client sent.
+TEST_F(HttpTest, ContextOverflowNamesTheFieldSent) {
+  const int ctx = service->context_length();
+  std::string words;
+  for (int i = 0; i < ctx / 2; ++i) words += "Once upon a time ";
+  auto [s1, j1] = post("/v1/chat/completions", Json{{"messages", Json::array({Json{{"role", "user"}, {"content", words}}})}});
+  EXPECT_EQ(s1, 400);
+  expect_openai_error(j1, "invalid_request_error", "messages", "context_length_exceeded");
+  auto [s2, j2] = post("/v1/chat/completions", Json{{"messages", Json::array({Json{{"role", "user"}, {"content", "Zoo"}}})},
+                                                    {"max_completion_tokens", ctx - 3}});
+  EXPECT_EQ(s2, 400);
+  expect_openai_error(j2, "invalid_request_error", "max_completion_tokens", "context_length_exceeded");
+  EXPECT_NE(j2["error"]["message"].get<std::string>().find("maximum context length"), std::string::npos) << j2.dump();
+  // A prompt whose bytes alone must take more tokens than the limit is
+  // refused without being encoded (Service::check_prompt_bytes).
+  const std::string huge(2 << 20, 'a');
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    Json body = std::string(path) == "/v1/completions"
+                    ? Json{{"prompt", huge}}
+                    : Json{{"messages", Json::array({Json{{"role", "user"}, {"content", huge}}})}};
+    auto [s, j] = post(path, body);
+    EXPECT_EQ(s, 400) << path;
+    expect_openai_error(j, "invalid_request_error", std::string(path) == "/v1/completions" ? "prompt" : "messages",
+                        "context_length_exceeded");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("bytes takes at least"), std::string::npos) << j.dump();
+  }
+}
+
 TEST_F(HttpTest, CompletionStreamMatchesGolden) {
   Sse s = post_stream(port, "/v1/completions",
                       Json{{"prompt", "Zoo"}, {"max_tokens", 57}, {"temperature", 0}, {"stream", true},
@@ -240,7 +378,11 @@ TEST_F(HttpTest, CompletionStreamMatchesGolden) {
   for (const auto& e : s.events) {
     EXPECT_EQ(e["id"], id);
     EXPECT_EQ(e["object"], "text_completion");
-    if (e.contains("usage")) {
+    // With include_usage every chunk has "usage": null but the last, whose
+    // choices are empty (OpenAI's stream_options).
+    ASSERT_TRUE(e.contains("usage")) << e.dump();
+    if (!e["usage"].is_null()) {
+      EXPECT_TRUE(e["choices"].empty()) << e.dump();
       usage = e["usage"];
       continue;
     }
@@ -504,6 +646,13 @@ TEST_F(HttpTest, ApiKey) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << scheme;
   }
+  // One or more spaces between scheme and key (RFC 7235's 1*SP).
+  r = c.Get("/v1/models", {{"Authorization", "Bearer   sekret"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  r = c.Get("/v1/models", {{"Authorization", "Bearer  "}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
   r = c.Get("/v1/models", {{"Authorization", "bearer SEKRET"}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 401);
