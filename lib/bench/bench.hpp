@@ -181,7 +181,16 @@ struct Report {
   std::vector<RunSummary> runs;          ///< in rate order; a sweep stops after the first unsustained rate
   std::optional<doc::Capacity> capacity;  ///< from the sustained runs; nullopt when none
   std::string served_model;               ///< from /v1/models
+  int refused = 0;                        ///< requests the server answered 400 or 413 (the bench asked amiss)
+  std::string first_refusal;              ///< the first of those answers
+  std::string first_error;                ///< the first failure of any kind
 };
+
+/// Throws when the bench's numbers would mean nothing: InputError (exit 2)
+/// when the server refused requests as invalid (a --prompt-tokens or
+/// --output-tokens over its limits, say), Error (exit 1) when every request
+/// failed. Called after the report is written, which keeps the samples.
+void check_report(const Report& report);
 
 /// Probes the server (Error with Exit::unreachable when it does not answer),
 /// then runs every rate in order, stopping after the first one the server

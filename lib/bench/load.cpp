@@ -24,6 +24,30 @@ std::pair<std::string, std::string> split_url(const std::string& url) {
   if (scheme == std::string::npos || url.compare(0, scheme, "http") != 0)
     throw InputError("url: expected http://HOST:PORT, got \"" + url + "\"");
   const auto slash = url.find('/', scheme + 3);
+  // The authority: a host (a bracketed IPv6 address) and an optional port
+  // of 1-65535, checked here so that a typo is a usage error, not an
+  // "unreachable" daemon.
+  const std::string authority = url.substr(scheme + 3, slash == std::string::npos ? std::string::npos : slash - scheme - 3);
+  const auto bad_url = [&](const std::string& why) {
+    throw InputError("url: " + why + " in \"" + url + "\" (expected http://HOST:PORT)");
+  };
+  std::size_t host_end = 0;
+  if (!authority.empty() && authority[0] == '[') {
+    host_end = authority.find(']');
+    if (host_end == std::string::npos) bad_url("an IPv6 address without its ']'");
+    ++host_end;
+  } else {
+    host_end = authority.find(':');
+    if (host_end == std::string::npos) host_end = authority.size();
+  }
+  if (host_end == 0 || (authority[0] == '[' && host_end <= 2)) bad_url("no host");
+  if (host_end < authority.size()) {
+    const std::string port = authority.substr(host_end);
+    if (port[0] != ':' || port.size() < 2 || port.size() > 6 ||
+        port.find_first_not_of("0123456789", 1) != std::string::npos || std::stoi(port.substr(1)) < 1 ||
+        std::stoi(port.substr(1)) > 65535)
+      bad_url("port '" + port.substr(port[0] == ':' ? 1 : 0) + "' is not 1-65535");
+  }
   if (slash == std::string::npos) return {url, ""};
   std::string prefix = url.substr(slash);
   while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();

@@ -48,8 +48,14 @@ Report run_bench(const BenchSpec& spec, std::int64_t t_ms, const std::function<v
       std::snprintf(l, sizeof l, "rate %g req/s: %d/%d done", rate, done, total);
       if (progress) progress(l);
     });
-    if (on_sample)
-      for (const auto& s : samples) on_sample(s);
+    for (const auto& s : samples) {
+      if (on_sample) on_sample(s);
+      if (s.ok) continue;
+      if (rep.first_error.empty()) rep.first_error = s.error;
+      if (s.error.rfind("HTTP 400", 0) == 0 || s.error.rfind("HTTP 413", 0) == 0) {
+        if (rep.refused++ == 0) rep.first_refusal = s.error;
+      }
+    }
     RunSummary r = summarize(samples, rate, duration, plan.empty() ? 0 : plan.back().at_s, spec.slo, spec.sustain);
     std::snprintf(line, sizeof line, "rate %g req/s: %.3g req/s, %.4g tok/s, goodput %.3g, TTFT p99 %.1f ms, %s", rate,
                   r.request_throughput, r.output_throughput, r.goodput, r.ttft_ms.p99,
@@ -82,6 +88,19 @@ json::Json to_json(const BenchSpec& spec, const Report& rep) {
   for (const auto& r : rep.runs) j["runs"].push_back(to_json(r));
   j["capacity"] = rep.capacity ? doc::to_json(*rep.capacity, true) : json::Json(nullptr);
   return j;
+}
+
+void check_report(const Report& report) {
+  if (report.refused > 0)
+    throw InputError("the server refused " + std::to_string(report.refused) +
+                     " request(s) as invalid; first: " + report.first_refusal);
+  int completed = 0, failed = 0;
+  for (const auto& r : report.runs) {
+    completed += r.completed;
+    failed += r.failed;
+  }
+  if (completed == 0 && failed > 0)
+    throw Error("every request failed (" + std::to_string(failed) + "); first: " + report.first_error);
 }
 
 }  // namespace ftp::bench

@@ -3,7 +3,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "core/error.hpp"
@@ -13,6 +16,44 @@
 namespace ftp::cli {
 
 bool is_tty(int fd) noexcept { return ::isatty(fd) == 1; }
+
+namespace {
+
+/// A validator that reads the option's text as a finite number and asks
+/// `ok` of it; `want` says what it wants ("> 0").
+CLI::Validator finite_number(std::function<bool(double)> ok, std::string want) {
+  return CLI::Validator(
+      [ok = std::move(ok), want](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0') return "expected a number, got '" + text + "'";
+        if (!std::isfinite(v)) return "must be a finite number " + want + ", got " + text;
+        if (!ok(v)) return "must be " + want + ", got " + text;
+        return "";
+      },
+      want, "finite " + want);
+}
+
+std::string number(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.15g", v);
+  return b;
+}
+
+}  // namespace
+
+CLI::Validator positive() {
+  return finite_number([](double v) { return v > 0; }, "> 0");
+}
+
+CLI::Validator non_negative() {
+  return finite_number([](double v) { return v >= 0; }, ">= 0");
+}
+
+CLI::Validator in_range(double lo, double hi) {
+  return finite_number([lo, hi](double v) { return v >= lo && v <= hi; }, "in [" + number(lo) + ", " + number(hi) + "]");
+}
 
 Tool::Tool(std::string name, std::string description) : name_(std::move(name)), app_(std::move(description), name_) {
   app_.set_version_flag("--version", std::string(name_) + " " + std::string(ftp::version()) +

@@ -57,4 +57,13 @@ class Tool {
 /// True when the stream (1 = stdout, 2 = stderr) is a terminal.
 bool is_tty(int fd) noexcept;
 
+/// Checks of numeric options, to use instead of CLI11's PositiveNumber,
+/// NonNegativeNumber and Range: those compare with <, so NaN passes them
+/// (a --min-throughput nan gate would never fail), and their messages
+/// print a range of 300 digits. These refuse NaN and infinities and say
+/// what they want: "--timeout: must be a finite number > 0, got nan".
+CLI::Validator positive();                      ///< finite, > 0
+CLI::Validator non_negative();                  ///< finite, >= 0
+CLI::Validator in_range(double lo, double hi);  ///< finite, in [lo, hi]
+
 }  // namespace ftp::cli

@@ -2,6 +2,7 @@
 #include "control/trace.hpp"
 
 #include <charconv>
+#include <cstdio>
 #include <cmath>
 #include <fstream>
 #include <numbers>
@@ -220,11 +221,29 @@ Trace read_trace(const std::string& path) {
 double pattern_rate(std::string_view pattern, double t_s) { return parse_pattern(pattern).rate(t_s); }
 double pattern_length_s(std::string_view pattern) { return parse_pattern(pattern).length_s(); }
 
+namespace {
+
+/// The most requests a synthetic trace may hold (16 bytes each: 320 MB) and
+/// the largest coefficient of variation of its gaps: past them a typo
+/// (const:1e9, --burstiness 1e9) would fill the memory instead of failing.
+constexpr std::size_t kMaxSyntheticRequests = 20000000;
+constexpr double kMaxBurstiness = 100;
+
+std::string short_number(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+}  // namespace
+
 Trace synthesize(const SyntheticConfig& c) {
   const Pattern p = parse_pattern(c.pattern);
   const double duration = c.duration_s > 0 ? c.duration_s : p.length_s();
   if (!(duration > 0)) throw InputError("--duration: a const rate pattern needs a duration");
-  if (!(c.burstiness > 0)) throw InputError("--burstiness: must be > 0, got " + std::to_string(c.burstiness));
+  if (!(c.burstiness > 0 && c.burstiness <= kMaxBurstiness))
+    throw InputError("--burstiness: must be in (0, " + std::to_string(static_cast<int>(kMaxBurstiness)) + "], got " +
+                     short_number(c.burstiness));
   const double k = 1 / (c.burstiness * c.burstiness);
   std::mt19937_64 rng(c.seed);
   std::gamma_distribution<double> gap(k, 1 / k);  // mean 1, CV = burstiness
@@ -240,6 +259,9 @@ Trace synthesize(const SyntheticConfig& c) {
     }
     now += gap(rng) / rate;
     if (now >= duration) break;
+    if (t.requests.size() >= kMaxSyntheticRequests)
+      throw InputError("--rate-pattern " + c.pattern + " over " + short_number(duration) + " s: more than " +
+                       std::to_string(kMaxSyntheticRequests) + " requests; use a lower rate or a shorter --duration");
     t.requests.push_back({static_cast<std::int64_t>(now * 1000), c.prompt_tokens, c.output_tokens});
   }
   return t;

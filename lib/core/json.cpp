@@ -4,7 +4,9 @@
 #include <limits>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -82,6 +84,9 @@ std::string Node::str() const {
 }
 
 std::int64_t Node::integer() const {
+  // An unsigned value past INT64_MAX would wrap to a negative one.
+  if (v_->is_number_unsigned() && v_->get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+    fail(std::string("integer ") + brief(*v_) + " is too large");
   if (v_->is_number_integer()) return v_->get<std::int64_t>();
   if (v_->is_number_float()) {
     double d = v_->get<double>();
@@ -203,6 +208,8 @@ std::string read_text(const std::string& path) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": is a directory, not a file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw InputError(path + ": cannot open: " + std::strerror(errno));
   std::ostringstream ss;

@@ -342,6 +342,9 @@ static Model load_model_unchecked(const std::string& path, const std::string& to
   std::size_t size = 0;
   auto map = map_file(path, size);
   if (has_gguf_magic(map, size)) {
+    if (!tokenizer_path.empty())
+      throw InputError(tokenizer_path + ": a separate tokenizer is for llama2.c checkpoints; " + path +
+                       " is a GGUF file with its own vocabulary");
     GgufFile f = GgufFile::open(path);
     Model m = model_from_gguf(f);
     m.weights_file_mapped = true;

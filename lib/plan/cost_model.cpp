@@ -19,7 +19,7 @@ Workload resolve(const Workload& w, const ModelShape& m) {
   }
   if (r.prompt_tokens <= 0) r.prompt_tokens = dflt_prompt;
   if (r.output_tokens <= 0) r.output_tokens = dflt_output;
-  if (r.prompt_tokens + r.output_tokens > r.context)
+  if (static_cast<std::int64_t>(r.prompt_tokens) + r.output_tokens > r.context)
     throw InputError("the reference request (" + std::to_string(r.prompt_tokens) + " prompt + " +
                      std::to_string(r.output_tokens) + " output tokens) is longer than the context (" +
                      std::to_string(r.context) + " tokens)");

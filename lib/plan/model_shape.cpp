@@ -26,7 +26,14 @@ double dtype_bytes(const std::string& dtype) {
   return 0;
 }
 
-int int_field(const Node& n, std::string_view key) { return n.positive_int(key); }
+/// A positive dimension, at most `most`: past the largest real models by
+/// far, so that a typo such as 2147483647 layers is refused here, not met
+/// as hours of planning or gigabytes of tables.
+int int_field(const Node& n, std::string_view key, int most) {
+  const int v = n.positive_int(key);
+  if (v > most) n.at(key).fail("must be at most " + std::to_string(most) + ", got " + std::to_string(v));
+  return v;
+}
 
 }  // namespace
 
@@ -102,16 +109,16 @@ ModelShape model_shape_from_json(const Json& j) {
   ModelShape m;
   m.name = root.str("name");
   if (m.name.empty()) root.at("name").fail("must not be empty");
-  m.n_layers = int_field(root, "n_layers");
-  m.n_heads = int_field(root, "n_heads");
-  m.n_kv_heads = root.has("n_kv_heads") ? int_field(root, "n_kv_heads") : m.n_heads;
+  m.n_layers = int_field(root, "n_layers", 4096);
+  m.n_heads = int_field(root, "n_heads", 65536);
+  m.n_kv_heads = root.has("n_kv_heads") ? int_field(root, "n_kv_heads", 65536) : m.n_heads;
   if (m.n_heads % m.n_kv_heads != 0)
     root.at("n_kv_heads").fail("must divide n_heads (" + std::to_string(m.n_heads) + "), got " + std::to_string(m.n_kv_heads));
-  m.hidden_size = int_field(root, "hidden_size");
-  m.intermediate_size = int_field(root, "intermediate_size");
-  m.vocab_size = int_field(root, "vocab_size");
+  m.hidden_size = int_field(root, "hidden_size", 1 << 20);
+  m.intermediate_size = int_field(root, "intermediate_size", 1 << 22);
+  m.vocab_size = int_field(root, "vocab_size", 1 << 24);
   if (root.has("head_dim")) {
-    m.head_dim = int_field(root, "head_dim");
+    m.head_dim = int_field(root, "head_dim", 65536);
   } else {
     if (m.hidden_size % m.n_heads != 0)
       root.at("hidden_size").fail("must be a multiple of n_heads (" + std::to_string(m.n_heads) + ") unless head_dim is given, got " +
@@ -131,7 +138,7 @@ ModelShape model_shape_from_json(const Json& j) {
     root.at("dtype");  // throws "dtype: missing required field"
   }
   m.kv_dtype = root.has("kv_dtype") ? root.one_of("kv_dtype", {"f32", "f16", "bf16"}) : (m.dtype == "f32" ? "f32" : "f16");
-  m.context_length = int_field(root, "context_length");
+  m.context_length = int_field(root, "context_length", 1 << 26);
   m.tie_embeddings = root.boolean_or("tie_embeddings", false);
   m.n_params = root.has("n_params") ? static_cast<std::uint64_t>(root.positive_integer("n_params")) : m.computed_params();
   return m;

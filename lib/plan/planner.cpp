@@ -250,7 +250,7 @@ Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int conte
     for (const auto& g : r) rep.stages.push_back(doc::Stage{0, 0, g.devices});
     c.gear.replicas.push_back(std::move(rep));
   }
-  const int conc = (w.concurrency + dp - 1) / dp;
+  const int conc = static_cast<int>((static_cast<std::int64_t>(w.concurrency) + dp - 1) / dp);  // no overflow at INT_MAX
   double rps = 0, tokens_s = 0;
   double kv_min = kInf;
   int micro = 1;

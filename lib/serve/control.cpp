@@ -163,8 +163,8 @@ std::vector<ipc::Method> ControlPlane::methods() {
                  const Json& p = c.params();
                  std::vector<std::string> ids;
                  if (p.contains("domain")) ids.push_back(p["domain"].get<std::string>());
+                 std::vector<std::string> devices;
                  if (p.contains("devices")) {
-                   std::vector<std::string> devices;
                    for (std::size_t i = 0; i < p["devices"].size(); ++i) {
                      if (!p["devices"][i].is_string()) {
                        c.error(ipc::Errc::invalid_params, "devices[" + std::to_string(i) +
@@ -180,8 +180,11 @@ std::vector<ipc::Method> ControlPlane::methods() {
                      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(std::move(id));
                  }
                  if (ids.empty()) {
+                   std::string named;
+                   for (const auto& d : devices) named += (named.empty() ? "" : ",") + d;
                    c.error(control_error_code("ftp.NoSuchDomain"), "ftp.NoSuchDomain",
-                           "no domain given or none on those devices");
+                           devices.empty() ? std::string("no domain given")
+                                           : "no domain holds any of the devices " + named);
                    return;
                  }
                  bool force = p.value("force", false);

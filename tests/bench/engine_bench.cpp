@@ -285,14 +285,15 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", o.dtypes, "Weight dtypes: f32, f16, bf16, q8_0")->delimiter(',')->capture_default_str();
   app.add_option("--tp", o.tps, "Tensor-parallel degrees, each rank one thread (default: 1 and the machine's cores, a power of two, at most 8)")
       ->delimiter(',');
-  app.add_option("--steps", o.steps, "Timed decode steps per batch size")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup, "Untimed decode steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--prompt", o.prompt, "Prefill tokens")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch", o.batch, "The large decode batch")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", o.steps, "Timed decode steps per batch size")->check(ftp::cli::positive())->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed decode steps first")->check(ftp::cli::non_negative())->capture_default_str();
+  app.add_option("--prompt", o.prompt, "Prefill tokens")->check(ftp::cli::positive())->capture_default_str();
+  app.add_option("--batch", o.batch, "The large decode batch")->check(ftp::cli::positive())->capture_default_str();
   app.add_option("--kernels", o.kernels, "fast or reference (ops::matmul_reference)")->check(CLI::IsMember({"fast", "reference"}))->capture_default_str();
   app.add_option("--dir", o.dir, "Where to write the models (default: a new dir under $TMPDIR)");
   app.add_flag("--keep", o.keep, "Keep the model files (reused by the next run with the same --dir)");
-  app.add_option("--min-bw-fraction", min_bw_fraction, "Exit 6 when a batch-1 bandwidth fraction is below this (0: no gate)");
+  app.add_option("--min-bw-fraction", min_bw_fraction, "Exit 6 when a batch-1 bandwidth fraction is below this (0: no gate)")
+      ->check(ftp::cli::non_negative());
 
   return tool.run(argc, argv, [&]() -> int {
     for (const auto& d : o.dtypes) dtype_of(d);

@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
   std::string method;
   double max_p99_us = 0;
   auto& app = tool.app();
-  app.add_option("-n,--count", count, "Timed round trips")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", warmup, "Untimed round trips first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("-n,--count", count, "Timed round trips")->check(ftp::cli::positive())->capture_default_str();
+  app.add_option("--warmup", warmup, "Untimed round trips first")->check(ftp::cli::non_negative())->capture_default_str();
   app.add_option("--payload", payload, "Bytes of the string echoed in each call")->capture_default_str();
   app.add_option("--socket", socket, "Time a running daemon at this socket instead of an in-process server");
   app.add_option("--method", method, "Method to call (default: echo in-process, introspect with --socket)");

@@ -177,24 +177,25 @@ int main(int argc, char** argv) {
   auto& app = tool.app();
   app.add_option("--model", model_path, "Model (stories260K.gguf)")->required();
   app.add_option("--gears", gears_path, "Gear table (examples/gears/stories260K-cpu.json)")->required();
-  app.add_option("--shifts", shifts, "Shifts to run (default 20)")->check(CLI::PositiveNumber);
-  app.add_option("--clients", clients, "Concurrent closed-loop clients (default 8)")->check(CLI::PositiveNumber);
+  app.add_option("--shifts", shifts, "Shifts to run (default 20)")->check(ftp::cli::positive());
+  app.add_option("--clients", clients, "Concurrent closed-loop clients (default 8)")->check(ftp::cli::positive());
   app.add_option("--rate", rate, "Open-loop Poisson arrivals, requests/s, instead of the closed-loop clients")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--prompt-tokens", prompt_tokens,
                  "Prompt length in tokens: a story's text, repeated and cut to length (default: \"Once upon a time\", "
                  "5 tokens with BOS)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--ramp", ramp_list, "The new domains' traffic shares, comma-separated (default 0.1,0.5,1.0)");
-  app.add_option("--step-interval-ms", step_ms, "Ramp step wait (default 20)")->check(CLI::NonNegativeNumber);
-  app.add_option("--steady-s", steady_s, "Seconds of steady state (default 3)")->check(CLI::PositiveNumber);
+  app.add_option("--step-interval-ms", step_ms, "Ramp step wait (default 20)")->check(ftp::cli::non_negative());
+  app.add_option("--steady-s", steady_s, "Seconds of steady state (default 3)")->check(ftp::cli::positive());
   app.add_option("--noise-s", noise_s,
                  "Seconds to measure the CPUs' scheduling noise before and after the load (default 1; 0: skip)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ftp::cli::non_negative());
   app.add_option("--trace-worst", trace_worst,
                  "Print the N slowest TTFT samples with every domain step that overlapped each (stderr)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-ttft-ratio", max_ratio, "Exit 6 when P99 TTFT shifting / steady of the same gears exceeds this");
+      ->check(ftp::cli::non_negative());
+  app.add_option("--max-ttft-ratio", max_ratio, "Exit 6 when P99 TTFT shifting / steady of the same gears exceeds this")
+      ->check(ftp::cli::non_negative());
   return tool.run(argc, argv, [&]() -> int {
     if (!std::filesystem::exists(model_path)) {
       std::fprintf(stderr, "SKIP: %s not found (set FTP_TEST_DATA to ../shared/data)\n", model_path.c_str());

@@ -241,11 +241,11 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"stories260K", "synthetic"}));
   app.add_option("--stories", o.stories, "Path of stories260K.gguf (default $FTP_TEST_DATA/models/stories260K/)");
-  app.add_option("--requests", o.requests, "Requests of the evaluation workload (default 40)")->check(CLI::Range(2, 100000));
+  app.add_option("--requests", o.requests, "Requests of the evaluation workload (default 40)")->check(ftp::cli::in_range(2, 100000));
   app.add_option("--calibration-requests", o.calibration_requests, "Requests of the calibration run (default 40)")
-      ->check(CLI::Range(5, 100000));
+      ->check(ftp::cli::in_range(5, 100000));
   app.add_option("--concurrency", o.concurrency, "Offered load: requests in flight if none waited (default 3)")
-      ->check(CLI::Range(0.1, 64.0));
+      ->check(ftp::cli::in_range(0.1, 64.0));
   app.add_option("--seed", o.seed, "Seed of the evaluation workload (calibration: seed + 1000)");
   app.add_flag("--check", o.check, "Exit 6 when a metric is off by more than 15 %");
   app.add_option("--write-calibration", o.write_calibration,

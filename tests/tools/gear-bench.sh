@@ -48,8 +48,25 @@ check "sweep: capacity is the best sustained" jq -e '(.capacity.max_rps - ([.run
   | ([.offered_rps, .completed / (.duration_s - .e2e_ms.p50 / 1000)] | min)] | max) | fabs) < 1e-9' "$tmp/sweep.json"
 check "write-capacity: measured in the table" jq -e '.gears[] | select(.name=="economy") | .measured.source=="bench" and .measured.max_rps > 0 and .measured.window_s > 0' "$tmp/gears.json"
 check "write-capacity: other gears unchanged" jq -e '[.gears[] | select(.name!="economy") | .measured] | all(. == null)' "$tmp/gears.json"
-# ftp-plan decide needs a capacity on every gear; ftp-serve reads the table as the daemon does.
-check "write-capacity: table still valid" "$bin/ftp-serve" -m "$m" --gears "$tmp/gears.json" -p Zoo -n 2
+# The daemon reads the written table as it reads any (a second daemon on a
+# socket of its own, stopped at once).
+FTP_SOCKET=$tmp/second.sock "$bin/ftp-serve" -m "$m" --gears "$tmp/gears.json" --port 0 2>"$tmp/second.log" &
+second=$!
+for _ in $(seq 1 200); do [ -S "$tmp/second.sock" ] && break; kill -0 "$second" 2>/dev/null || break; sleep 0.05; done
+check "write-capacity: the daemon serves the table" test -S "$tmp/second.sock"
+kill -TERM "$second" 2>/dev/null; wait "$second"
+
+# Requests the server refuses make the bench a usage error, naming the
+# server's answer; the report is still written.
+"$bench" --url "$url" --requests 2 --rate 5 --prompt-tokens 8 --output-tokens 100000 --samples "$tmp/r.jsonl" \
+  --json=short >"$tmp/refused.json" 2>"$tmp/err"; rc=$?
+check "refused requests: exit 2" test $rc -eq 2
+check "refused requests: the server's answer quoted" grep -qF "refused 2 request(s) as invalid; first: HTTP 400: max_tokens: 100000 is over this server's limit" "$tmp/err"
+check "refused requests: report written" jq -e '.runs[0].failed == 2' "$tmp/refused.json"
+"$bench" --url http://127.0.0.1:99999 --requests 2 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bad --url port: exit 2, named" test $rc -eq 2 -a -n "$(grep -F "port '99999' is not 1-65535" "$tmp/err")"
+"$bench" --url "$url" --requests 2 --min-throughput nan >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "NaN gate: exit 2, named" test $rc -eq 2 -a -n "$(grep -F -- '--min-throughput: must be a finite number >= 0, got nan' "$tmp/err")"
 
 # A Mooncake trace replayed: its send times and sizes (capped by --prompt-tokens).
 printf '%s\n' '{"timestamp": 0, "input_length": 12, "output_length": 5}' '{"timestamp": 150, "input_length": 900, "output_length": 3}' \

@@ -112,6 +112,13 @@ expect_error "model that does not fit the fragmented cluster" 1 "ftp-plan: error
 check "does not fit (fragmented): names a device and bytes short" grep -qE "GB short on device m[01]\.[a-z0-9.]+ \(needs [0-9.]+ GB, has [0-9.]+ GB\)" "$tmp/err"
 expect_error "reference request too long" 2 "longer than the context" \
   --topology "$a100" --model "$models/stories260K.json" --prompt-tokens 500 --output-tokens 100
+expect_error "reference request past INT_MAX" 2 "longer than the context" \
+  --topology "$a100" --model "$models/llama-7b.json" --prompt-tokens 2147483647 --output-tokens 2147483647
+expect_error "concurrency INT_MAX: no wrap" 1 "no gear fits" --topology "$a100" --model "$models/llama-7b.json" --concurrency 2147483647
+jq '.n_layers = 2147483647' "$models/llama-7b.json" >"$tmp/layers.json"
+expect_error "n_layers past the bound" 2 "$tmp/layers.json: n_layers: must be at most 4096, got 2147483647" --topology "$a100" --model "$tmp/layers.json"
+sed 's/"n_layers": *[0-9]*/"n_layers": 18446744073709551615/' "$models/llama-7b.json" >"$tmp/layers64.json"
+expect_error "integer past int64: no wrap" 2 "n_layers: integer 18446744073709551615 is too large" --topology "$a100" --model "$tmp/layers64.json"
 expect_error "--layout that does not fit" 1 "ftp-plan: error: --layout one: tp=1 pp=1 dp=1 does not fit a100-8x-nvlink: memory: n0.gpu0 needs" \
   --topology "$a100" --model "$models/llama-70b.json" --layout one:tp=1
 check "--layout that does not fit: bytes short" grep -qE "GB short$" "$tmp/err"

@@ -57,6 +57,9 @@ expect_error "negative memory" 2 "nodes[0].devices[0].memory_gib: must be positi
 expect_error "unknown link device" 2 "links[0].b: unknown device \"n0.gpu2\"" --cluster "$b/cluster-unknown-link.json"
 echo '{"kind": "ftp.cluster/v1", "nodes": [' >"$tmp/trunc.json"
 expect_error "malformed JSON" 2 "$tmp/trunc.json:2:1: malformed JSON" --cluster "$tmp/trunc.json"
+expect_error "a directory" 2 "ftp-probe: error: $tmp: is a directory, not a file" --cluster "$tmp"
+expect_error "--count without --watch" 2 "--count: only with --watch" --count 3 --cluster "$b/../clusters/a100-8x-nvlink.json"
+expect_error "--count 0" 2 "--count: must be > 0, got 0" --watch --count 0
 expect_error "wrong kind" 2 'kind: expected "ftp.cluster/v1", got "ftp.topology/v1"' --cluster "$tmp/a100.json"
 expect_error "missing file" 2 "/nonexistent.json: cannot open" --cluster /nonexistent.json
 expect_error "negative virtual devices" 2 "ftp-probe: error:" --virtual-devices -1

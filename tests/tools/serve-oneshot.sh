@@ -11,6 +11,7 @@ if [ ! -f "$m/stories260K.bin" ] || [ ! -f "$m/stories260K.gguf" ]; then
   exit 77
 fi
 source "$(dirname "$0")/common.sh"
+src=$(cd "$(dirname "$0")/../.." && pwd)  # the source tree: examples/
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 for file in stories260K.bin stories260K.gguf; do
@@ -71,6 +72,15 @@ expect_error "truncated llama2.c" "$tmp/trunc.bin" -m "$tmp/trunc.bin" -p x
 expect_error "missing model" "/nonexistent.gguf" -m /nonexistent.gguf -p x
 expect_error "bad gear" "--gear: pp=x" -m "$m/stories260K.gguf" --gear tp=1,pp=x -p x
 expect_error "tp not dividing heads" "tp 3 does not divide n_head 8" -m "$m/stories260K.gguf" --gear tp=3 -p x
+# NaN passes CLI11's own range checks; ours name it.
+"$serve" -m "$m/stories260K.gguf" -p x -t nan >"$tmp/out" 2>"$tmp/err"
+check "NaN temperature: exit 2, named, nothing generated" test $? -eq 2 -a ! -s "$tmp/out" -a \
+  -n "$(grep -F -- "--temperature: must be a finite number in [0, 100], got nan" "$tmp/err")"
+expect_error "unknown engine" '--engine: unknown engine "bogus"' -m "$m/stories260K.gguf" -p x --engine bogus
+expect_error "tokenizer with a GGUF" "is a GGUF file with its own vocabulary" -m "$m/stories260K.gguf" --tokenizer "$m/tok512.bin" -p x
+expect_error "--gears in one-shot" "--gears: one-shot (--prompt) runs one gear" -m "$m/stories260K.gguf" --gears "$src/examples/gears/stories260K-cpu.json" -p x
+expect_error "--policy without --auto" "--policy: only with --auto" -m "$m/stories260K.gguf" --policy "$src/examples/policies/default.json"
+expect_error "--calibration without --engine sim" "--calibration: only with --engine sim" -m "$m/stories260K.gguf" --calibration /nonexistent
 "$serve" -m "$m/stories260K.gguf" --backend tpu -p x >"$tmp/out" 2>"$tmp/err"
 check "unknown backend: exit 2" test $? -eq 2
 check "unknown backend: names the choices" grep -qF -- "--backend: tpu not in {cpu,cuda}" "$tmp/err"

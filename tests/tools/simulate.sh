@@ -85,6 +85,15 @@ expect_error "bad pattern" '--rate-pattern: unknown pattern "ramp"' simulate --g
 expect_error "no arrivals" "give one of --trace and --rate-pattern" simulate --gears "$tmp/gears.json"
 expect_error "no table" "give --gears, or --topology and --model" simulate --rate-pattern const:1 --duration 60
 expect_error "missing trace" "nope.csv: cannot open the trace file" simulate --gears "$tmp/gears.json" --trace "$tmp/nope.csv"
+expect_error "NaN option" "--service-time-s: must be a finite number > 0, got nan" \
+  simulate --gears "$tmp/gears.json" --rate-pattern const:1 --duration 60 --service-time-s nan
+expect_error "too many arrivals" "more than 20000000 requests" simulate --gears "$tmp/gears.json" --rate-pattern const:1e9 --duration 60
+expect_error "burstiness past 100" "--burstiness: must be in (0, 100], got 1e+09" \
+  simulate --gears "$tmp/gears.json" --rate-pattern const:5 --duration 60 --burstiness 1e9
+expect_error "--gears and --topology" "simulate: --gears is the table to replay" \
+  simulate --gears "$tmp/gears.json" --topology "$tmp/topo.json" --model x --rate-pattern const:1 --duration 60
+expect_error "table without capacities: the file named" "ftp-plan: error: $src/examples/gears/stories260K-cpu.json: gears[0]: gear \"economy\" has no measured or estimated capacity" \
+  simulate --gears "$src/examples/gears/stories260K-cpu.json" --rate-pattern const:1 --duration 60
 "$plan" simulate --help >"$tmp/out"; rc=$?
 check "simulate --help: exit 0, names the queueing model" grep -q "queueing" "$tmp/out"
 

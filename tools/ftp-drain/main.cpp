@@ -17,16 +17,18 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices, "Devices: vd0,vd1 or a range of indices such as vd4-7")->option_text("LIST");
   app.add_flag("--force", force, "Allow draining the last serving domain (the daemon then refuses new requests)");
   app.add_option("--timeout", timeout_s, "Give up after this many seconds, at most 2000000 (exit 4; default 600)")
-      ->check(CLI::Range(1, 2000000))
+      ->check(ftp::cli::in_range(1, 2000000))
       ->option_text("S");
   app.add_flag("-f,--follow", follow, "Print progress as JSON Lines");
   tool.add_socket_option("");
 
   return tool.run(argc, argv, [&]() -> int {
     if (domain.empty() == devices.empty()) throw ftp::InputError("give exactly one of --domain ID or --devices LIST");
+    // A bad list is a usage error whether or not a daemon is there.
+    const std::vector<std::string> device_list = ftp::serve::parse_device_list(devices);
     ftp::ipc::Client client(tool.socket_path());
     ftp::json::Json done = ftp::serve::remote_drain(
-        client, domain, ftp::serve::parse_device_list(devices), force, timeout_s * 1000, [&](const ftp::json::Json& e) {
+        client, domain, device_list, force, timeout_s * 1000, [&](const ftp::json::Json& e) {
           if (follow) tool.emit_line(e);
           tool.progress(e.dump());
         });

@@ -42,31 +42,33 @@ int main(int argc, char** argv) {
   app.add_option("--arrivals", spec.arrivals.process, "Arrival process (default poisson)")
       ->check(CLI::IsMember({"poisson", "gamma", "constant"}));
   app.add_option("--burstiness", spec.arrivals.burstiness, "Gamma shape of --arrivals gamma (default 1)")
-      ->check(CLI::PositiveNumber)
+      ->check(ftp::cli::positive())
       ->option_text("K");
   auto* o_dur = app.add_option("--duration", duration, "Arrivals per run for this long: 30, 30s, 500ms, 2m (default 10s)")
                     ->option_text("TIME");
   auto* o_req = app.add_option("--requests", spec.requests, "Requests per run instead of --duration")
-                    ->check(CLI::PositiveNumber)
+                    ->check(ftp::cli::positive())
                     ->option_text("N");
   o_dur->excludes(o_req);
   app.add_option("--prompt-tokens", spec.prompt_tokens, "About this many prompt tokens (default 64)")
-      ->check(CLI::PositiveNumber)
+      ->check(ftp::cli::positive())
       ->option_text("N");
   app.add_option("--output-tokens", spec.output_tokens, "max_tokens of each request (default 64)")
-      ->check(CLI::PositiveNumber)
+      ->check(ftp::cli::positive())
       ->option_text("N");
   app.add_option("--seed", spec.arrivals.seed, "Seed of the arrival RNG (default 0)");
-  app.add_option("--slo-ttft-ms", spec.slo.ttft_ms, "Goodput bound on TTFT, ms (default none)")->check(CLI::NonNegativeNumber);
-  app.add_option("--slo-tpot-ms", spec.slo.tpot_ms, "Goodput bound on TPOT, ms (default none)")->check(CLI::NonNegativeNumber);
-  app.add_option("--slo-latency-ms", spec.slo.e2e_ms, "Goodput bound on E2E latency, ms (default none)")->check(CLI::NonNegativeNumber);
+  app.add_option("--slo-ttft-ms", spec.slo.ttft_ms, "Goodput bound on TTFT, ms (default none)")->check(ftp::cli::non_negative());
+  app.add_option("--slo-tpot-ms", spec.slo.tpot_ms, "Goodput bound on TPOT, ms (default none)")->check(ftp::cli::non_negative());
+  app.add_option("--slo-latency-ms", spec.slo.e2e_ms, "Goodput bound on E2E latency, ms (default none)")->check(ftp::cli::non_negative());
   app.add_option("--min-attainment", spec.sustain.min_attainment, "Sustained: this share meets the SLOs (default 0.9)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(ftp::cli::in_range(0.0, 1.0));
   app.add_option("--min-keep-up", spec.sustain.min_keep_up, "Sustained: achieved/offered rate (default 0.9)")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--timeout", spec.target.timeout_s, "Per-request timeout, s (default 300)")->check(CLI::PositiveNumber);
+      ->check(ftp::cli::in_range(0.0, 1.0));
+  app.add_option("--timeout", spec.target.timeout_s, "Per-request timeout, s (default 300)")->check(ftp::cli::positive());
   app.add_option("--samples", samples_path, "Raw per-request samples as JSON Lines")->option_text("FILE");
-  app.add_option("--min-throughput", min_throughput, "Exit 6 when the max sustained req/s is below X")->option_text("X");
+  app.add_option("--min-throughput", min_throughput, "Exit 6 when the max sustained req/s is below X")
+      ->option_text("X")
+      ->check(ftp::cli::non_negative());
 
   return tool.run(argc, argv, [&]() -> int {
     spec.rates = ftp::bench::parse_rates(!sweep.empty() ? sweep : !rate.empty() ? rate : "1");
@@ -110,6 +112,7 @@ int main(int argc, char** argv) {
     samples.flush();
     if (!samples_path.empty() && !samples) throw ftp::Error(samples_path + ": write failed");
     tool.emit(ftp::bench::to_json(spec, rep));
+    ftp::bench::check_report(rep);
     if (write) {
       ftp::bench::check_table_model(gears_path, rep.served_model);
       if (!rep.capacity) throw ftp::Error("no rate was sustained; " + gears_path + " left unchanged", ftp::Exit::check_failed);

@@ -33,18 +33,18 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_path, "Model file (GGUF, llama2.c) or model shape (ftp.model-shape/v1, '-' for stdin)")->option_text("FILE");
   app.add_option("--concurrency", opts.workload.concurrency,
                  "Requests each gear must hold at once, at --context tokens each (default 8)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--context", opts.workload.context, "KV tokens per request (default: the model's context_length)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--prompt-tokens", opts.workload.prompt_tokens, "Reference request: prompt tokens (default 512; 4/5 of a shorter context)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--output-tokens", opts.workload.output_tokens, "Reference request: output tokens (default 128; 1/5 of a shorter context)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--max-batched-tokens", opts.workload.max_batched_tokens,
                  "Scheduler token budget per step (default 2048)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--max-gears", opts.max_gears, "Gears in the table at most (default 4)")->check(CLI::PositiveNumber);
-  app.add_option("--max-pp", opts.max_pp, "Pipeline stages per replica at most (default 8)")->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
+  app.add_option("--max-gears", opts.max_gears, "Gears in the table at most (default 4)")->check(ftp::cli::positive());
+  app.add_option("--max-pp", opts.max_pp, "Pipeline stages per replica at most (default 8)")->check(ftp::cli::positive());
   std::vector<std::string> layouts;
   app.add_option("--layout", layouts,
                  "A table of exactly these layouts instead of the chosen gears, as normal gears in the order given\n"
@@ -82,25 +82,25 @@ int main(int argc, char** argv) {
                   "Synthetic arrivals instead: const:R, steps:R1,R2,...@S or day:MIN,MAX@PERIOD_S (req/s, s)")
       ->option_text("SPEC");
   sim->add_option("--burstiness", synth.burstiness, "Synthetic: CV of the gaps, 1 = Poisson, else gamma (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   sim->add_option("--seed", synth.seed, "Synthetic: RNG seed (default 1)");
   sim->add_option("--policy", sim_policy,
                   "static:GEAR, dynamic-tp, gear-shifter (default) or naive, each optionally :CONFIG.json")
       ->option_text("SPEC");
   sim->add_option("--start-gear", start_gear, "Gear at t = 0 (default: the static gear, else the first)")->option_text("GEAR");
-  sim->add_option("--start", rc.start_s, "Replay the trace from this trace time, s (default 0)")->check(CLI::NonNegativeNumber);
+  sim->add_option("--start", rc.start_s, "Replay the trace from this trace time, s (default 0)")->check(ftp::cli::non_negative());
   sim->add_option("--duration", rc.duration_s, "Trace time to replay (synthetic: to generate), s (default: all)")
-      ->check(CLI::NonNegativeNumber);
-  sim->add_option("--rate-scale", rc.rate_scale, "Compress the trace in time by this factor (default 1)")->check(CLI::PositiveNumber);
-  sim->add_option("--interval", rc.interval_s, "Virtual seconds per interval record (default 10)")->check(CLI::PositiveNumber);
-  sim->add_option("--slo-ttft-ms", rc.slo_ttft_ms, "SLO on time to first token, ms (default 2000)")->check(CLI::PositiveNumber);
-  sim->add_option("--slo-tpot-ms", rc.slo_tpot_ms, "SLO on time per output token, ms (default 100)")->check(CLI::PositiveNumber);
+      ->check(ftp::cli::non_negative());
+  sim->add_option("--rate-scale", rc.rate_scale, "Compress the trace in time by this factor (default 1)")->check(ftp::cli::positive());
+  sim->add_option("--interval", rc.interval_s, "Virtual seconds per interval record (default 10)")->check(ftp::cli::positive());
+  sim->add_option("--slo-ttft-ms", rc.slo_ttft_ms, "SLO on time to first token, ms (default 2000)")->check(ftp::cli::positive());
+  sim->add_option("--slo-tpot-ms", rc.slo_tpot_ms, "SLO on time per output token, ms (default 100)")->check(ftp::cli::positive());
   sim->add_option("--service-time-s", rc.model.service_time_s, "Queueing model: service time per request, s (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   sim->add_option("--prefill-share", rc.prefill_share, "Share of the service time before the first token (default 0.2)")
-      ->check(CLI::Range(0.0, 0.99));
+      ->check(ftp::cli::in_range(0.0, 0.99));
   sim->add_option("--shift-duration-s", rc.model.shift_duration_s, "Queueing model: duration of a shift, s (default 45)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ftp::cli::non_negative());
   sim->add_option("--summary", summary_path, "Write the summary to FILE instead of the last stdout line")->option_text("FILE");
   app.require_subcommand(0, 1);
 
@@ -109,6 +109,8 @@ int main(int argc, char** argv) {
     if (decide->parsed()) {
       if (gears_path == "-" || policy_path == "-")
         throw ftp::InputError("decide reads observations on stdin; --gears and --policy take files");
+      if (!topology_path.empty() || !model_path.empty())
+        throw ftp::InputError("decide: --topology and --model plan a table; decide reads the one of --gears");
       auto table = ftp::json::parse_file(gears_path, [](const ftp::json::Json& j) { return ftp::doc::gear_table_from_json(j); });
       ftp::control::PolicyConfig config;
       if (!policy_path.empty())
@@ -129,6 +131,8 @@ int main(int argc, char** argv) {
       if (trace_path.empty() == synth.pattern.empty()) throw ftp::InputError("simulate: give one of --trace and --rate-pattern");
       if (gears_path.empty() && (topology_path.empty() || model_path.empty()))
         throw ftp::InputError("simulate: give --gears, or --topology and --model");
+      if (!gears_path.empty() && (!topology_path.empty() || !model_path.empty()))
+        throw ftp::InputError("simulate: --gears is the table to replay; --topology and --model plan one instead, give either");
       auto table = !gears_path.empty()
           ? ftp::json::parse_file(gears_path, [](const ftp::json::Json& j) { return ftp::doc::gear_table_from_json(j); })
           : ftp::plan::plan(ftp::json::parse_file(topology_path, [](const ftp::json::Json& j) { return ftp::doc::topology_from_json(j); }),
@@ -137,7 +141,13 @@ int main(int argc, char** argv) {
       ftp::control::PolicyConfig config;
       if (!spec.config_path.empty())
         config = ftp::json::parse_file(spec.config_path, [](const ftp::json::Json& j) { return ftp::control::policy_config_from_json(j); });
-      auto policy = ftp::control::make_replay_policy(spec, table, config);
+      std::unique_ptr<ftp::control::Policy> policy;
+      try {
+        policy = ftp::control::make_replay_policy(spec, table, config);
+      } catch (const std::exception& e) {
+        if (gears_path.empty()) throw;
+        ftp::json::rethrow_with_source(gears_path, e);  // the table's errors name its file, as decide's do
+      }
       if (start_gear.empty()) start_gear = spec.name == "static" ? spec.gear : table.gears.front().name;
       if (!table.find(start_gear)) throw ftp::InputError("--start-gear: gear \"" + start_gear + "\" is not in the gear table");
       ftp::control::Trace trace;

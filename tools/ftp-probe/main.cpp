@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   auto& app = tool.app();
   app.add_option("-n,--virtual-devices", opts.virtual_devices,
                  "Split the CPU into N virtual devices in one island (0: one cpu0 device)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ftp::cli::in_range(0, 4096));
   app.add_option("--cluster", cluster, "Read a cluster spec (ftp.cluster/v1, '-' for stdin) instead of probing")
       ->option_text("FILE");
   app.add_flag("--quick", opts.quick, "Short measurements (seconds instead of tens of seconds)");
@@ -25,15 +25,18 @@ int main(int argc, char** argv) {
   int interval_ms = 1000, count = 0;
   app.add_flag("--watch", watch, "Stream ftp.observation/v1 JSON Lines from a running ftp-serve");
   app.add_option("--interval", interval_ms, "With --watch: ms between observations (default 1000)")
-      ->check(CLI::Range(50, 3600000))
+      ->check(ftp::cli::in_range(50, 3600000))
       ->option_text("MS");
   app.add_option("--count", count, "With --watch: stop after N observations (default: never)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   tool.add_socket_option("With --watch: ");
   app.get_option("--watch")->excludes(app.get_option("--cluster"));
   app.get_option("--cluster")->excludes(app.get_option("--virtual-devices"));
 
   return tool.run(argc, argv, [&] {
+    if (!watch)
+      for (const char* opt : {"--interval", "--count", "--socket"})
+        if (tool.app().count(opt)) throw ftp::InputError(std::string(opt) + ": only with --watch");
     if (watch) {
       ftp::ipc::Client client(tool.socket_path());
       ftp::json::Json params{{"interval_ms", interval_ms}};

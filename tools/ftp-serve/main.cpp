@@ -16,6 +16,7 @@
 #include "serve/daemon.hpp"
 #include "serve/generate.hpp"
 #include "serve/remote.hpp"
+#include "sim/serving.hpp"
 #include "topology/probe.hpp"
 
 int main(int argc, char** argv) {
@@ -58,67 +59,78 @@ int main(int argc, char** argv) {
   app.add_option("--start-gear", d.service.start_gear, "Gear to start in (default: the first of the table)")
       ->option_text("NAME");
   app.add_option("--host", d.http.host, "HTTP address (default 127.0.0.1)")->option_text("ADDR");
-  app.add_option("--port", d.http.port, "HTTP port (default 8080; 0 picks a free one)")->check(CLI::Range(0, 65535));
+  app.add_option("--port", d.http.port, "HTTP port (default 8080; 0 picks a free one)")->check(ftp::cli::in_range(0, 65535));
   app.add_option("--socket", d.socket_path, "Control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
       ->option_text("PATH");
   app.add_option("--http-threads", d.http.threads,
                  "HTTP connection threads; each request in flight holds one (default: 2 x --max-running x the most "
                  "replicas of a gear + 16)")
-      ->check(CLI::PositiveNumber)
+      ->check(ftp::cli::positive())
       ->option_text("N");
   app.add_option("--api-key", d.http.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (default: $FTP_API_KEY)")
       ->envname("FTP_API_KEY")
       ->option_text("KEY");
   app.add_option("--virtual-devices", d.virtual_devices,
                  "CPU virtual devices vd0..vd<N-1>; the gears must stay on them (default: those the table names)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(ftp::cli::non_negative())
       ->option_text("N");
   app.add_option("--kv-blocks", d.service.kv_blocks,
                  "KV-cache pages of 16 tokens per domain (default: the gear's kv_cache_cap of each virtual device's "
                  "free memory, at most what --max-running requests of the full context need)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--max-running", d.service.max_running, "Sequences in a domain's running batch (default 64)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--max-batched-tokens", d.service.max_batched_tokens, "Token budget of one step (default 256)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--max-tokens-limit", d.service.max_tokens_limit, "Largest max_tokens a request may ask (default 2048)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("--max-prompt-tokens", d.service.max_prompt_tokens, "Longest prompt (default: the context - 1)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ftp::cli::non_negative());
   app.add_option("--route-long-prompt", d.service.route_long_prompt_tokens,
                  "Send prompts of at least N tokens to the largest-TP domain (default 0: off)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(ftp::cli::non_negative())
       ->option_text("N");
   app.add_option("--ramp", ramp, "Traffic shares of a shift's ramp (default 0.1,0.5,1.0)")->option_text("LIST");
   app.add_option("--step-interval-ms", d.service.step_interval_ms, "Wait at each ramp step (default 1000)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ftp::cli::non_negative());
   app.add_option("--drain-timeout-ms", d.service.drain_timeout_ms,
                  "How long a shift, a rollback or SIGTERM waits for a draining domain's requests (default 600000): a "
                  "shift then returns and the domain retires once idle; SIGTERM ends them with an error")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_flag("--auto", d.auto_loop, "Run the control loop inside: observations -> policy -> shifts");
   app.add_option("--policy", d.policy_path, "With --auto: policy config (ftp.policy/v1; default the built-in defaults)")
       ->option_text("FILE");
   app.add_option("--policy-name", d.policy_name, "With --auto: gear-shifter (default), tp-planner or naive")
       ->check(CLI::IsMember({"gear-shifter", "tp-planner", "naive"}));
   app.add_option("--observe-interval-ms", d.observe_interval_ms, "With --auto: ms between observations (default 1000)")
-      ->check(CLI::Range(50, 3600000));
+      ->check(ftp::cli::in_range(50, 3600000));
   app.add_option("-p,--prompt", prompt, "One-shot: generate a completion of TEXT and exit ('' means BOS only)")
       ->option_text("TEXT")
       ->each([&](const std::string&) { have_prompt = true; });
   app.add_option("-n,--max-tokens", o.max_tokens, "One-shot: tokens to generate at most (default 256)")
-      ->check(CLI::PositiveNumber);
+      ->check(ftp::cli::positive());
   app.add_option("-t,--temperature", o.sampling.temperature, "One-shot: temperature; 0 is greedy (default 0)")
-      ->check(CLI::Range(0.0f, 100.0f));
+      ->check(ftp::cli::in_range(0.0f, 100.0f));
   app.add_option("--top-k", o.sampling.top_k, "One-shot: sample among the K most likely tokens (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ftp::cli::non_negative());
   app.add_option("--top-p", o.sampling.top_p, "One-shot: sample from the smallest set of mass P (1: off)")
-      ->check(CLI::Range(0.0f, 1.0f));
+      ->check(ftp::cli::in_range(0.0f, 1.0f));
   app.add_option("-s,--seed", o.sampling.seed, "One-shot: random seed of the sampler (default 0)");
   app.add_option("--stop", o.stop, "One-shot: stop before this text (repeatable)")->option_text("TEXT");
   app.get_option("--gears")->excludes(app.get_option("--gear"));
 
   return tool.run(argc, argv, [&]() -> int {
+    ftp::sim::check_engine_name(d.engine);  // an unknown engine is named as such, one-shot or not
+    // Options that only act with another are refused without it, not ignored.
+    auto given = [&](const char* name) { return tool.app().count(name) > 0; };
+    if (d.engine != "sim")
+      for (const char* opt : {"--topology", "--calibration"})
+        if (given(opt)) throw ftp::InputError(std::string(opt) + ": only with --engine sim");
+    if (!d.auto_loop)
+      for (const char* opt : {"--policy", "--policy-name", "--observe-interval-ms"})
+        if (given(opt)) throw ftp::InputError(std::string(opt) + ": only with --auto");
+    if (have_prompt && given("--gears"))
+      throw ftp::InputError("--gears: one-shot (--prompt) runs one gear; give it with --gear tp=T,pp=P");
     if (d.engine != "real" && d.service.backend != "cpu")
       throw ftp::InputError("--backend " + d.service.backend + ": only the real engine has a backend (--engine " +
                             d.engine + ")");

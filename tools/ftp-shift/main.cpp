@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   app.add_option("--to", req.to, "Target gear")->option_text("GEAR");
   app.add_option("--ramp", ramp, "Traffic shares of the ramp (default the daemon's, 0.1,0.5,1.0)")->option_text("LIST");
   app.add_option("--step-interval", req.step_interval_ms, "Wait at each ramp step, ms (default the daemon's)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(ftp::cli::non_negative())
       ->option_text("MS");
   app.add_option("--trigger", req.trigger, "What asked for the shift, for the record (default manual)");
   app.add_flag("-f,--follow", follow, "Print every ftp.shift-event/v1 as it happens (JSON Lines)");
