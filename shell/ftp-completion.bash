@@ -73,7 +73,7 @@ _ftp_serve() {
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "--help --version --json --model --engine --backend --topology --calibration --tokenizer --gears --gear --start-gear --virtual-devices --host --port --socket --api-key --http-threads --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --route-long-prompt --ramp --step-interval-ms --drain-timeout-ms --auto --policy --policy-name --observe-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --model --engine --backend --topology --calibration --tokenizer --gears --gear --start-gear --virtual-devices --host --port --socket --api-key --cors-origin --http-threads --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --route-long-prompt --ramp --step-interval-ms --drain-timeout-ms --auto --policy --policy-name --observe-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop" -- "$cur"))
 }
 shopt -s extglob 2>/dev/null
 complete -F _ftp_serve ftp-serve

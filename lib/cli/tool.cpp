@@ -66,8 +66,9 @@ Tool::Tool(std::string name, std::string description) : name_(std::move(name)), 
       ->check(CLI::IsMember({"pretty", "short"}))
       ->option_text("pretty|short");
   app_.footer("Exit status: 0 ok, 1 failure, 2 usage error, 3 daemon unreachable, 4 timeout,\n"
-              "5 backend (CUDA/NCCL/BLAS) error, 6 a check or threshold failed.\n"
-              "See " + name_ + "(1).");
+              "5 backend (CUDA/NCCL/BLAS) error, 6 a check or threshold failed.\n" +
+              // The tools have man pages; the benchmarks are in the README.
+              (name_.rfind("ftp-", 0) == 0 ? "See " + name_ + "(1)." : std::string("See the README (benchmarks).")));
 }
 
 json::Style Tool::json_style() const {
@@ -114,7 +115,8 @@ int Tool::run(int argc, char** argv, const std::function<int()>& body) {
 
 CLI::Option* Tool::add_socket_option(const std::string& when) {
   return app_.add_option("--socket", socket_,
-                         when + "control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
+                         when + "control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock, "
+                                "/run/flextp/control.sock)")
       ->option_text("PATH");
 }
 

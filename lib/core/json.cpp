@@ -175,7 +175,34 @@ std::string from(const std::exception& e, std::string_view marker) {
 
 }  // namespace
 
+std::size_t too_deep(std::string_view text) noexcept {
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxDepth) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
+
+namespace {
+
+std::string depth_message() { return "nesting deeper than " + std::to_string(kMaxDepth) + " arrays or objects"; }
+
+}  // namespace
+
 Json parse(std::string_view text, std::string_view source) {
+  if (const std::size_t at = too_deep(text); at != std::string_view::npos)
+    throw InputError(std::string(source) + ": byte " + std::to_string(at + 1) + ": " + depth_message());
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::out_of_range& e) {
@@ -193,6 +220,8 @@ Json parse(std::string_view text, std::string_view source) {
 }
 
 Json parse_line(std::string_view line) {
+  if (const std::size_t at = too_deep(line); at != std::string_view::npos)
+    throw InputError("malformed JSON: byte " + std::to_string(at + 1) + ": " + depth_message());
   try {
     return Json::parse(line.begin(), line.end());
   } catch (const Json::out_of_range& e) {  // a number beyond a double, e.g. 1e400

@@ -72,6 +72,16 @@ enum class Style { pretty, short_ };
 /// Serialises a document; always without a trailing newline.
 std::string dump(const Json& doc, Style style);
 
+/// Deepest nesting of arrays and objects a parsed document may have. No
+/// document of ours comes near it; past it nlohmann's recursive copies of a
+/// value overflow the stack (a 240 KB body of [[[...]]] ended the daemon).
+inline constexpr int kMaxDepth = 128;
+
+/// The byte offset where `text` nests arrays and objects deeper than
+/// kMaxDepth, or npos. A scan of the bytes (strings skipped), before any
+/// parse builds the value.
+std::size_t too_deep(std::string_view text) noexcept;
+
 /// Parses text; errors name `source` and the line/column of the fault.
 Json parse(std::string_view text, std::string_view source);
 

@@ -15,6 +15,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/escape.hpp"
+
 namespace ftp::ipc {
 
 namespace detail {
@@ -438,7 +440,9 @@ struct Server::Impl {
   }
 
   void reject(Conn* c, const Json& id, Errc errc, const std::string& message, const Json& data = nullptr) {
-    log(LogLevel::debug, "conn=" + std::to_string(c->id) + ": " + std::string(error_info(errc).name) + ": " + message);
+    // The message may quote the client (a method's name): one line, whatever it sent.
+    log(LogLevel::debug, "conn=" + std::to_string(c->id) + ": " + std::string(error_info(errc).name) + ": " +
+                             printable(message, 400));
     write_line(c, error_line(id, error_object(errc, message, data)));
   }
 
@@ -446,6 +450,12 @@ struct Server::Impl {
     if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
     if (text.find_first_not_of(" \t\r") == std::string_view::npos) return;  // blank line
     Json msg;
+    if (const std::size_t at = json::too_deep(text); at != std::string_view::npos) {
+      reject(c, nullptr, Errc::parse_error,
+             "malformed JSON: nesting deeper than " + std::to_string(json::kMaxDepth) + " arrays or objects",
+             Json{{"byte", at + 1}});
+      return;
+    }
     try {
       msg = Json::parse(text.begin(), text.end());
     } catch (const Json::exception& e) {
@@ -538,12 +548,12 @@ struct Server::Impl {
     } catch (const InputError& e) {
       call->error(Errc::invalid_params, e.what());
     } catch (const std::exception& e) {
-      log(LogLevel::error, "method " + name + " failed: " + e.what());
+      log(LogLevel::error, "method " + printable(name) + " failed: " + printable(e.what(), 400));
       call->error(Errc::internal, std::string("method ") + name + " failed: " + e.what());
     }
     // Only our two references left and no answer: nobody will ever answer.
     if (has_id && !call->done() && call.use_count() <= 2) {
-      log(LogLevel::error, "method " + name + " returned without answering");
+      log(LogLevel::error, "method " + printable(name) + " returned without answering");
       call->error(Errc::internal, "method " + name + " returned without answering");
     }
   }
@@ -800,6 +810,8 @@ Json Server::Impl::introspect() const {
   }
   Json errors = Json::array();
   for (const ErrorInfo& e : error_table())
+    errors.push_back(Json{{"code", e.code}, {"name", e.name}, {"summary", e.summary}});
+  for (const auto& e : impl.opt.method_errors)
     errors.push_back(Json{{"code", e.code}, {"name", e.name}, {"summary", e.summary}});
   Json doc = Json::object();
   doc["kind"] = "ftp.introspect/v1";

@@ -121,6 +121,13 @@ struct ServerOptions {
   std::size_t max_queued_bytes = 4 * kMaxMessageBytes;
   /// Mode of the socket file.
   unsigned socket_mode = 0660;
+  /// Errors of the methods' own (beyond the protocol's, ipc::error_table):
+  /// introspect lists them after those.
+  struct MethodError {
+    int code;
+    std::string name, summary;
+  };
+  std::vector<MethodError> method_errors;
   /// Receives the server's log lines (accepts with peer credentials, protocol
   /// errors, closes). Called on the loop thread. Default: none.
   LogFn log;

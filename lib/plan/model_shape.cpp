@@ -152,7 +152,11 @@ ModelShape model_shape_of_file(const std::string& path) {
   model::Model m = model::load_model(path);
   const auto& hp = m.hparams;
   ModelShape s;
-  s.name = hp.name.empty() ? std::filesystem::path(path).stem().string() : hp.name;
+  // The file's stem, as ftp-serve names the model it serves (/v1/models):
+  // a table planned from a file is the table of the daemon serving it
+  // (ftp-gear-bench --write-capacity checks that). GGUF general.name is
+  // often a converter's default ("llama") or a long title.
+  s.name = std::filesystem::path(path).stem().string();
   s.n_layers = hp.n_layer;
   s.n_heads = hp.n_head;
   s.n_kv_heads = hp.n_head_kv;

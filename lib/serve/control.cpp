@@ -24,6 +24,7 @@ ControlPlane::ControlPlane(Service& service, ipc::ServerOptions options, std::st
     : svc_(service), path_(options.socket_path.empty() ? ipc::default_socket_path() : options.socket_path),
       gears_path_(std::move(gear_table_path)) {
   options.socket_path = path_;
+  for (const auto& e : kControlErrors) options.method_errors.push_back({e.code, e.name, e.summary});
   server_ = std::make_unique<ipc::Server>(std::move(options), methods());
 }
 

@@ -17,11 +17,18 @@ namespace ftp::serve {
 struct ControlErrorCode {
   const char* name;
   int code;
+  const char* summary;  ///< as introspect lists it
 };
 inline constexpr ControlErrorCode kControlErrors[] = {
-    {"ftp.NoSuchGear", -32010},   {"ftp.ShiftInProgress", -32011}, {"ftp.SameGear", -32012},
-    {"ftp.NotServing", -32013},   {"ftp.LastDomain", -32014},      {"ftp.NoSuchDomain", -32015},
-    {"ftp.WarmupFailed", -32016}, {"ftp.DrainTimeout", -32017},    {"ftp.InvalidGearTable", -32018},
+    {"ftp.NoSuchGear", -32010, "no gear of that name in the gear table (or the new table lacks the current gear)"},
+    {"ftp.ShiftInProgress", -32011, "one shift at a time: another shift is running"},
+    {"ftp.SameGear", -32012, "the service already runs that gear"},
+    {"ftp.NotServing", -32013, "the daemon is draining (SIGTERM)"},
+    {"ftp.LastDomain", -32014, "draining the last serving domain needs force"},
+    {"ftp.NoSuchDomain", -32015, "no domain of that id, or none on those devices"},
+    {"ftp.WarmupFailed", -32016, "a new domain failed its warm-up"},
+    {"ftp.DrainTimeout", -32017, "a drain whose domain still had requests after timeout_ms"},
+    {"ftp.InvalidGearTable", -32018, "reload could not read or validate the gear table"},
 };
 int control_error_code(const std::string& name);
 

@@ -30,14 +30,14 @@ void notify_systemd([[maybe_unused]] const std::string& state) {
 }  // namespace
 
 doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g,
-                                   const std::vector<std::string>& devices) {
+                                   const std::vector<std::string>& devices, const std::string& topology) {
   if (!devices.empty() && static_cast<int>(devices.size()) < g.tp * g.pp * g.dp)
     throw InputError("--gear tp=" + std::to_string(g.tp) + ",pp=" + std::to_string(g.pp) + ",dp=" + std::to_string(g.dp) +
                      " needs " + std::to_string(g.tp * g.pp * g.dp) + " devices, the topology has " +
                      std::to_string(devices.size()));
   doc::GearTable t;
   t.model = doc::ModelShape{model_name, hp.n_layer, hp.n_head, hp.n_head_kv, hp.n_embd, 0};
-  t.topology = "cpu-virtual";
+  t.topology = topology.empty() ? "cpu-virtual" : topology;
   doc::Gear gear;
   gear.name = "tp" + std::to_string(g.tp) + "-pp" + std::to_string(g.pp) + "-dp" + std::to_string(g.dp);
   gear.tp = g.tp;
@@ -126,7 +126,8 @@ int run_daemon(DaemonOptions o) {
   if (!o.gears_path.empty()) {
     o.service.gears = json::parse_file(o.gears_path, [](const json::Json& j) { return doc::gear_table_from_json(j); });
   } else {
-    o.service.gears = gear_table_for_spec(model.hparams, name, parse_gear_spec(o.gear_spec), topo_devices);
+    o.service.gears = gear_table_for_spec(model.hparams, name, parse_gear_spec(o.gear_spec), topo_devices,
+                                          simulated ? topo.name : "");
   }
   if (simulated) {
     try {

@@ -46,9 +46,10 @@ struct DaemonOptions {
 
 /// A one-gear table for a --gear layout: gear "tp<T>-pp<P>-dp<D>" on
 /// `devices` in order (replica by replica, stage by stage; empty: CPU
-/// virtual devices vd0, vd1, ...). Throws InputError when there are too few.
+/// virtual devices vd0, vd1, ...), named for `topology` (empty: the CPU
+/// virtual devices, "cpu-virtual"). Throws InputError when there are too few.
 doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g,
-                                   const std::vector<std::string>& devices = {});
+                                   const std::vector<std::string>& devices = {}, const std::string& topology = "");
 
 /// HTTP connection threads when none are given: every request in flight,
 /// streaming or not, holds one until it ends, so there are enough for the

@@ -62,7 +62,7 @@ std::string logval(std::string_view v) {
   for (char c : v)
     if (c <= ' ' || c == '"' || c == '=' || c == '\\' || static_cast<unsigned char>(c) >= 0x7f) plain = false;
   if (plain) return std::string(v);
-  return "\"" + backslash_escape(v) + "\"";
+  return "\"" + log_escape(v) + "\"";
 }
 
 /// The log callback, shared with the requests still running in domains, so
@@ -144,6 +144,9 @@ struct Parsed {
 
 /// Most prompts in one /v1/completions request (each is a request of its own).
 constexpr std::size_t kMaxPrompts = 128;
+/// Most stop strings of a request, and their longest, bytes: each is looked
+/// for at every token on the domain's thread (OpenAI takes 4).
+constexpr std::size_t kMaxStops = 16, kMaxStopBytes = 512;
 
 /// Refuses a field whose feature this server does not have, where ignoring
 /// it would answer something the client did not ask for (a tool call, JSON
@@ -212,13 +215,20 @@ Parsed parse_common(const Json& body, const Service& service, int default_max_to
     p.req.sampling.seed = std::random_device{}();
   }
   if (const Json* s = field(body, "stop")) {
+    auto add = [&](const std::string& text, const std::string& at) {
+      if (text.size() > kMaxStopBytes)
+        bad("stop", at + ": at most " + std::to_string(kMaxStopBytes) + " bytes, got " + std::to_string(text.size()));
+      if (!text.empty()) p.req.stop.push_back(text);
+    };
     if (s->is_string()) {
-      if (!s->get<std::string>().empty()) p.req.stop.push_back(s->get<std::string>());
+      add(s->get<std::string>(), "stop");
     } else if (s->is_array()) {
+      if (s->size() > kMaxStops)
+        bad("stop", "stop: at most " + std::to_string(kMaxStops) + " strings, got " + std::to_string(s->size()));
       for (std::size_t i = 0; i < s->size(); ++i) {
         if (!(*s)[i].is_string())
           bad("stop", "stop[" + std::to_string(i) + "]: expected a string, got " + (*s)[i].type_name());
-        if (!(*s)[i].get<std::string>().empty()) p.req.stop.push_back((*s)[i].get<std::string>());
+        add((*s)[i].get<std::string>(), "stop[" + std::to_string(i) + "]");
       }
     } else {
       bad("stop", std::string("stop: expected a string or an array of strings, got ") + s->type_name());
@@ -418,8 +428,19 @@ void HttpServer::Impl::routes() {
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
 
+  if (!opts.cors_origin.empty()) {
+    svr.set_default_headers({{"Access-Control-Allow-Origin", opts.cors_origin}, {"Vary", "Origin"}});
+    svr.Options(R"(/v1/.*)", [](const httplib::Request&, httplib::Response& res) {
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Max-Age", "600");
+    });
+  }
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opts.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    // A CORS preflight carries no credentials by design.
+    if (!opts.cors_origin.empty() && req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     // The scheme is case-insensitive (RFC 7235 section 2.1), the key is not.
     const bool bearer = auth.size() > 7 && strncasecmp(auth.c_str(), "bearer ", 7) == 0;

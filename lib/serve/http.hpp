@@ -38,6 +38,12 @@ struct HttpOptions {
   /// When set, /v1/* requires "Authorization: Bearer <api_key>" (401
   /// otherwise); /health, /ready and /metrics stay open for probes and scrapers.
   std::string api_key;
+  /// Browser clients of another origin (CORS): "*" or one origin
+  /// ("https://ui.example"); empty (the default): none, no CORS headers. When
+  /// set, every answer carries Access-Control-Allow-Origin and an OPTIONS
+  /// preflight of /v1/* is answered 204 without the API key (a preflight
+  /// carries none; the request that follows still needs it).
+  std::string cors_origin;
   /// One line per request event (finished, failed, client gone, refused),
   /// each with request_id= and domain_id=. Called from server and domain
   /// threads, never concurrently. Library code never prints.

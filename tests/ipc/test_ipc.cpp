@@ -249,6 +249,20 @@ TEST_F(Ipc, IntrospectListsMethodsParamsLimitsErrors) {
   EXPECT_EQ(r, server_->introspect());
 }
 
+// The methods' own errors (the daemon's ftp.NoSuchGear, ...) are listed too,
+// after the protocol's.
+TEST_F(Ipc, IntrospectListsTheMethodsOwnErrors) {
+  ServerOptions o = options();
+  o.method_errors.push_back({-32010, "ftp.NoSuchGear", "no gear of that name"});
+  start(std::move(o));
+  Json r = Client(path_).call("introspect");
+  ASSERT_FALSE(r["errors"].empty());
+  const Json& last = r["errors"].back();
+  EXPECT_EQ(last["name"], "ftp.NoSuchGear");
+  EXPECT_EQ(last["code"], -32010);
+  EXPECT_EQ(last["summary"], "no gear of that name");
+}
+
 TEST_F(Ipc, UnknownMethod) {
   start();
   Client c(path_);
@@ -364,6 +378,24 @@ TEST_F(Ipc, MalformedJsonGetsParseErrorAndConnectionKeepsServing) {
 
   EXPECT_EQ(c.call("add", {{"a", 1}, {"b", 1}})["sum"], 2);
   EXPECT_EQ(other.call("add", {{"a", 2}, {"b", 2}})["sum"], 4);
+}
+
+// A deeply nested line (followed by another member, as it must be for
+// nlohmann's ordered map to copy it recursively) overflowed the stack and
+// ended the process; now it is a parse error naming where, and the
+// connection serves on.
+TEST_F(Ipc, DeepNestingIsAParseErrorNotACrash) {
+  start();
+  Client c(path_);
+  const int depth = 300000;
+  c.send_raw("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"add\",\"params\":{\"x\":" + std::string(depth, '[') +
+             std::string(depth, ']') + ",\"a\":1}}\n");
+  auto m = c.read_message(10s);
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)["error"]["data"]["name"], "ftp.ParseError");
+  EXPECT_NE((*m)["error"]["message"].get<std::string>().find("nesting deeper than 128"), std::string::npos) << m->dump();
+  EXPECT_TRUE((*m)["error"]["data"]["byte"].is_number_integer());
+  EXPECT_EQ(c.call("add", {{"a", 1}, {"b", 1}})["sum"], 2);
 }
 
 TEST_F(Ipc, MessageOverConfiguredLimitClosesConnection) {

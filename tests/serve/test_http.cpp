@@ -535,6 +535,22 @@ TEST_F(HttpTest, BadRequestsGetOpenAIErrors) {
   EXPECT_EQ(s9, 400);
   expect_openai_error(j9, "invalid_request_error", "messages", nullptr);
 
+  // Stop strings are bounded: each is searched at every token.
+  auto [s11, j11] = post("/v1/completions", Json{{"prompt", "Hi"}, {"stop", Json(std::vector<std::string>(17, "x"))}});
+  EXPECT_EQ(s11, 400);
+  expect_openai_error(j11, "invalid_request_error", "stop", nullptr);
+  auto [s12, j12] = post("/v1/completions", Json{{"prompt", "Hi"}, {"stop", std::string(513, 'x')}});
+  EXPECT_EQ(s12, 400);
+  expect_openai_error(j12, "invalid_request_error", "stop", nullptr);
+
+  // A deeply nested body (another member after it) overflowed the stack in
+  // nlohmann's recursive copy and ended the daemon: now a 400.
+  const std::string deep = "{\"x\":" + std::string(120000, '[') + std::string(120000, ']') + ",\"prompt\":\"Zoo\"}";
+  auto [s10, j10] = post_raw("/v1/completions", deep);
+  EXPECT_EQ(s10, 400);
+  expect_openai_error(j10, "invalid_request_error", nullptr, "invalid_json");
+  EXPECT_NE(j10["error"]["message"].get<std::string>().find("nesting deeper than"), std::string::npos) << j10.dump();
+
   // A stream refused before it starts is a plain JSON error, not SSE.
   Sse s = post_stream(port, "/v1/completions", Json{{"prompt", "Hi"}, {"n", 3}, {"stream", true}});
   EXPECT_EQ(s.status, 400);
@@ -668,6 +684,43 @@ TEST_F(HttpTest, ApiKey) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   guarded.stop();
+}
+
+// CORS is off by default; with an origin, answers carry it and a preflight
+// passes without the key that the request itself still needs.
+TEST_F(HttpTest, CorsOnlyWhenAnOriginIsGiven) {
+  {
+    auto c = client();
+    auto r = c.Options("/v1/chat/completions");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404);
+    r = c.Get("/v1/models");
+    ASSERT_TRUE(r);
+    EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+  }
+  HttpOptions o;
+  o.port = 0;
+  o.api_key = "sekret";
+  o.cors_origin = "https://ui.example";
+  HttpServer cors(*service, o);
+  cors.start();
+  httplib::Client c("127.0.0.1", cors.port());
+  auto r = c.Options("/v1/chat/completions", {{"Origin", "https://ui.example"}, {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 204);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "https://ui.example");
+  EXPECT_NE(r->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  EXPECT_NE(r->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  r = c.Post("/v1/completions", R"({"prompt":"Hi","max_tokens":2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);  // the request still needs the key
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "https://ui.example");  // and the browser may read why
+  r = c.Post("/v1/completions", {{"Authorization", "Bearer sekret"}}, R"({"prompt":"Hi","max_tokens":2})",
+             "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "https://ui.example");
+  cors.stop();
 }
 
 TEST_F(HttpTest, BindFailureNamesTheAddress) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.hpp"
+#include "core/escape.hpp"
 #include "core/json.hpp"
 
 using ftp::InputError;
@@ -20,6 +21,29 @@ std::string error_of(const std::function<void()>& fn) {
 }
 
 }  // namespace
+
+// Nesting past kMaxDepth is refused before parsing (nlohmann copies values
+// recursively: a deep one overflowed the stack); brackets in strings do
+// not count.
+TEST(Json, NestingDepthIsBounded) {
+  using ftp::json::kMaxDepth;
+  using ftp::json::too_deep;
+  auto nest = [](int d) { return std::string(d, '[') + std::string(d, ']'); };
+  EXPECT_EQ(too_deep(nest(kMaxDepth)), std::string_view::npos);
+  EXPECT_EQ(too_deep(nest(kMaxDepth + 1)), static_cast<std::size_t>(kMaxDepth));
+  EXPECT_EQ(too_deep("{\"a\": \"" + std::string(1000, '[') + "\\\"[\"}"), std::string_view::npos);
+  EXPECT_NO_THROW(ftp::json::parse(nest(kMaxDepth), "x"));
+  const std::string deep = "{\"a\":" + nest(200000) + ",\"b\":1}";
+  EXPECT_EQ(error_of([&] { ftp::json::parse(deep, "body.json"); }),
+            "body.json: byte " + std::to_string(kMaxDepth + 5) + ": nesting deeper than 128 arrays or objects");
+  EXPECT_NE(error_of([&] { ftp::json::parse_line(deep); }).find("nesting deeper than 128"), std::string::npos);
+}
+
+// Client text in a log line stays on one line and drives no terminal.
+TEST(Escape, LogEscapeWritesControlBytes) {
+  EXPECT_EQ(ftp::log_escape("a\"b\\c\nd\re\x1b[2J"), "a\\\"b\\\\c\\nd\\x0de\\x1b[2J");
+  EXPECT_EQ(ftp::log_escape("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 stays
+}
 
 TEST(Json, PathOfNestedFieldInError) {
   Json j = Json::parse(R"({"gears":[{"tp":1},{"tp":2},{"tp":"x"}]})");

@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
   app.add_option("--api-key", d.http.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (default: $FTP_API_KEY)")
       ->envname("FTP_API_KEY")
       ->option_text("KEY");
+  app.add_option("--cors-origin", d.http.cors_origin,
+                 "Allow browser clients of this origin ('*' or one, e.g. https://ui.example): CORS headers and "
+                 "OPTIONS preflights (default: none)")
+      ->option_text("ORIGIN");
   app.add_option("--virtual-devices", d.virtual_devices,
                  "CPU virtual devices vd0..vd<N-1>; the gears must stay on them (default: those the table names)")
       ->check(ftp::cli::non_negative())
