@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <unordered_map>
@@ -223,6 +224,28 @@ struct Server::Impl {
 
   // ---- socket file
 
+  /// Refuses a socket directory where another user could replace the socket
+  /// with one of their own (and so answer the tools in the daemon's name):
+  /// one owned by another user than this process's or root, or one that
+  /// others may write to without the sticky bit (which /tmp has).
+  static void check_socket_directory(const std::string& path) {
+    const auto slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    struct stat ds {};
+    if (::stat(dir.c_str(), &ds) != 0)
+      throw Error("control socket " + path + ": cannot read directory " + dir + ": " + errno_text(errno));
+    if (ds.st_uid != ::geteuid() && ds.st_uid != 0)
+      throw Error("control socket " + path + ": directory " + dir + " belongs to uid " + std::to_string(ds.st_uid) +
+                  ", not to this daemon (uid " + std::to_string(::geteuid()) +
+                  ") or root: its owner could replace the socket");
+    if ((ds.st_mode & S_IWOTH) && !(ds.st_mode & S_ISVTX)) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(ds.st_mode & 07777));
+      throw Error("control socket " + path + ": directory " + dir + " (mode " + mode +
+                  ") is writable by every user without the sticky bit: any of them could replace the socket");
+    }
+  }
+
   void create_socket(int& fd_out) {
     const std::string& path = opt.socket_path;
     sockaddr_un addr{};
@@ -237,6 +260,8 @@ struct Server::Impl {
           throw Error("control socket " + path + ": cannot create directory " + dir + ": " + errno_text(errno));
       }
     }
+    check_socket_directory(path);
+
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0) {
       if (!S_ISSOCK(st.st_mode)) throw Error("control socket " + path + ": exists and is not a socket");

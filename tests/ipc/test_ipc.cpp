@@ -642,6 +642,25 @@ TEST_F(Ipc, SocketModeIs0660) {
   EXPECT_EQ(st.st_mode & 0777, 0660u);
 }
 
+// A directory every user may write to without the sticky bit would let any
+// of them replace the socket with their own: refused, naming it. With the
+// sticky bit (as /tmp has) it is fine.
+TEST_F(Ipc, SocketDirectoryOthersCanWriteIsRefused) {
+  ASSERT_EQ(::chmod(dir_.c_str(), 0777), 0);
+  Server s(options(), {});
+  try {
+    s.start();
+    FAIL() << "started in a world-writable directory";
+  } catch (const ftp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("writable by every user without the sticky bit"), std::string::npos)
+        << e.what();
+  }
+  ASSERT_EQ(::chmod(dir_.c_str(), 01777), 0);
+  start();
+  EXPECT_EQ(Client(path_).call("add", {{"a", 1}, {"b", 1}})["sum"], 2);
+  ::chmod(dir_.c_str(), 0700);
+}
+
 TEST_F(Ipc, PeerCredentialsAreReadAndLogged) {
   start();
   Client c(path_);
