@@ -42,11 +42,10 @@ std::pair<std::string, std::string> split_url(const std::string& url) {
   }
   if (host_end == 0 || (authority[0] == '[' && host_end <= 2)) bad_url("no host");
   if (host_end < authority.size()) {
-    const std::string port = authority.substr(host_end);
-    if (port[0] != ':' || port.size() < 2 || port.size() > 6 ||
-        port.find_first_not_of("0123456789", 1) != std::string::npos || std::stoi(port.substr(1)) < 1 ||
-        std::stoi(port.substr(1)) > 65535)
-      bad_url("port '" + port.substr(port[0] == ':' ? 1 : 0) + "' is not 1-65535");
+    const std::string port = authority.substr(host_end + (authority[host_end] == ':' ? 1 : 0));
+    const bool digits = authority[host_end] == ':' && !port.empty() && port.size() <= 5 &&
+                        port.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(port) < 1 || std::stoi(port) > 65535) bad_url("port '" + port + "' is not 1-65535");
   }
   if (slash == std::string::npos) return {url, ""};
   std::string prefix = url.substr(slash);

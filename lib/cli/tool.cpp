@@ -3,7 +3,6 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,7 +23,6 @@ namespace {
 CLI::Validator finite_number(std::function<bool(double)> ok, std::string want) {
   return CLI::Validator(
       [ok = std::move(ok), want](std::string& text) -> std::string {
-        errno = 0;
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (end == text.c_str() || *end != '\0') return "expected a number, got '" + text + "'";

@@ -663,12 +663,12 @@ TEST_F(HttpTest, ApiKey) {
     EXPECT_EQ(r->status, 200) << scheme;
   }
   // One or more spaces between scheme and key (RFC 7235's 1*SP).
-  r = c.Get("/v1/models", {{"Authorization", "Bearer   sekret"}});
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 200);
-  r = c.Get("/v1/models", {{"Authorization", "Bearer  "}});
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 401);
+  auto models_with = [&](const std::string& auth) {
+    auto got = c.Get("/v1/models", {{"Authorization", auth}});
+    return got ? got->status : 0;
+  };
+  EXPECT_EQ(models_with("Bearer   sekret"), 200);
+  EXPECT_EQ(models_with("Bearer  "), 401);
   r = c.Get("/v1/models", {{"Authorization", "bearer SEKRET"}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 401);
