@@ -36,9 +36,6 @@ double ratio(const Node& n, std::string_view key) {
 
 double nonneg_or_zero(const Node& n, std::string_view key) { return n.has(key) ? n.positive(key, true) : 0; }
 
-const std::vector<std::string> kDomainStates = {"warming", "serving", "draining", "retired"};
-const std::vector<std::string> kPhases = {"reserve", "warm", "ramp", "drain", "retire", "rollback", "done"};
-const std::vector<std::string> kOutcomes = {"committed", "rolled-back", "failed"};
 
 }  // namespace
 
@@ -49,7 +46,7 @@ Json to_json(const Observation& o) {
   for (const auto& d : o.domains)
     domains.push_back(Json{{"id", d.id},
                            {"gear", d.gear},
-                           {"state", d.state},
+                           {"state", std::string(to_string(d.state))},
                            {"devices", d.devices},
                            {"traffic_share", d.traffic_share},
                            {"running", d.running},
@@ -102,7 +99,7 @@ Observation observation_from_json(const Json& j) {
       DomainView d;
       d.id = n.str("id");
       d.gear = n.str("gear");
-      d.state = n.one_of("state", kDomainStates);
+      d.state = *domain_state_from(n.one_of("state", domain_state_names()));
       if (auto devs = n.find("devices"))
         for (const auto& dn : devs->items()) d.devices.push_back(dn.str());
       d.traffic_share = ratio(n, "traffic_share");
@@ -154,10 +151,10 @@ Decision decision_from_json(const Json& j) {
 }
 
 Json to_json(const ShiftEvent& e) {
-  Json o{{"kind", kind::shift_event}, {"shift_id", e.shift_id}, {"t_ms", e.t_ms}, {"phase", e.phase},
+  Json o{{"kind", kind::shift_event}, {"shift_id", e.shift_id}, {"t_ms", e.t_ms}, {"phase", std::string(to_string(e.phase))},
          {"from", e.from},            {"to", e.to},             {"trigger", e.trigger},
          {"traffic_share", e.traffic_share}, {"phase_ms", e.phase_ms}};
-  if (!e.outcome.empty()) o["outcome"] = e.outcome;
+  if (e.outcome) o["outcome"] = std::string(to_string(*e.outcome));
   if (!e.message.empty()) o["message"] = e.message;
   if (e.before) o["before_e2e_ms"] = pct(*e.before);
   if (e.after) o["after_e2e_ms"] = pct(*e.after);
@@ -170,16 +167,17 @@ ShiftEvent shift_event_from_json(const Json& j) {
   ShiftEvent e;
   e.shift_id = r.str("shift_id");
   e.t_ms = r.integer("t_ms");
-  e.phase = r.one_of("phase", kPhases);
+  e.phase = *shift_phase_from(r.one_of("phase", shift_phase_names()));
   e.from = r.str("from");
   e.to = r.str("to");
   e.trigger = r.str_or("trigger", "");
   e.traffic_share = ratio(r, "traffic_share");
   e.phase_ms = nonneg_or_zero(r, "phase_ms");
-  if (e.phase == "done")
-    e.outcome = r.one_of("outcome", kOutcomes);
+  if (e.phase == ShiftPhase::done)
+    e.outcome = *shift_outcome_from(r.one_of("outcome", shift_outcome_names()));
   else if (r.has("outcome"))
-    r.at("outcome").fail("only the \"done\" record carries an outcome, this is phase \"" + e.phase + "\"");
+    r.at("outcome").fail("only the \"done\" record carries an outcome, this is phase \"" +
+                         std::string(to_string(e.phase)) + "\"");
   e.message = r.str_or("message", "");
   if (auto b = r.find("before_e2e_ms")) e.before = pct_from(*b);
   if (auto a = r.find("after_e2e_ms")) e.after = pct_from(*a);

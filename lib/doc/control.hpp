@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/json.hpp"
+#include "doc/states.hpp"
 
 namespace ftp::doc {
 
@@ -20,7 +21,7 @@ struct Percentiles {
 struct DomainView {
   std::string id;
   std::string gear;
-  std::string state;                  ///< "warming" | "serving" | "draining" | "retired"
+  DomainState state = DomainState::warming;
   std::vector<std::string> devices;
   double traffic_share = 0;           ///< router weight, 0..1
   int running = 0;                    ///< requests in the running batch
@@ -78,12 +79,12 @@ struct Decision {
 struct ShiftEvent {
   std::string shift_id;
   std::int64_t t_ms = 0;
-  std::string phase;                  ///< "reserve" | "warm" | "ramp" | "drain" | "retire" | "rollback" | "done"
+  ShiftPhase phase = ShiftPhase::reserve;
   std::string from, to;
   std::string trigger;                ///< "manual", "policy:gear-shifter", ...
   double traffic_share = 0;           ///< share on the new domain after this step, 0..1
   double phase_ms = 0;                ///< time this phase took, ms
-  std::string outcome;                ///< only with phase "done": "committed" | "rolled-back" | "failed"
+  std::optional<ShiftOutcome> outcome;  ///< only with phase done
   std::string message;
   std::optional<Percentiles> before;  ///< P50/P99 E2E before the shift
   std::optional<Percentiles> after;   ///< and after it

@@ -7,6 +7,17 @@
 
 namespace ftp::engine {
 
+std::string_view to_string(FinishReason r) noexcept {
+  switch (r) {
+    case FinishReason::none: return "";
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::error: return "error";
+  }
+  return "";
+}
+
 struct Domain::Seq {
   GenerationRequest req;
   std::vector<int> tokens;   // prompt + generated: everything whose KV is wanted
@@ -143,7 +154,7 @@ bool Domain::preempt_newest(const Seq* keep) {
   return true;
 }
 
-void Domain::finish(Seq& s, const std::string& reason, const std::string& error, EventList& events) {
+void Domain::finish(Seq& s, FinishReason reason, const std::string& error, EventList& events) {
   release(s);
   GenerationEvent e;
   e.request_id = s.req.id;
@@ -154,7 +165,7 @@ void Domain::finish(Seq& s, const std::string& reason, const std::string& error,
   e.error = error;
   if (s.req.on_event) events.emplace_back(s.req.on_event, e);
   std::lock_guard lk(mu_);
-  if (reason == "error")
+  if (reason == FinishReason::error)
     ++stats_.failed;
   else
     ++stats_.finished;
@@ -200,10 +211,10 @@ int Domain::step() {
     auto drop = [&](auto& seqs) {
       for (auto it = seqs.begin(); it != seqs.end();) {
         if (!abort.empty()) {
-          finish(**it, "error", "domain " + cfg_.id + ": " + abort, gone);
+          finish(**it, FinishReason::error, "domain " + cfg_.id + ": " + abort, gone);
           it = seqs.erase(it);
         } else if (cancel.count((*it)->req.id)) {
-          finish(**it, "cancelled", "", gone);
+          finish(**it, FinishReason::cancelled, "", gone);
           it = seqs.erase(it);
         } else {
           ++it;
@@ -316,15 +327,15 @@ int Domain::step() {
       e.token = tok;
       e.index = static_cast<int>(s.output.size()) - 1;
       if (s.req.on_event) events.emplace_back(s.req.on_event, e);
-      std::string reason;
+      FinishReason reason = FinishReason::none;
       if (tok == s.req.eos ||
           std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), tok) != s.req.stop_tokens.end() ||
           (s.req.stop_check && s.req.stop_check(s.output)))
-        reason = "stop";
+        reason = FinishReason::stop;
       else if (static_cast<int>(s.output.size()) >= s.req.max_tokens ||
                static_cast<int>(s.tokens.size()) >= cfg_.max_context)
-        reason = "length";
-      if (!reason.empty()) {
+        reason = FinishReason::length;
+      if (reason != FinishReason::none) {
         finish(s, reason, "", events);
         done.push_back(&s);
       }
@@ -337,7 +348,7 @@ int Domain::step() {
     // `events`) keep their outcome: one finish per request.
     for (auto [s, n] : plan) {
       if (std::find(done.begin(), done.end(), s) != done.end()) continue;
-      finish(*s, "error", std::string("domain ") + cfg_.id + ": " + ex.what(), events);
+      finish(*s, FinishReason::error, std::string("domain ") + cfg_.id + ": " + ex.what(), events);
       done.push_back(s);
     }
   }

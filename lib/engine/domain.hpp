@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -30,6 +31,18 @@ struct DomainConfig {
   Backend* backend = nullptr;    ///< real engine: where its ranks run; null: the CPU backend
 };
 
+/// Why a request ended. A string only at the JSON boundary (to_string).
+enum class FinishReason {
+  none,       ///< not finished
+  stop,       ///< an end-of-generation token or the stop check
+  length,     ///< max_tokens or the context
+  cancelled,  ///< Domain::cancel: its client has gone
+  error,      ///< the engine failed or the domain aborted it (GenerationEvent::error says why)
+};
+/// "" | "stop" | "length" | "cancelled" | "error".
+std::string_view to_string(FinishReason r) noexcept;
+inline std::ostream& operator<<(std::ostream& os, FinishReason r) { return os << to_string(r); }
+
 /// Something that happened to a request, delivered on the domain's thread.
 struct GenerationEvent {
   std::string request_id;
@@ -37,8 +50,8 @@ struct GenerationEvent {
   int token = -1;                ///< the new token; -1 on a finish without one
   int index = 0;                 ///< its index in the output
   bool finished = false;
-  std::string finish_reason;     ///< "stop" | "length" | "error"
-  std::string error;             ///< with "error": what went wrong
+  FinishReason finish_reason = FinishReason::none;
+  std::string error;             ///< with FinishReason::error: what went wrong
 };
 
 /// One completion to generate.
@@ -124,7 +137,7 @@ class Domain {
   struct Seq;
   bool ensure_blocks(Seq& s, int upto_tokens);
   void release(Seq& s);
-  void finish(Seq& s, const std::string& reason, const std::string& error,
+  void finish(Seq& s, FinishReason reason, const std::string& error,
               std::vector<std::pair<std::function<void(const GenerationEvent&)>, GenerationEvent>>& events);
   bool preempt_newest(const Seq* keep);
 

@@ -138,9 +138,11 @@ int run_daemon(DaemonOptions o) {
     plan::Calibration cal;
     if (!o.calibration_path.empty()) cal = sim::read_calibration(o.calibration_path);
     o.service.engine_factory = sim::engine_factory(shape, model, topo, cal, sim::Pacing::wait_real_time);
+    o.service.topology = topo;
     log("engine: simulated (" + model.format + ") on topology " + topo.name +
         (o.calibration_path.empty() ? "" : ", calibration " + o.calibration_path));
   }
+  o.service.virtual_devices = o.virtual_devices;
   if (o.virtual_devices > 0) {
     try {
       doc::validate_against(o.service.gears, virtual_topology(o.virtual_devices));
@@ -241,9 +243,10 @@ int run_daemon(DaemonOptions o) {
             so.trigger = "policy:" + pending->policy;
             pending.reset();
             auto done = svc.shift(so, [&](const doc::ShiftEvent& e) {
-              log("auto: shift " + e.shift_id + " " + e.phase + " " + e.message);
+              log("auto: shift " + e.shift_id + " " + std::string(doc::to_string(e.phase)) + " " + e.message);
             });
-            log("auto: shift " + done.shift_id + " " + done.outcome);
+            log("auto: shift " + done.shift_id + " " +
+                (done.outcome ? std::string(doc::to_string(*done.outcome)) : std::string("-")));
           }
         } catch (const std::exception& e) {
           log(std::string("auto: ") + e.what());

@@ -19,16 +19,6 @@ DomainRunner::DomainRunner(std::string id, std::string gear, std::vector<std::st
 
 DomainRunner::~DomainRunner() { stop(); }
 
-std::string DomainRunner::state() const {
-  std::lock_guard lk(mu_);
-  return state_;
-}
-
-void DomainRunner::set_state(std::string s) {
-  std::lock_guard lk(mu_);
-  state_ = std::move(s);
-}
-
 bool DomainRunner::submit(engine::GenerationRequest&& r) {
   {
     // Under mu_: loop() decides to end under it too, so a request queued

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "doc/states.hpp"
 #include "engine/domain.hpp"
 #include "serve/latency.hpp"
 
@@ -39,8 +40,12 @@ class DomainRunner {
   const std::string& gear() const noexcept { return gear_; }
   const std::vector<std::string>& devices() const noexcept { return devices_; }
 
-  std::string state() const;
-  void set_state(std::string s);
+  doc::DomainState state() const noexcept { return state_.load(); }
+  void set_state(doc::DomainState s) noexcept { state_.store(s); }
+  /// Serving and its engine has not failed: the router may use it.
+  bool serving() const { return state() == doc::DomainState::serving && domain_->failure().empty(); }
+  /// Tensor-parallel degree of its first stage (the router's largest-TP rule).
+  int tp() const noexcept { return domain_->config().stages.front().tp; }
   /// Router weight (share of new requests), 0..1.
   double weight() const noexcept { return weight_.load(); }
   void set_weight(double w) noexcept { weight_.store(w); }
@@ -63,7 +68,7 @@ class DomainRunner {
   /// Batch cap for the first steps of a new domain (slow start): the running
   /// batch is limited to `cap` sequences for `steps` steps.
   void slow_start(int cap, int steps);
-  /// Counts failed requests (finish_reason "error") seen on this domain.
+  /// Counts failed requests (FinishReason::error) seen on this domain.
   std::atomic<std::uint64_t> errors{0};
   std::atomic<std::uint64_t> served{0};
   /// E2E latency of requests finished on this domain (ramp checks).
@@ -97,7 +102,7 @@ class DomainRunner {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::condition_variable idle_cv_;  // after each step (wait_idle)
-  std::string state_ = "warming";
+  std::atomic<doc::DomainState> state_{doc::DomainState::warming};
   std::atomic<double> weight_{0.0};
   std::atomic<int> submitted_{0};
   std::atomic<std::int64_t> busy_ns_{0};

@@ -187,7 +187,7 @@ std::string generate_once(const model::Model& model, const GenerateOptions& o,
       if (!piece.empty()) on_text(piece);
     }
     if (e.finished) {
-      if (e.finish_reason == "error") error = e.error;
+      if (e.finish_reason == engine::FinishReason::error) error = e.error;
       std::string rest = stream.finish();
       text += rest;
       if (!rest.empty()) on_text(rest);

@@ -613,7 +613,7 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
         st->cv.notify_all();
         if (e.finished)
           (*log)("request_id=" + rid + " domain_id=" + logval(e.domain_id.empty() ? "-" : e.domain_id) +
-                 " event=finished finish_reason=" + logval(e.finish_reason) +
+                 " event=finished finish_reason=" + logval(std::string(engine::to_string(e.finish_reason))) +
                  " prompt_tokens=" + std::to_string(e.prompt_tokens) +
                  " completion_tokens=" + std::to_string(e.completion_tokens) + (gone ? " client=gone" : "") +
                  (e.error.empty() ? "" : " error=" + logval(e.error)));
@@ -682,17 +682,17 @@ void HttpServer::Impl::answer_whole(httplib::Response& res, const std::shared_pt
     last = st->last;
   }
   for (const auto& e : last)
-    if (e.finish_reason == "error") return send_error(res, failed_choice(e));
+    if (e.finish_reason == engine::FinishReason::error) return send_error(res, failed_choice(e));
   Json choices = Json::array();
   for (std::size_t i = 0; i < last.size(); ++i)
     choices.push_back(chat ? Json{{"index", i},
                                   {"message", {{"role", "assistant"}, {"content", text[i]}}},
                                   {"logprobs", nullptr},
-                                  {"finish_reason", last[i].finish_reason}}
+                                  {"finish_reason", std::string(engine::to_string(last[i].finish_reason))}}
                            : Json{{"text", text[i]},
                                   {"index", i},
                                   {"logprobs", nullptr},
-                                  {"finish_reason", last[i].finish_reason}});
+                                  {"finish_reason", std::string(engine::to_string(last[i].finish_reason))}});
   Json out{{"id", id},
            {"object", chat ? "chat.completion" : "text_completion"},
            {"created", created_s},
@@ -764,7 +764,7 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, const std::shared_p
           if (done) break;
           if (!e.text.empty()) out += sse(chunk(i, &e.text, nullptr));
           if (!e.finished) continue;
-          if (e.finish_reason == "error") {
+          if (e.finish_reason == engine::FinishReason::error) {
             // One failed choice ends the stream: the others are cancelled.
             out += sse(error_json(failed_choice(e)));
             out += "data: [DONE]\n\n";
@@ -772,7 +772,8 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, const std::shared_p
             cancel_all(st);
             continue;
           }
-          out += sse(chunk(i, nullptr, &e.finish_reason));
+          const std::string reason(engine::to_string(e.finish_reason));
+          out += sse(chunk(i, nullptr, &reason));
         }
         if (!done && all) {
           // The last finish event of all the choices closes the stream.

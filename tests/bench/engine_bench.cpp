@@ -138,7 +138,7 @@ engine::GenerationRequest request(std::string id, std::vector<int> prompt, int m
   r.prompt = std::move(prompt);
   r.max_tokens = max_tokens;
   r.on_event = [](const engine::GenerationEvent& e) {
-    if (e.finish_reason == "error") throw Error("request " + e.request_id + ": " + e.error);
+    if (e.finish_reason == ftp::engine::FinishReason::error) throw Error("request " + e.request_id + ": " + e.error);
   };
   return r;
 }

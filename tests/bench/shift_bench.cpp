@@ -115,7 +115,7 @@ struct Load {
         domain.push_back(e.domain_id);
       }
       if (e.finished) {
-        if (e.finish_reason == "error") ++failed;
+        if (e.finish_reason == ftp::engine::FinishReason::error) ++failed;
         {
           std::lock_guard lk(mu);
           if (--outstanding == 0) idle.notify_all();
@@ -291,10 +291,11 @@ int main(int argc, char** argv) {
       };
       add_phase(t_call, "build");
       auto done = svc.shift(o, [&](const doc::ShiftEvent& e) {
-        phase_ms[e.phase == "ramp" ? "ramp-" + std::to_string(static_cast<int>(e.traffic_share * 100 + 0.5)) : e.phase]
+        phase_ms[e.phase == ftp::doc::ShiftPhase::ramp ? "ramp-" + std::to_string(static_cast<int>(e.traffic_share * 100 + 0.5))
+                                                   : std::string(doc::to_string(e.phase))]
             .push_back(e.phase_ms);
-        if (e.phase == "reserve") t_reserve = e.t_ms;
-        if (e.phase == "ramp" && e.traffic_share >= 1.0) t_full = e.t_ms;
+        if (e.phase == ftp::doc::ShiftPhase::reserve) t_reserve = e.t_ms;
+        if (e.phase == ftp::doc::ShiftPhase::ramp && e.traffic_share >= 1.0) t_full = e.t_ms;
         // A request sent in a phase: "build" (shadow built and warmed),
         // "ramp" (both domains take traffic), "drain" (old domain
         // finishing), "retire" (old domain stopped and released, until
@@ -302,17 +303,17 @@ int main(int argc, char** argv) {
         // A ramp step is named by the new domains' share while it lasts
         // ("ramp-10", "ramp-50"): the "ramp" event of a share ends its step.
         std::string name;
-        if (e.phase == "warm" || (e.phase == "ramp" && e.traffic_share < 1.0)) {
-          const std::size_t next = e.phase == "warm" ? 0 : ++ramp_step;
+        if (e.phase == ftp::doc::ShiftPhase::warm || (e.phase == ftp::doc::ShiftPhase::ramp && e.traffic_share < 1.0)) {
+          const std::size_t next = e.phase == ftp::doc::ShiftPhase::warm ? 0 : ++ramp_step;
           if (next < cfg.ramp.size() && cfg.ramp[next] < 1.0)
             name = "ramp-" + std::to_string(static_cast<int>(cfg.ramp[next] * 100 + 0.5));
-        } else if (e.phase == "ramp") {
+        } else if (e.phase == ftp::doc::ShiftPhase::ramp) {
           name = "drain";
-        } else if (e.phase == "drain") {
+        } else if (e.phase == ftp::doc::ShiftPhase::drain) {
           name = "retire";
         }
         if (!name.empty() && name != phases.back().second) add_phase(Clock::now(), name);
-        if (e.phase == "warm") {
+        if (e.phase == ftp::doc::ShiftPhase::warm) {
           const auto before = gear_of;
           note_domains();
           for (const auto& [id, gear] : gear_of)
@@ -321,7 +322,7 @@ int main(int argc, char** argv) {
       });
       shifting.emplace_back(t_call, Clock::now());
       add_phase(shifting.back().second, "steady");
-      committed += done.outcome == "committed";
+      committed += done.outcome == ftp::doc::ShiftOutcome::committed;
       std::size_t waits = cfg.ramp.size() - 1;
       overhead.push_back(static_cast<double>(t_full - t_reserve) - static_cast<double>(waits) * step_ms);
     }

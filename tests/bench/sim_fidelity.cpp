@@ -155,7 +155,7 @@ Latencies drive(engine::Domain& d, const Workload& w, const std::function<double
           ++count[i];
         }
         if (e.finished) {
-          if (e.finish_reason == "error") throw Error("request " + e.request_id + ": " + e.error);
+          if (e.finish_reason == ftp::engine::FinishReason::error) throw Error("request " + e.request_id + ": " + e.error);
           ++done;
         }
       };

@@ -107,7 +107,7 @@ std::vector<std::vector<int>> run(Domain& d, std::vector<GenerationRequest> reqs
       if (e.token >= 0) out[i].push_back(e.token);
       if (e.finished) {
         ++finished[i];
-        EXPECT_NE(e.finish_reason, "error") << e.error;
+        EXPECT_NE(e.finish_reason, ftp::engine::FinishReason::error) << e.error;
       }
     };
     d.submit(std::move(reqs[i]));

@@ -121,7 +121,7 @@ struct FailureTest : ::testing::Test {
       if (e.token >= 0) o.tokens.push_back(e.token);
       if (e.finished) {
         ++o.finishes;
-        o.reason = e.finish_reason;
+        o.reason = ftp::engine::to_string(e.finish_reason);
         o.error = e.error;
       }
     };

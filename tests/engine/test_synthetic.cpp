@@ -72,7 +72,7 @@ std::vector<int> generate(const WeightStore& store, std::vector<StageLayout> sta
     if (e.token >= 0) out.push_back(e.token);
     if (e.finished) {
       ++finished;
-      EXPECT_NE(e.finish_reason, "error") << e.error;
+      EXPECT_NE(e.finish_reason, ftp::engine::FinishReason::error) << e.error;
     }
   };
   d.submit(std::move(r));

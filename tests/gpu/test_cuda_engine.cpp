@@ -136,7 +136,7 @@ std::vector<std::vector<int>> serve(const WeightStore& store, DomainConfig cfg, 
     r.sampling = SamplingParams{temperature, 0, 0.95f, 100 + i};
     r.on_event = [&out, i](const GenerationEvent& e) {
       if (e.token >= 0) out[i].push_back(e.token);
-      if (e.finish_reason == "error") std::printf("     request %zu failed: %s\n", i, e.error.c_str());
+      if (e.finish_reason == ftp::engine::FinishReason::error) std::printf("     request %zu failed: %s\n", i, e.error.c_str());
     };
     d.submit(std::move(r));
   }

@@ -53,7 +53,8 @@ const std::vector<std::string> kPrompts = {
 struct Result {
   std::string text;
   std::set<std::string> domains;
-  std::string finish_reason, error;
+  ftp::engine::FinishReason finish_reason = ftp::engine::FinishReason::none;
+  std::string error;
 };
 
 /// Submits one request; the future holds its result once it ended.
@@ -114,7 +115,7 @@ std::thread slow_shift(Service& svc, const std::string& to, int step_ms) {
     slow.to = to;
     slow.step_interval_ms = step_ms;
     svc.shift(slow, [&](const ftp::doc::ShiftEvent& e) {
-      if (e.phase == "warm") *in_ramp = true;
+      if (e.phase == ftp::doc::ShiftPhase::warm) *in_ramp = true;
     });
   });
   while (!*in_ramp) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -170,7 +171,7 @@ TEST_F(ShiftFixture, SixteenStreamingClientsThroughTwentyShifts) {
           ++failed;
           continue;
         }
-        if (r.finish_reason == "error") {
+        if (r.finish_reason == ftp::engine::FinishReason::error) {
           ADD_FAILURE() << "client " << c << ": " << r.error;
           ++failed;
         }
@@ -190,10 +191,10 @@ TEST_F(ShiftFixture, SixteenStreamingClientsThroughTwentyShifts) {
     o.to = cycle[static_cast<std::size_t>(s) % cycle.size()];
     std::int64_t t_reserve = -1, t_full = -1;
     auto done = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) {
-      if (e.phase == "reserve") t_reserve = e.t_ms;
-      if (e.phase == "ramp" && e.traffic_share >= 1.0) t_full = e.t_ms;
+      if (e.phase == ftp::doc::ShiftPhase::reserve) t_reserve = e.t_ms;
+      if (e.phase == ftp::doc::ShiftPhase::ramp && e.traffic_share >= 1.0) t_full = e.t_ms;
     });
-    ASSERT_EQ(done.outcome, "committed") << done.message;
+    ASSERT_EQ(done.outcome, ftp::doc::ShiftOutcome::committed) << done.message;
     EXPECT_EQ(svc.current_gear(), o.to);
     // Acceptance to 100 % on the new domain, minus the two ramp waits.
     overhead_ms.push_back(static_cast<double>(t_full - t_reserve) - 2 * 20);
@@ -219,6 +220,7 @@ TEST_F(ShiftFixture, ControlPlaneTimeComesFromTheInjectedClock) {
   auto clock = std::make_shared<ftp::control::VirtualClock>(50000);
   ServiceConfig c = config();
   c.clock = clock;
+  c.step_interval_ms = 30000;  // virtual: the test moves the clock, nobody waits 30 s
   Service svc(*model, c);
   svc.start();
   EXPECT_EQ(svc.observe().t_ms, 0);
@@ -227,13 +229,37 @@ TEST_F(ShiftFixture, ControlPlaneTimeComesFromTheInjectedClock) {
   Service::ShiftOptions o;
   o.to = "standard";
   std::vector<ftp::doc::ShiftEvent> events;
-  auto rec = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) { events.push_back(e); });
-  EXPECT_EQ(rec.outcome, "committed");
+  // The shifter sleeps on the clock at each ramp step (10 %, 50 %): the test
+  // is the time, moving it 30 s whenever the shifter waits.
+  auto shift = std::async(std::launch::async, [&] {
+    return svc.shift(o, [&](const ftp::doc::ShiftEvent& e) { events.push_back(e); });
+  });
+  int moved = 0;
+  while (shift.wait_for(std::chrono::milliseconds(2)) != std::future_status::ready)
+    if (const std::int64_t wake = clock->next_wake_ms(); wake > clock->now_ms()) {
+      clock->set(wake);
+      ++moved;
+    }
+  auto rec = shift.get();
+  EXPECT_EQ(rec.outcome, ftp::doc::ShiftOutcome::committed) << rec.message;
+  EXPECT_EQ(moved, 2);  // two checked ramp steps; 100 % needs no wait
   ASSERT_FALSE(events.empty());
+  int ramp_steps = 0;
   for (const auto& e : events) {
-    EXPECT_EQ(e.t_ms, 7000) << e.phase;
-    EXPECT_EQ(e.phase_ms, 0.0) << e.phase;
+    if (e.phase == ftp::doc::ShiftPhase::reserve || e.phase == ftp::doc::ShiftPhase::warm) {
+      EXPECT_EQ(e.t_ms, 7000) << e.phase;
+      EXPECT_EQ(e.phase_ms, 0.0) << e.phase;
+    } else if (e.phase == ftp::doc::ShiftPhase::ramp && e.traffic_share < 1.0) {
+      // Each checked step took exactly its virtual interval.
+      ++ramp_steps;
+      EXPECT_EQ(e.t_ms, 7000 + 30000 * ramp_steps) << e.phase << " " << e.traffic_share;
+      EXPECT_EQ(e.phase_ms, 30000.0) << e.phase;
+    } else {
+      EXPECT_EQ(e.t_ms, 67000) << e.phase;
+      EXPECT_EQ(e.phase_ms, 0.0) << e.phase;
+    }
   }
+  EXPECT_EQ(ramp_steps, 2);
   svc.drain_and_stop();
 }
 
@@ -245,17 +271,17 @@ TEST_F(ShiftFixture, FailedCheckRollsBackWithoutFailingRequests) {
   std::thread client([&] {
     for (int i = 0; !stop; ++i)
       if (complete(svc, "r" + std::to_string(i), kPrompts[static_cast<std::size_t>(i) % kPrompts.size()], 30)
-              .finish_reason == "error")
+              .finish_reason == ftp::engine::FinishReason::error)
         ++failed;
   });
   Service::ShiftOptions o;
   o.to = "performance";
   o.inject_fault = "check";
   std::vector<std::string> phases;
-  auto done = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) { phases.push_back(e.phase); });
+  auto done = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) { phases.emplace_back(ftp::doc::to_string(e.phase)); });
   stop = true;
   client.join();
-  EXPECT_EQ(done.outcome, "rolled-back");
+  EXPECT_EQ(done.outcome, ftp::doc::ShiftOutcome::rolled_back);
   EXPECT_NE(std::find(phases.begin(), phases.end(), "rollback"), phases.end());
   EXPECT_EQ(svc.current_gear(), "economy");
   EXPECT_EQ(failed.load(), 0);
@@ -290,14 +316,14 @@ TEST_F(ShiftFixture, DrainingAReplicaKeepsServing) {
   svc.start();
   Service::ShiftOptions o;
   o.to = "replicated";  // dp = 2 on vd2, vd3
-  ASSERT_EQ(svc.shift(o, nullptr).outcome, "committed");
+  ASSERT_EQ(svc.shift(o, nullptr).outcome, ftp::doc::ShiftOutcome::committed);
   auto ids = svc.domains_on_devices({"vd3"});
   ASSERT_EQ(ids.size(), 1u);
   std::atomic<bool> stop{false};
   std::atomic<int> failed{0};
   std::thread client([&] {
     for (int i = 0; !stop; ++i)
-      if (complete(svc, "r" + std::to_string(i), "Zoo", 20).finish_reason == "error") ++failed;
+      if (complete(svc, "r" + std::to_string(i), "Zoo", 20).finish_reason == ftp::engine::FinishReason::error) ++failed;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   svc.drain_domain(ids[0], false, 60000, nullptr);
@@ -340,13 +366,13 @@ TEST_F(ShiftFixture, ReleaseModeDropsAndPrefetchesWeightsAndOutputsStayTheSame) 
   Service svc(*model, c);
   svc.start();
   std::vector<std::string> messages;
-  auto collect = [&](const ftp::doc::ShiftEvent& e) { messages.push_back(e.phase + ": " + e.message); };
+  auto collect = [&](const ftp::doc::ShiftEvent& e) { messages.push_back(std::string(ftp::doc::to_string(e.phase)) + ": " + e.message); };
   Service::ShiftOptions o;
   o.to = "performance";
-  ASSERT_EQ(svc.shift(o, collect).outcome, "committed");
+  ASSERT_EQ(svc.shift(o, collect).outcome, ftp::doc::ShiftOutcome::committed);
   EXPECT_EQ(complete(svc, "a", "Zoo", 40).text, reference["Zoo"]);
   o.to = "economy";
-  ASSERT_EQ(svc.shift(o, collect).outcome, "committed");
+  ASSERT_EQ(svc.shift(o, collect).outcome, ftp::doc::ShiftOutcome::committed);
   // Leaving the release-mode gear, vd1..vd3 drop their weights; vd0 keeps them.
   auto has = [&](const std::string& prefix) {
     return std::any_of(messages.begin(), messages.end(), [&](const std::string& m) {
@@ -359,7 +385,7 @@ TEST_F(ShiftFixture, ReleaseModeDropsAndPrefetchesWeightsAndOutputsStayTheSame) 
   // Pages come back from the file: the same text, at every gear.
   EXPECT_EQ(complete(svc, "b", "Zoo", 40).text, reference["Zoo"]);
   o.to = "performance";
-  ASSERT_EQ(svc.shift(o, collect).outcome, "committed");
+  ASSERT_EQ(svc.shift(o, collect).outcome, ftp::doc::ShiftOutcome::committed);
   EXPECT_EQ(complete(svc, "c", "Zoo", 40).text, reference["Zoo"]);
 }
 
@@ -435,7 +461,7 @@ TEST_F(ShiftFixture, KvPoolFollowsTheGearsCapOfFreeDeviceMemory) {
   // economy domain still holds its pages on vd0.
   Service::ShiftOptions o;
   o.to = "standard";
-  ASSERT_EQ(svc.shift(o, nullptr).outcome, "committed");
+  ASSERT_EQ(svc.shift(o, nullptr).outcome, ftp::doc::ShiftOutcome::committed);
   const double per_rank = static_cast<double>(per_page / 2);  // half the KV heads each
   const double free_vd0 = static_cast<double>(budget - static_cast<std::uint64_t>(first) * per_page);
   const int expect = static_cast<int>(std::min(cap * free_vd0 / per_rank, static_cast<double>(needed)));
@@ -482,7 +508,7 @@ TEST_F(ShiftFixture, StoppedDomainRefusesNewRequestsUntouched) {
   ok.max_tokens = 1;
   std::promise<std::string> finished;
   ok.on_event = [&](const ftp::engine::GenerationEvent& e) {
-    if (e.finished) finished.set_value(e.finish_reason);
+    if (e.finished) finished.set_value(std::string(ftp::engine::to_string(e.finish_reason)));
   };
   ASSERT_TRUE(d.submit(std::move(ok)));
   EXPECT_EQ(finished.get_future().get(), "length");
@@ -540,7 +566,7 @@ TEST_F(ShiftFixture, AfterAForcedDrainOfTheLastDomainAShiftBringsTheGearBack) {
   }
   Service::ShiftOptions o;
   o.to = svc.current_gear();  // the same gear: nothing serves it any more
-  EXPECT_EQ(svc.shift(o, nullptr).outcome, "committed");
+  EXPECT_EQ(svc.shift(o, nullptr).outcome, ftp::doc::ShiftOutcome::committed);
   EXPECT_TRUE(svc.ready());
   EXPECT_EQ(complete(svc, "back", "Zoo", 40).text, reference["Zoo"]);
 }
@@ -620,9 +646,9 @@ TEST_F(ShiftFixture, AShiftReturnsAfterTheDrainTimeoutAndTheOldDomainRetiresLate
   o.to = "standard";
   std::vector<std::string> drain_msgs;
   const auto ev = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) {
-    if (e.phase == "drain" || e.phase == "retire") drain_msgs.push_back(e.message);
+    if (e.phase == ftp::doc::ShiftPhase::drain || e.phase == ftp::doc::ShiftPhase::retire) drain_msgs.push_back(e.message);
   });
-  EXPECT_EQ(ev.outcome, "committed");
+  EXPECT_EQ(ev.outcome, ftp::doc::ShiftOutcome::committed);
   ASSERT_EQ(drain_msgs.size(), 2u);
   EXPECT_NE(drain_msgs[0].find("drain timed out"), std::string::npos) << drain_msgs[0];
   EXPECT_NE(drain_msgs[1].find("still draining"), std::string::npos) << drain_msgs[1];
@@ -634,12 +660,12 @@ TEST_F(ShiftFixture, AShiftReturnsAfterTheDrainTimeoutAndTheOldDomainRetiresLate
   const Result fresh = complete(svc, "fresh", "Zoo", 40);
   EXPECT_EQ(fresh.text, reference["Zoo"]);
   const Result old = busy.get();
-  EXPECT_EQ(old.finish_reason, "length") << old.error;
+  EXPECT_EQ(old.finish_reason, ftp::engine::FinishReason::length) << old.error;
   EXPECT_EQ(old.domains.size(), 1u);
   EXPECT_NE(fresh.domains, old.domains);
   // The next shift retires the old domain, now idle.
   o.to = "economy";
-  EXPECT_EQ(svc.shift(o, nullptr).outcome, "committed");
+  EXPECT_EQ(svc.shift(o, nullptr).outcome, ftp::doc::ShiftOutcome::committed);
   EXPECT_EQ(states(svc), std::vector<std::string>{"serving"}) << svc.status()["domains"].dump();
 }
 
@@ -656,7 +682,7 @@ TEST_F(ShiftFixture, StoppingAfterTheDrainTimeoutEndsTheRestWithAnError) {
   auto busy = in_flight(svc, "busy", 400);
   svc.drain_and_stop();
   const Result r = busy.get();
-  EXPECT_EQ(r.finish_reason, "error");
+  EXPECT_EQ(r.finish_reason, ftp::engine::FinishReason::error);
   EXPECT_NE(r.error.find("drain timeout of 50 ms"), std::string::npos) << r.error;
   EXPECT_TRUE(states(svc).empty()) << svc.status()["domains"].dump();
 }
@@ -670,7 +696,7 @@ TEST_F(ShiftFixture, ADrainThatTimesOutIsRetiredOnceIdle) {
   svc.start();
   Service::ShiftOptions o;
   o.to = "replicated";
-  ASSERT_EQ(svc.shift(o, nullptr).outcome, "committed");
+  ASSERT_EQ(svc.shift(o, nullptr).outcome, ftp::doc::ShiftOutcome::committed);
   auto ids = svc.domains_on_devices({"vd3"});
   ASSERT_EQ(ids.size(), 1u);
   // Requests alternate between the two replicas: one of two is on vd3's.
@@ -681,8 +707,8 @@ TEST_F(ShiftFixture, ADrainThatTimesOutIsRetiredOnceIdle) {
   const auto during = states(svc);
   EXPECT_EQ(std::count(during.begin(), during.end(), "draining"), 1) << svc.status()["domains"].dump();
   pause_ms->store(0);
-  EXPECT_EQ(a.get().finish_reason, "length");
-  EXPECT_EQ(b.get().finish_reason, "length");
+  EXPECT_EQ(a.get().finish_reason, ftp::engine::FinishReason::length);
+  EXPECT_EQ(b.get().finish_reason, ftp::engine::FinishReason::length);
   // The next drain (or shift) retires it, now idle, and frees its device.
   auto others = svc.domains_on_devices({"vd2"});
   ASSERT_EQ(others.size(), 1u);

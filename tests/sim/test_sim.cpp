@@ -178,7 +178,7 @@ Trace schedule(engine::Domain& d) {
     r.prompt = prompts[i];
     r.max_tokens = 30 + 5 * static_cast<int>(i);
     r.on_event = [&tr, i](const GenerationEvent& e) {
-      EXPECT_NE(e.finish_reason, "error") << e.error;
+      EXPECT_NE(e.finish_reason, ftp::engine::FinishReason::error) << e.error;
       if (e.finished) tr.finished.push_back(static_cast<int>(i));
     };
     d.submit(std::move(r));

@@ -43,7 +43,7 @@ run_burst() {  # SECONDS
 live=$tmp/gears.json
 cp "$gears" "$live"
 start_daemon_with "$tools/ftp-serve" "$tmp/serve.log" -m "$m" --gears "$live" --max-running 2 --step-interval-ms 50 \
-  --auto --policy "$policy" --observe-interval-ms 200
+  --virtual-devices 4 --auto --policy "$policy" --observe-interval-ms 200
 run_burst 8
 check "auto: up-shift during the burst" wait_gear standard 8
 wait "${burst[@]}" 2>/dev/null; burst=()

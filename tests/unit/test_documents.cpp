@@ -227,8 +227,8 @@ TEST(Observation, RoundTrip) {
   o.tpot_ms = {20, 35};
   o.e2e_ms = {2000, 6000};
   o.devices = {{"vd0", 0.75}, {"vd1", 0.5}};
-  o.domains = {{"d1", "standard", "serving", {"vd0", "vd1"}, 0.9, 4, 1},
-               {"d2", "performance", "warming", {"vd2", "vd3"}, 0.1, 0, 0}};
+  o.domains = {{"d1", "standard", ftp::doc::DomainState::serving, {"vd0", "vd1"}, 0.9, 4, 1},
+               {"d2", "performance", ftp::doc::DomainState::warming, {"vd2", "vd3"}, 0.1, 0, 0}};
   Json j = to_json(o);
   EXPECT_EQ(to_json(observation_from_json(j)), j);
   Json bad = j;
@@ -274,13 +274,13 @@ TEST(ShiftEvent, RoundTrip) {
   ShiftEvent e;
   e.shift_id = "shift-3";
   e.t_ms = 99000;
-  e.phase = "done";
+  e.phase = ftp::doc::ShiftPhase::done;
   e.from = "standard";
   e.to = "performance";
   e.trigger = "policy:gear-shifter";
   e.traffic_share = 1.0;
   e.phase_ms = 250;
-  e.outcome = "committed";
+  e.outcome = ftp::doc::ShiftOutcome::committed;
   e.message = "ok";
   e.before = Percentiles{2000, 9000};
   e.after = Percentiles{1500, 5000};

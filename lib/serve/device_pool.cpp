@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/device_pool.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "backend/cpu/cpu_info.hpp"
+#include "backend/gpu.hpp"
+#include "core/error.hpp"
+
+namespace ftp::serve {
+
+namespace {
+
+/// N of "vd<N>", or -1.
+int vd_index(const std::string& d) {
+  if (d.size() > 2 && d.size() < 9 && d.compare(0, 2, "vd") == 0 && d.find_first_not_of("0123456789", 2) == std::string::npos)
+    return std::stoi(d.substr(2));
+  return -1;
+}
+
+doc::Device device(std::string id, std::string type, std::string parent) {
+  doc::Device d;
+  d.id = std::move(id);
+  d.type = std::move(type);
+  d.parent = std::move(parent);
+  d.node = "node0";
+  return d;
+}
+
+}  // namespace
+
+const char* to_string(DevicePool::Kind k) noexcept {
+  switch (k) {
+    case DevicePool::Kind::cpu: return "cpu";
+    case DevicePool::Kind::cuda: return "cuda";
+    case DevicePool::Kind::named: return "named";
+  }
+  return "";
+}
+
+DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const doc::Topology* topology) : kind_(kind) {
+  if (kind == Kind::named) {
+    if (topology && !topology->devices.empty()) {
+      devices_ = topology->devices;
+    } else {
+      std::set<std::string> seen;
+      for (const auto& g : table.gears)
+        for (const auto& d : g.devices())
+          if (seen.insert(d).second) devices_.push_back(device(d, "named", ""));
+    }
+    return;
+  }
+  if (n_vd <= 0)
+    for (const auto& g : table.gears)
+      for (const auto& d : g.devices()) n_vd = std::max(n_vd, vd_index(d) + 1);
+  if (kind == Kind::cuda) {
+    for (const auto& gi : backend::discover_gpus()) {
+      doc::Device d = device("gpu" + std::to_string(gi.index), "gpu", "");
+      d.name = gi.name;
+      d.uuid = gi.uuid;
+      d.memory_bytes = gi.memory_bytes;
+      gpus_[d.id] = gi.index;
+      devices_.push_back(std::move(d));
+    }
+    // Virtual devices are ranks that share gpu0 (a TP gear on one GPU).
+    if (n_vd > 0 && gpus_.count("gpu0"))
+      for (int i = 0; i < n_vd; ++i) {
+        devices_.push_back(device("vd" + std::to_string(i), "virtual", "gpu0"));
+        gpus_["vd" + std::to_string(i)] = 0;
+      }
+    return;
+  }
+  if (n_vd > 0) {
+    auto cpu = backend::discover_cpu();
+    for (auto& v : backend::split_cpu(n_vd, cpu.memory_bytes)) {
+      doc::Device d = device("vd" + std::to_string(v->id()), "virtual", "cpu0");
+      d.memory_bytes = v->memory_budget();
+      d.compute_units = v->threads();
+      devices_.push_back(d);
+      vdevs_[d.id] = std::move(v);
+    }
+  }
+}
+
+DeviceBinding DevicePool::bind(const std::string& name) const {
+  DeviceBinding b;
+  b.name = name;
+  if (kind_ == Kind::named) {
+    if (std::none_of(devices_.begin(), devices_.end(), [&](const auto& d) { return d.id == name; }))
+      throw InputError("device \"" + name + "\" is not in the topology");
+    return b;
+  }
+  if (auto it = vdevs_.find(name); it != vdevs_.end()) {
+    b.virtual_device = it->second.get();
+    return b;
+  }
+  if (auto it = gpus_.find(name); it != gpus_.end()) {
+    b.gpu = it->second;
+    return b;
+  }
+  std::string have;
+  for (const auto& d : devices_) have += (have.empty() ? "" : ", ") + d.id;
+  throw InputError("device \"" + name + "\" is not one of this service's " + to_string(kind_) + " devices (" +
+                   (have.empty() ? std::string("none") : have) + ")" +
+                   (kind_ == Kind::cpu && name.compare(0, 3, "gpu") == 0 ? "; GPUs need --backend cuda" : "") +
+                   (kind_ == Kind::cpu && vd_index(name) >= 0 ? "; --virtual-devices N offers more" : ""));
+}
+
+void DevicePool::check(const doc::GearTable& table) const {
+  for (const auto& g : table.gears)
+    for (const auto& d : g.devices()) try {
+        bind(d);
+      } catch (const InputError& e) {
+        throw InputError("gear " + g.name + ": " + e.what());
+      }
+}
+
+void DevicePool::lease(const std::string& domain, const std::vector<std::string>& devices) {
+  std::lock_guard lk(mu_);
+  for (const auto& d : devices)
+    if (auto it = lost_.find(d); it != lost_.end())
+      throw InputError("device " + d + " is lost (" + it->second + ")");
+  leases_[domain] = devices;
+}
+
+void DevicePool::release(const std::string& domain) {
+  std::lock_guard lk(mu_);
+  leases_.erase(domain);
+}
+
+void DevicePool::mark_lost(const std::string& device, const std::string& why) {
+  std::lock_guard lk(mu_);
+  lost_[device] = why;
+}
+
+std::map<std::string, std::string> DevicePool::lost() const {
+  std::lock_guard lk(mu_);
+  return lost_;
+}
+
+json::Json DevicePool::status() const {
+  json::Json out = json::Json::array();
+  std::lock_guard lk(mu_);
+  for (const auto& d : devices_) {
+    json::Json held = json::Json::array();
+    for (const auto& [dom, devs] : leases_)
+      if (std::find(devs.begin(), devs.end(), d.id) != devs.end()) held.push_back(dom);
+    auto lost = lost_.find(d.id);
+    json::Json j{{"id", d.id},
+                 {"type", d.type},
+                 {"state", lost != lost_.end() ? "lost" : held.empty() ? "free" : "leased"},
+                 {"held_by", held}};
+    if (!d.parent.empty()) j["parent"] = d.parent;
+    if (lost != lost_.end()) j["lost_because"] = lost->second;
+    if (auto v = vdevs_.find(d.id); v != vdevs_.end()) {
+      j["threads"] = v->second->threads();
+      j["cpus"] = v->second->cpus();
+      j["memory_used"] = v->second->memory_used();
+      j["memory_budget"] = v->second->memory_budget();
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace ftp::serve

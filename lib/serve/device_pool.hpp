@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/virtual_device.hpp"
+#include "core/json.hpp"
+#include "doc/gear_table.hpp"
+#include "doc/topology.hpp"
+
+namespace ftp::serve {
+
+/// What a gear's device name stands for on this service.
+struct DeviceBinding {
+  std::string name;                         ///< as the gear table names it ("vd2", "gpu1")
+  backend::VirtualDevice* virtual_device = nullptr;  ///< a CPU virtual device, or null
+  int gpu = -1;                             ///< CUDA ordinal for a GPU (or a share of one), or -1
+};
+
+/// The devices this service may run domains on, and who holds them
+/// (ARCHITECTURE.md's resource pool). Devices come from a topology, and a
+/// gear binds through it: a name the topology lacks is an error naming
+/// it, never a default device.
+/// - "cpu" (the real engine on CPU virtual devices): vd0..vd<N-1>, the CPU
+///   and its memory split evenly among them.
+/// - "cuda": the GPUs of discover_gpus() as gpu0..gpu<G-1>, plus vd0..vd<N-1>
+///   as shares of gpu0 (several ranks on one GPU, as the gpu suite runs).
+/// - "named" (an engine factory's devices, e.g. the simulated engine's):
+///   the given topology's devices, or the gear table's own names when there
+///   is none; nothing is bound to hardware.
+/// Leases say which domain holds a device; a lost device (taken away, its
+/// member gone) is refused to new domains. Thread-safe.
+class DevicePool {
+ public:
+  enum class Kind { cpu, cuda, named };
+
+  /// `virtual_devices`: how many vdN to make; 0: as many as the highest
+  /// vdN of `table` needs. `topology`: for Kind::named only (may be empty).
+  DevicePool(Kind kind, const doc::GearTable& table, int virtual_devices, const doc::Topology* topology = nullptr);
+
+  Kind kind() const noexcept { return kind_; }
+  /// The devices, as a topology document's devices (ids, types, parents).
+  const std::vector<doc::Device>& devices() const noexcept { return devices_; }
+
+  /// Binds `name`; throws InputError naming it and what the pool has.
+  DeviceBinding bind(const std::string& name) const;
+  /// Binds every device of every gear of `table` (at start and on reload);
+  /// throws InputError naming the gear and the device.
+  void check(const doc::GearTable& table) const;
+
+  /// `domain` holds `devices` from now on (several domains may share a
+  /// device: a shadow warms beside the domain it replaces). Throws
+  /// InputError when one of them is lost.
+  void lease(const std::string& domain, const std::vector<std::string>& devices);
+  /// `domain` holds nothing any more.
+  void release(const std::string& domain);
+  /// Marks a device lost (`why`): no new domain leases it.
+  void mark_lost(const std::string& device, const std::string& why);
+  /// Lost devices and why.
+  std::map<std::string, std::string> lost() const;
+
+  /// The devices with their leases, for `status`: id, type, parent, state
+  /// ("free" | "leased" | "lost"), held_by, and for CPU virtual devices
+  /// threads, cpus, memory_used and memory_budget.
+  json::Json status() const;
+
+ private:
+  Kind kind_;
+  std::vector<doc::Device> devices_;
+  std::map<std::string, std::unique_ptr<backend::VirtualDevice>> vdevs_;  // CPU virtual devices by name
+  std::map<std::string, int> gpus_;                                       // device name -> CUDA ordinal
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<std::string>> leases_;  // domain -> devices
+  std::map<std::string, std::string> lost_;                 // device -> why
+};
+
+/// "cpu" | "cuda" | "named".
+const char* to_string(DevicePool::Kind k) noexcept;
+
+}  // namespace ftp::serve

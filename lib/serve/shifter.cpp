@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "serve/shifter.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+
+namespace ftp::serve {
+
+using json::Json;
+using doc::DomainState;
+using doc::ShiftOutcome;
+using doc::ShiftPhase;
+
+namespace {
+
+std::string fmt(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+/// Calls fn(first layer, layers, tp, rank) for each rank of the gear on a
+/// device that `want` accepts; returns the sum of what it returned (bytes).
+std::uint64_t for_each_rank(const doc::Gear& g, const std::function<bool(const std::string&)>& want,
+                            const std::function<std::uint64_t(int, int, int, int)>& fn) {
+  std::uint64_t bytes = 0;
+  for (const auto& rep : g.replicas)
+    for (const auto& st : rep.stages)
+      for (std::size_t r = 0; r < st.devices.size(); ++r)
+        if (want(st.devices[r]))
+          bytes += fn(st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), static_cast<int>(r));
+  return bytes;
+}
+
+}  // namespace
+
+void check_ramp(const std::vector<double>& shares, const std::string& what) {
+  auto list = [&] {
+    std::string t;
+    for (double v : shares) t += (t.empty() ? "" : ",") + fmt(v);
+    return t;
+  };
+  if (shares.empty()) throw InputError(what + ": no shares; a ramp ends at 1.0 (100 %)");
+  for (std::size_t i = 0; i < shares.size(); ++i) {
+    if (!(shares[i] > 0 && shares[i] <= 1))
+      throw InputError(what + ": share " + fmt(shares[i]) + " is not in (0, 1]");
+    if (i > 0 && shares[i] <= shares[i - 1]) throw InputError(what + ": shares must increase, got " + list());
+  }
+  if (shares.back() != 1.0) throw InputError(what + ": the last share must be 1.0 (100 %), got " + list());
+}
+
+Shifter::Shifter(DomainSet& domains, Telemetry& telemetry, DevicePool& pool, engine::WeightStore* store,
+                 const control::Clock& clock, std::function<std::int64_t()> now_ms, Build build, FindGear find_gear,
+                 ShifterConfig config, std::function<void(const std::string&)> on_retired)
+    : domains_(domains), telemetry_(telemetry), pool_(pool), store_(store), clock_(clock), now_ms_(std::move(now_ms)),
+      build_(std::move(build)), find_gear_(std::move(find_gear)), cfg_(std::move(config)),
+      on_retired_(std::move(on_retired)) {
+  check_ramp(cfg_.ramp, "ramp");
+}
+
+void Shifter::set_weights(const DomainList& doms, double share) {
+  for (auto& d : doms) d->set_weight(doms.empty() ? 0 : share / static_cast<double>(doms.size()));
+}
+
+bool Shifter::wait_drained(const DomainList& doms, int timeout_ms) {
+  // A wait on the domains' threads, which run in real time.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (auto& d : doms)
+    if (!d->wait_idle(deadline)) return false;
+  return true;
+}
+
+void Shifter::retire(const DomainList& doms) {
+  domains_.retire(doms);
+  for (const auto& d : doms) {
+    pool_.release(d->id());
+    if (on_retired_) on_retired_(d->id());
+  }
+}
+
+void Shifter::reap_drained() {
+  DomainList idle;
+  for (auto& d : domains_.in_state(DomainState::draining))
+    if (d->inflight() == 0) idle.push_back(d);
+  retire(idle);
+  std::vector<std::string> gears;
+  for (const auto& d : idle)
+    if (std::find(gears.begin(), gears.end(), d->gear()) == gears.end()) gears.push_back(d->gear());
+  for (const auto& g : gears) release_weights_leaving(g);
+}
+
+std::uint64_t Shifter::release_weights_leaving(const std::string& gear) {
+  const std::optional<doc::Gear> from = find_gear_(gear);
+  if (!from || from->weight_mode != "release" || !store_) return 0;
+  // The devices of the domains that remain keep their weights.
+  const std::vector<std::string> keep = domains_.devices_in_use();
+  auto leaving = [&](const std::string& d) { return std::find(keep.begin(), keep.end(), d) == keep.end(); };
+  return for_each_rank(*from, leaving, [&](int f, int n, int tp, int r) { return store_->release_rank(f, n, tp, r); });
+}
+
+void Shifter::outside_shift(const std::function<void()>& fn) {
+  std::unique_lock sl(op_mu_, std::try_to_lock);
+  if (!sl.owns_lock())
+    throw ControlError("ftp.ShiftInProgress", "a shift is in progress; reload the gear table after it");
+  fn();
+}
+
+Json Shifter::records() const {
+  Json out = Json::array();
+  std::lock_guard lk(records_mu_);
+  for (const auto& r : records_) out.push_back(doc::to_json(r));
+  return out;
+}
+
+doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, bool accepting) {
+  std::unique_lock sl(op_mu_, std::try_to_lock);
+  if (!sl.owns_lock()) throw ControlError("ftp.ShiftInProgress", "a shift is in progress; one shift at a time");
+  reap_drained();
+  const std::optional<doc::Gear> target = find_gear_(o.to);
+  if (!target) throw ControlError("ftp.NoSuchGear", "no gear \"" + o.to + "\" in the gear table", Exit::usage);
+  if (!accepting) throw ControlError("ftp.NotServing", "the service is draining");
+  const std::string from = domains_.gear();
+  if (from == o.to && domains_.serving() > 0)
+    throw ControlError("ftp.SameGear", "already in gear \"" + o.to + "\"", Exit::usage);
+  const std::vector<double> ramp = o.ramp.empty() ? cfg_.ramp : o.ramp;
+  check_ramp(ramp, "ramp");
+  const int step_ms = o.step_interval_ms >= 0 ? o.step_interval_ms : cfg_.step_interval_ms;
+
+  shifting_ = true;
+  struct Reset {
+    std::atomic<bool>& f;
+    ~Reset() { f = false; }
+  } reset{shifting_};
+
+  doc::ShiftEvent ev;
+  {
+    std::lock_guard lk(records_mu_);
+    ev.shift_id = "shift-" + std::to_string(++next_shift_);
+  }
+  ev.from = from;
+  ev.to = o.to;
+  ev.trigger = o.trigger;
+  const std::int64_t t_start = now_ms_();
+  const doc::Percentiles before = telemetry_.e2e_since(t_start - 60000);
+  std::int64_t phase_us = clock_.now_us();
+  auto emit = [&](ShiftPhase phase, double share, const std::string& msg) {
+    ev.t_ms = now_ms_();
+    ev.phase = phase;
+    ev.traffic_share = share;
+    const std::int64_t t_us = clock_.now_us();
+    ev.phase_ms = static_cast<double>(t_us - phase_us) / 1000.0;
+    ev.message = msg;
+    phase_us = t_us;
+    if (progress) progress(ev);
+  };
+
+  const DomainList old = domains_.in_state(DomainState::serving);
+  const std::vector<std::string> devs = target->devices();
+  std::string devlist;
+  for (const auto& d : devs) devlist += (devlist.empty() ? "" : ",") + d;
+  // Release weight mode: fetch the target gear's weights ahead, so the
+  // reload overlaps the reservation instead of the first steps.
+  std::string reserve_msg = "devices " + devlist;
+  if (target->weight_mode == "release" && store_) {
+    auto bytes = for_each_rank(*target, [](const std::string&) { return true; },
+                               [&](int f, int n, int tp, int r) { return store_->prefetch_rank(f, n, tp, r); });
+    reserve_msg += "; weights prefetched: " + std::to_string(bytes) + " bytes";
+  }
+  emit(ShiftPhase::reserve, 0, reserve_msg);
+
+  DomainList fresh;
+  auto finish = [&](ShiftOutcome outcome, const std::string& msg) {
+    ev.outcome = outcome;
+    ev.before = before;
+    ev.after = telemetry_.e2e_since(t_start);
+    emit(ShiftPhase::done, outcome == ShiftOutcome::committed ? 1.0 : 0.0, msg);
+    {
+      std::lock_guard lk(records_mu_);
+      records_.push_back(ev);
+    }
+    telemetry_.shift_done(outcome);
+    return ev;
+  };
+  auto rollback = [&](const std::string& why) {
+    // Traffic returns to the old domains; the shadow drains and retires.
+    set_weights(old, 1.0);
+    set_weights(fresh, 0.0);
+    for (auto& d : fresh) {
+      d->set_state(DomainState::draining);
+      d->set_background();
+    }
+    emit(ShiftPhase::rollback, 0, why);
+    // A shadow that cannot drain in time stays draining and retires at the
+    // next shift or drain (reap_drained).
+    if (wait_drained(fresh, cfg_.drain_timeout_ms)) retire(fresh);
+    return finish(ShiftOutcome::rolled_back, why);
+  };
+
+  try {
+    fresh = build_(*target, true);
+  } catch (const std::exception& e) {
+    for (auto& d : fresh) d->stop();
+    fresh.clear();
+    return finish(ShiftOutcome::failed, std::string("warm-up: ") + e.what());
+  }
+  domains_.add(fresh);
+  emit(ShiftPhase::warm, 0, std::to_string(fresh.size()) + " domain(s) built and warmed");
+
+  const bool fault = o.inject_fault == "check";
+  for (double share : ramp) {
+    const std::int64_t step_start = now_ms_();
+    set_weights(fresh, share);
+    set_weights(old, 1.0 - share);
+    if (share >= 1.0) {
+      emit(ShiftPhase::ramp, share, "100 % of new requests on the new domains");
+      break;
+    }
+    if (step_ms > 0) clock_.sleep_for_ms(step_ms);
+    // The check: no failed request on the new domains, and their P99 E2E
+    // within rollback_p99_factor of the pre-shift baseline.
+    std::uint64_t errs = 0;
+    double p99 = 0;
+    std::size_t samples = 0;
+    for (auto& d : fresh) {
+      errs += d->errors.load();
+      p99 = std::max(p99, d->e2e.percentile(99, step_start));
+      samples += d->e2e.count(step_start);
+    }
+    std::string why;
+    if (fault)
+      why = "fault injected: check failed";
+    else if (errs > 0)
+      why = std::to_string(errs) + " request(s) failed on the new domains";
+    else if (samples >= 20 && before.p99 > 0 && p99 > cfg_.rollback_p99_factor * before.p99)
+      why = "P99 E2E " + fmt(p99) + " ms > " + fmt(cfg_.rollback_p99_factor) + " x baseline " + fmt(before.p99) + " ms";
+    if (!why.empty()) return rollback(why);
+    emit(ShiftPhase::ramp, share, "check passed (" + std::to_string(samples) + " samples, P99 " + fmt(p99) + " ms)");
+  }
+
+  for (auto& d : old) {
+    d->set_state(DomainState::draining);
+    d->set_weight(0);
+    d->set_background();  // its last decodes yield to the new domain's first tokens
+  }
+  for (auto& d : fresh) d->set_state(DomainState::serving);
+  domains_.set_gear(target->name);
+  const bool drained = wait_drained(old, cfg_.drain_timeout_ms);
+  emit(ShiftPhase::drain, 1.0,
+       drained ? "old domains drained"
+               : "drain timed out after " + std::to_string(cfg_.drain_timeout_ms) +
+                     " ms; the old domains finish their requests in the background and retire at the next shift or "
+                     "drain");
+  std::string retire_msg;
+  if (drained) {
+    retire(old);
+    retire_msg = std::to_string(old.size()) + " old domain(s) retired, devices released";
+    // Release weight mode: devices that leave drop their weights.
+    if (std::uint64_t bytes = release_weights_leaving(from); bytes > 0)
+      retire_msg += "; weights released: " + std::to_string(bytes) + " bytes";
+  } else {
+    retire_msg = std::to_string(old.size()) + " old domain(s) still draining; none retired yet";
+  }
+  emit(ShiftPhase::retire, 1.0, retire_msg);
+  return finish(ShiftOutcome::committed, "shifted " + from + " -> " + target->name);
+}
+
+int Shifter::drain_domain(const std::string& id, bool force, int timeout_ms,
+                          const std::function<void(const Json&)>& progress) {
+  std::lock_guard sl(op_mu_);  // not during a shift
+  reap_drained();
+  std::shared_ptr<DomainRunner> dom = domains_.find(id);
+  if (!dom) throw ControlError("ftp.NoSuchDomain", "no domain \"" + id + "\"", Exit::usage);
+  DomainList others;
+  for (auto& d : domains_.in_state(DomainState::serving))
+    if (d != dom) others.push_back(d);
+  if (others.empty() && !force)
+    throw ControlError("ftp.LastDomain", "domain " + id + " is the last serving domain; use force to drain it anyway");
+  dom->set_state(DomainState::draining);
+  dom->set_weight(0);
+  dom->set_background();
+  set_weights(others, 1.0);
+  const int waited = dom->inflight();
+  if (progress) progress(Json{{"domain", id}, {"state", "draining"}, {"inflight", waited}});
+  if (!wait_drained({dom}, timeout_ms))
+    throw ControlError("ftp.DrainTimeout",
+                       "domain " + id + " still has " + std::to_string(dom->inflight()) + " request(s) after " +
+                           std::to_string(timeout_ms) + " ms",
+                       Exit::timeout);
+  retire({dom});
+  if (progress) progress(Json{{"domain", id}, {"state", "retired"}, {"devices", dom->devices()}});
+  return waited;
+}
+
+void Shifter::drain_all() {
+  // Wait for a shift in progress to end, then let every domain finish its work.
+  std::lock_guard sl(op_mu_);
+  const DomainList doms = domains_.all();
+  for (auto& d : doms) d->set_state(DomainState::draining);
+  if (!wait_drained(doms, cfg_.drain_timeout_ms)) {
+    // Out of time: the requests still running end with an error event (none
+    // is dropped without one; the HTTP log names each), then the domains stop.
+    const std::string why = "the service is stopping and the drain timeout of " +
+                            std::to_string(cfg_.drain_timeout_ms) + " ms has passed";
+    for (auto& d : doms) d->abort_all(why);
+  }
+  retire(doms);
+}
+
+}  // namespace ftp::serve

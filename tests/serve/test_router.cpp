@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// The router by itself (no domains): weighted shares, the largest-TP rules,
+// no pick without weight. Expected counts are worked out from the weights.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "serve/router.hpp"
+
+using ftp::serve::RouteCandidate;
+using ftp::serve::RouteRequest;
+using ftp::serve::Router;
+
+namespace {
+
+std::map<std::string, int> picks(Router& r, const std::vector<RouteCandidate>& c, int n, RouteRequest req = {}) {
+  std::map<std::string, int> out;
+  for (int i = 0; i < n; ++i) {
+    const int k = r.pick(c, req);
+    if (k >= 0) ++out[c[static_cast<std::size_t>(k)].id];
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Router, SharesFollowWeightsExactly) {
+  // Smooth weighted round robin gives each domain its share of every full
+  // cycle: 10 % and 90 % of 100 picks are 10 and 90, not about that.
+  Router r;
+  auto n = picks(r, {{"old", 0.9, 1}, {"new", 0.1, 2}}, 100);
+  EXPECT_EQ(n["old"], 90);
+  EXPECT_EQ(n["new"], 10);
+  Router half;
+  auto h = picks(half, {{"a", 0.5, 1}, {"b", 0.5, 1}}, 10);
+  EXPECT_EQ(h["a"], 5);
+  EXPECT_EQ(h["b"], 5);
+}
+
+TEST(Router, InterleavesRatherThanBursts) {
+  // With 1:1 weights the picks alternate: a ramp step's share reaches the
+  // new domain from its first requests on.
+  Router r;
+  std::vector<RouteCandidate> c = {{"a", 0.5, 1}, {"b", 0.5, 1}};
+  int first = r.pick(c, {});
+  for (int i = 0; i < 6; ++i) {
+    int next = r.pick(c, {});
+    EXPECT_NE(next, first) << "pick " << i;
+    first = next;
+  }
+}
+
+TEST(Router, ZeroWeightTakesNothingAndNoneLeavesNoPick) {
+  Router r;
+  auto n = picks(r, {{"drained", 0.0, 4}, {"serving", 1.0, 1}}, 20);
+  EXPECT_EQ(n["serving"], 20);
+  EXPECT_EQ(n.count("drained"), 0u);
+  EXPECT_EQ(r.pick({}, {}), -1);
+  EXPECT_EQ(r.pick({{"x", 0.0, 1}}, {}), -1);
+}
+
+TEST(Router, PriorityAndLongPromptsGoToTheLargestTp) {
+  Router r(1000);
+  std::vector<RouteCandidate> c = {{"tp1", 0.7, 1}, {"tp4", 0.2, 4}, {"tp2", 0.1, 2}};
+  EXPECT_EQ(r.pick(c, RouteRequest{1, 10}), 1);
+  EXPECT_EQ(r.pick(c, RouteRequest{0, 1000}), 1);
+  // Just under the threshold: by weight, so the heaviest first.
+  EXPECT_EQ(r.pick(c, RouteRequest{0, 999}), 0);
+  // The largest-TP rule still needs a weight: a draining TP-8 domain gets nothing.
+  std::vector<RouteCandidate> d = {{"tp8", 0.0, 8}, {"tp1", 1.0, 1}};
+  EXPECT_EQ(r.pick(d, RouteRequest{5, 0}), 1);
+}
+
+TEST(Router, LongPromptRuleOffByDefault) {
+  Router r;
+  std::vector<RouteCandidate> c = {{"tp1", 1.0, 1}, {"tp4", 0.0001, 4}};
+  EXPECT_EQ(r.pick(c, RouteRequest{0, 1 << 20}), 0);
+}
+
+TEST(Router, ForgetStartsADomainsCreditAfresh) {
+  Router r;
+  std::vector<RouteCandidate> c = {{"a", 0.5, 1}, {"b", 0.5, 1}};
+  EXPECT_EQ(r.pick(c, {}), 0);  // a's credit is now below b's
+  r.forget("a");
+  r.forget("b");
+  EXPECT_EQ(r.pick(c, {}), 0);  // as from a fresh router: the first wins ties
+}
