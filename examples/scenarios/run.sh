@@ -37,7 +37,7 @@ md=$out/results.md
 # run NAME TITLE SIMULATE-ARGS...: one replay, its summary and its plot.
 run() {
   local name=$1 title=$2; shift 2
-  "$plan" simulate "$@" --summary "$out/$name.summary.json" >"$out/$name.jsonl"
+  "$plan" simulate --service queueing "$@" --summary "$out/$name.summary.json" >"$out/$name.jsonl"
   [ "$plots" = 1 ] && "$root/shell/plot-timeline" "$out/$name.jsonl" "$out/$name.svg" "$title"
   return 0
 }
