@@ -487,7 +487,7 @@ void EngineReplay::step(int di, double t) {
     dev_busy_[static_cast<std::size_t>(dev)] += dt;
   }
   dd.free_at = end;
-  const std::vector<double> busy = dd.dom->stage_busy_s();
+  const std::vector<double>& busy = dd.eng->stage_busy_s();
   if (busy.size() >= 2) {
     auto [mn, mx] = std::minmax_element(busy.begin(), busy.end());
     dd.bubble = *mx > 0 ? (*mx - *mn) / *mx : 0;
@@ -664,6 +664,13 @@ void EngineReplay::observe(double t) {
   o.shifting = shift_.has_value();
   arrivals_w_.trim(t - kRateWindowS);
   o.request_rate = static_cast<double>(arrivals_w_.s.size()) / kRateWindowS;
+  double tokens = 0;
+  for (const auto& [x, v] : arrivals_w_.s) tokens += v;
+  o.prompt_token_rate = tokens / kRateWindowS;
+  decode_w_.trim(t - kRateWindowS);
+  tokens = 0;
+  for (const auto& [x, v] : decode_w_.s) tokens += v;
+  o.decode_token_rate = tokens / kRateWindowS;
   queue_w_.trim(t - kQueueWindowS);
   double qsum = 0;
   for (const auto& [x, v] : queue_w_.s) qsum += v;

@@ -220,3 +220,50 @@ TEST(EngineReplay, BadInputIsNamed) {
   c.ramp = {0.5, 0.2, 1.0};
   EXPECT_THROW(plan::validate(c), InputError);
 }
+
+namespace {
+
+/// Holds, and keeps what it saw.
+class Recorder final : public control::Policy {
+ public:
+  doc::Decision observe(const doc::Observation& o) override {
+    seen.push_back(o);
+    doc::Decision d;
+    d.t_ms = o.t_ms;
+    d.from = o.gear;
+    return d;
+  }
+  std::string_view name() const noexcept override { return "recorder"; }
+  std::vector<doc::Observation> seen;
+};
+
+}  // namespace
+
+TEST(EngineReplay, ObservationsCarryTheLoadInTokens) {
+  const doc::Topology topo = cluster(1);
+  const doc::GearTable t = table(topo, llama7b(), {"tp1:tp=1"});
+  control::SyntheticConfig sc;
+  sc.pattern = "const:2";
+  sc.duration_s = 120;
+  sc.prompt = control::parse_length_dist("300", "p");
+  sc.output = control::parse_length_dist("50", "o");
+  const control::Trace tr = control::synthesize(sc);
+  sim::EngineReplayConfig ec;
+  ec.shape = llama7b();
+  ec.topology = topo;
+  Recorder rec;
+  sim::replay_engine(tr, rec, "recorder", t, "tp1", control::ReplayConfig{}, ec, [](const json::Json&) {});
+  ASSERT_GE(rec.seen.size(), 11u);
+  double prompt = 0, decode = 0, rate = 0;
+  for (std::size_t i = 2; i < 11; ++i) {  // 20 s to 110 s: the steady part
+    prompt += rec.seen[i].prompt_token_rate;
+    decode += rec.seen[i].decode_token_rate;
+    rate += rec.seen[i].request_rate;
+    EXPECT_EQ(rec.seen[i].prompt_token_rate, 300 * rec.seen[i].request_rate);
+    EXPECT_EQ(rec.seen[i].devices.size(), 1u);
+  }
+  // About 2 requests/s of 300 prompt and 50 output tokens (Poisson arrivals).
+  EXPECT_NEAR(rate / 9, 2, 0.6);
+  EXPECT_NEAR(decode / 9, 50 * rate / 9, 30);
+  EXPECT_GT(prompt, 0);
+}
