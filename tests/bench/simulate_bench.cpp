@@ -69,7 +69,7 @@ struct Case {
   std::function<control::Trace(const doc::GearTable&)> trace;  // the arrivals for the planned table
 };
 
-json::Json run_case(const Case& c, const plan::ModelShape& model, sim::Service service) {
+json::Json run_case(const Case& c, const plan::ModelShape& model, sim::Service service, double duration_s) {
   const auto t0 = Clock::now();
   doc::Topology topo = doc::topology_from_cluster_spec(c.spec());
   plan::Plan p = plan::plan(topo, model, plan::PlanOptions{});
@@ -80,6 +80,7 @@ json::Json run_case(const Case& c, const plan::ModelShape& model, sim::Service s
   t1 = Clock::now();
   auto policy = control::make_policy("gear-shifter", p.table, control::PolicyConfig{});
   control::ReplayConfig rc;
+  rc.duration_s = duration_s;
   std::size_t intervals = 0;
   auto count = [&](const json::Json&) { ++intervals; };
   json::Json summary;
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
   const std::string root = root_env ? root_env : ".";
   const std::string data = test::data_dir();
   std::string model_path, cluster_path, trace_path, service = "engine";
+  double duration_s = 3600;
   auto& app = tool.app();
   app.add_option("--model", model_path, "Model shape (default: examples/models/llama-70b.json)")->option_text("FILE");
   app.add_option("--cluster", cluster_path, "8-GPU cluster spec (default: examples/clusters/a100-8x-nvlink.json)")
@@ -132,6 +134,8 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace_path,
                  "Azure conversation trace (default: $FTP_TEST_DATA/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv)")
       ->option_text("FILE");
+  app.add_option("--duration", duration_s, "Virtual seconds of each case (default 3600; the goals are for 3600)")
+      ->check(cli::positive());
   app.add_option("--service", service, "engine (default) or queueing, as ftp-plan simulate --service")
       ->check(CLI::IsMember({"engine", "queueing"}))
       ->option_text("NAME");
@@ -149,7 +153,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "SKIP: azure-conv-8gpu: %s not found (set FTP_TEST_DATA to ../shared/data)\n",
                    trace_path.c_str());
     }
-    cases.push_back({"synthetic-512gpu", 60, cluster_512, [](const doc::GearTable& t) {
+    cases.push_back({"synthetic-512gpu", 60, cluster_512, [&](const doc::GearTable& t) {
                        double top = 0;
                        for (const auto& g : t.gears) top = std::max(top, g.estimated ? g.estimated->max_rps : 0.0);
                        control::SyntheticConfig s;
@@ -157,13 +161,13 @@ int main(int argc, char** argv) {
                        char pattern[96];
                        std::snprintf(pattern, sizeof pattern, "day:%.3f,%.3f@3600", 0.16 * top, 0.8 * top);
                        s.pattern = pattern;
-                       s.duration_s = 3600;
+                       s.duration_s = duration_s;
                        s.burstiness = 2;
                        return control::synthesize(s);
                      }});
     json::Json results = json::Json::array();
     for (const auto& c : cases) {
-      json::Json r = run_case(c, model, sim::service_from_name(service));
+      json::Json r = run_case(c, model, sim::service_from_name(service), duration_s);
       std::fprintf(stderr,
                    "simulate-bench: %s: %lld devices, %lld requests, %.0f s virtual in %.3f s wall (plan %.3f, trace %.3f, "
                    "replay %.3f) = %.4f of the %.0f s goal; %.0fx real time; %s\n",
