@@ -71,8 +71,8 @@ int main(int argc, char** argv) {
       "interval (JSON Lines), then the ftp.sim-summary/v1. By default SIMULATED engines serve it\n"
       "(\"service\": \"simulated-engine\"): the cost model's step times behind the real scheduler\n"
       "(continuous batching, chunked prefill, paged KV with preemption, micro-batches), one domain per\n"
-      "replica, shifts with their phases; it needs --topology and --model. --service queueing is the\n"
-      "fast first estimate: an M/M/c queue per gear at its max_rps, one service time per request");
+      "replica, shifts with their phases; it needs --topology and --model. The queueing service is\n"
+      "the fast first estimate: an M/M/c queue per gear at its max_rps, one service time per request");
   sim->add_option("--service", service, "engine (default: the simulated engine) or queueing (M/M/c estimate)")
       ->check(CLI::IsMember({"engine", "queueing"}))
       ->option_text("NAME");
