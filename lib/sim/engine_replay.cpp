@@ -602,7 +602,8 @@ void EngineReplay::advance_shift(double t) {
         for (int i : s.fresh) doms_[static_cast<std::size_t>(i)].state = State::draining;
         s.phase = Shift::Phase::drain;
         s.next = kInf;
-        for (int i : s.fresh) maybe_retire(i, t);
+        const std::vector<int> fresh = s.fresh;  // the last retirement ends the shift (and s)
+        for (int i : fresh) maybe_retire(i, t);
         return;
       }
       ++s.ramp_i;

@@ -267,3 +267,30 @@ TEST(EngineReplay, ObservationsCarryTheLoadInTokens) {
   EXPECT_NEAR(decode / 9, 50 * rate / 9, 30);
   EXPECT_GT(prompt, 0);
 }
+
+TEST(EngineReplay, ARampCheckRollsBackASlowerGear) {
+  // static:tp1 from tp2 at 300 req/s of tiny requests: tp1's steps take
+  // about twice tp2's, so the new domain's P99 E2E in the first ramp step
+  // is over 1.5 x the minute before; the shift rolls back, traffic returns
+  // to tp2, and the static policy tries again (whose baseline, the minute
+  // before, now holds the slower requests of the failed ramp).
+  const doc::Topology topo = cluster(2);
+  const doc::GearTable t = table(topo, llama7b(), {"tp1:tp=1", "tp2:tp=2"});
+  control::SyntheticConfig sc;
+  sc.pattern = "const:300";
+  sc.duration_s = 40;
+  sc.prompt = control::parse_length_dist("32", "p");
+  sc.output = control::parse_length_dist("2", "o");
+  Replayed r = replay(control::synthesize(sc), t, topo, "static:tp1", "tp2");
+  EXPECT_GE(r.summary.at("rollbacks").get<int>(), 1) << json::dump(r.summary, json::Style::short_);
+  EXPECT_GT(r.summary.at("shifts").get<int>(), 1);  // tried again after the rollback
+  EXPECT_EQ(r.summary.at("unfinished"), 0);
+  // The same with a lenient check: the shift goes through.
+  sim::EngineReplayConfig ec;
+  ec.rollback_p99_factor = 100;
+  Replayed ok = replay(control::synthesize(sc), t, topo, "static:tp1", "tp2", {}, ec);
+  EXPECT_EQ(ok.summary.at("rollbacks"), 0);
+  EXPECT_EQ(ok.summary.at("shifts"), 1);
+  EXPECT_EQ(ok.summary.at("final_gear"), "tp1");
+  EXPECT_LT(ok.summary.at("gear_time_s").at("tp2").get<double>(), r.summary.at("gear_time_s").at("tp2").get<double>());
+}
