@@ -348,6 +348,16 @@ void EngineReplay::arrive(int i, double t) {
     finish_request(r, t);
     return;
   }
+  // Longer than the context or the whole KV cache of this gear: refused at
+  // once, as the daemon refuses it (400), whatever the queue.
+  const engine::DomainConfig& c = doms_[static_cast<std::size_t>(di)].dom->config();
+  if (r.prompt >= c.max_context ||
+      engine::kv_pages(engine::peak_kv_tokens(r.prompt, r.output, c.max_context), c.block_tokens) > c.kv_blocks) {
+    r.failed = true;
+    rejected_ += 1;
+    finish_request(r, t);
+    return;
+  }
   doms_[static_cast<std::size_t>(di)].backlog.push_back(i);
   schedule(di, t);
 }
@@ -366,8 +376,8 @@ void EngineReplay::feed(SimDomain& d, double t) {
     try {
       d.dom->submit(std::move(g));
     } catch (const InputError&) {
-      // Longer than the context or the whole KV cache of this gear: the
-      // daemon refuses it (400); here it counts as a request that failed.
+      // What arrive() did not refuse (it checks the same limits): counted
+      // as refused all the same.
       r.failed = true;
       rejected_ += 1;
       finish_request(r, t);
