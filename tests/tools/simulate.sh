@@ -83,6 +83,13 @@ check "synthetic lengths: their means" \
 check "constant lengths: every request decodes its 40 tokens and prefills its 300 (or more, recomputed)" \
   jq -e -s '.[-1] | .finished==.requests and .decode_tokens==40*.requests and .prompt_tokens>=300*.requests' "$tmp/out"
 
+# A calibration with half the compute efficiency: prefill-bound TTFTs grow.
+printf '{"kind": "ftp.sim-calibration/v1", "compute_efficiency": 0.25, "attention_efficiency": 0.25}\n' >"$tmp/cal.json"
+cal_run() { "$plan" simulate --gears "$tmp/gears.json" "${engine[@]}" --rate-pattern const:1 --duration 120 \
+  --prompt-lengths 2000 --output-lengths 10 --policy "static:$economy" "$@" | tail -1; }
+cal_run >"$tmp/cal0.sum"; cal_run --calibration "$tmp/cal.json" >"$tmp/cal1.sum"
+check "--calibration: half the compute efficiency, longer prefills" \
+  jq -e --slurpfile a "$tmp/cal0.sum" '.p50.ttft_ms > 1.5 * $a[0].p50.ttft_ms' "$tmp/cal1.sum"
 "$plan" simulate --gears "$tmp/gears.json" "${engine[@]}" --policy dynamic-tp --rate-pattern day:2,30@1200 --burstiness 2 \
   --summary "$tmp/sum.json" >"$tmp/out"; rc=$?
 check "dynamic-tp, day curve, gamma: exit 0" test $rc -eq 0
