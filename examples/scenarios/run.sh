@@ -6,8 +6,11 @@
 #       pattern (Poisson, then gamma with burstiness 4) and with the Azure LLM
 #       2023 conversation trace: the gear shifter against static gears and
 #       the naive threshold policy.
-# The service is SIMULATED by the queueing model of `ftp-plan simulate`
-# (man ftp-plan(1), SIMULATE); capacities are the planner's estimates.
+# The service is SIMULATED (man ftp-plan(1), SIMULATE): (a) and the Azure
+# trace of (b) on the engine model (simulated engines behind the real
+# scheduler, cost-model step times), the 100 -> 600 -> 100 req/s pattern of
+# (b) on the queueing model (--service queueing, the fast first estimate:
+# its 960 000 requests take about a minute a run on the engine model here).
 #
 #   examples/scenarios/run.sh [OUT_DIR]     (default examples/scenarios/results)
 #
@@ -48,11 +51,11 @@ table() {
   {
     echo "### $heading"
     echo
-    echo "| run | policy | SLA attainment | goodput req/s | P99 TTFT ms | P99 TPOT ms | mean utilization | GPU-hours | shifts | time per gear (s) |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
+    echo "| run | service | policy | SLA attainment | goodput req/s | P99 TTFT ms | P99 TPOT ms | mean utilization | GPU-hours | shifts | KV max | preemptions | time per gear (s) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     for n in "$@"; do
-      jq -r --arg n "$n" '"| \($n) | \(.policy | sub(":.*/"; ":")) | \(.sla_attainment) | \(.goodput_rps) | \(.p99.ttft_ms | round) | \(.p99.tpot_ms)"
-        + " | \(.mean_utilization) | \(.gpu_hours) | \(.shifts) | \(.gear_time_s | to_entries | map("\(.key) \(.value | round)") | join(", ")) |"' \
+      jq -r --arg n "$n" '"| \($n) | \(.service | sub("-model"; "") | sub("simulated-"; "")) | \(.policy | sub(":.*/"; ":")) | \(.sla_attainment) | \(.goodput_rps) | \(.p99.ttft_ms | round) | \(.p99.tpot_ms)"
+        + " | \(.mean_utilization) | \(.gpu_hours) | \(.shifts) | \(.kv_usage.max // "-") | \(.preemptions // "-") | \(.gear_time_s | to_entries | map("\(.key) \(.value | round)") | join(", ")) |"' \
         "$out/$n.summary.json"
     done
     echo
@@ -97,15 +100,17 @@ jq '.name = "llama-70b-f16" | .dtype = "f16" | .comment = "Llama-2 70B shapes in
 "$plan" --topology "$out/a100.topo.json" --model "$out/llama-70b-f16.json" \
   --layout tp2:tp=2 --layout tp4:tp=4 --layout tp8:tp=8 --json=short >"$out/a-gears.json"
 # Bursty: 1.2 req/s with two 150 s bursts at 8 req/s (4.5 x the pattern's mean), gamma gaps with a
-# CV of 2 on top; 2 s of service per request (512 prompt, 128 output tokens: 12.5 ms a token);
-# a TP shift takes 10 s (weights stay resident: the TP shards are views of the same bytes).
+# CV of 2 on top; 512 prompt and 128 output tokens each, on the engine model (a shift costs its
+# phases; the three gears keep their weights resident: the TP shards are views of the same bytes).
 burst=steps:1.2,1.2,1.2,1.2,8,1.2,1.2,1.2,1.2,1.2,1.2,1.2,1.2,1.2,1.2,1.2,8,1.2,1.2,1.2,1.2,1.2,1.2,1.2@150
-a_args=(--gears "$out/a-gears.json" --rate-pattern "$burst" --burstiness 2 --seed 7 --service-time-s 2
-        --shift-duration-s 10)
+a_args=(--gears "$out/a-gears.json" --topology "$out/a100.topo.json" --model "$out/llama-70b-f16.json"
+        --rate-pattern "$burst" --burstiness 2 --seed 7)
 run a-static-tp4 "(a) static TP4, 70B FP16 on 8x A100-80GB, bursty" "${a_args[@]}" --policy static:tp4
 run a-static-tp8 "(a) static TP8, 70B FP16 on 8x A100-80GB, bursty" "${a_args[@]}" --policy static:tp8
 run a-dynamic-tp "(a) dynamic-tp, 70B FP16 on 8x A100-80GB, bursty" "${a_args[@]}" \
   --policy "dynamic-tp:$here/dynamic-tp.json" --start-gear tp2
+run a-gear-shifter "(a) gear shifter, 70B FP16 on 8x A100-80GB, bursty" "${a_args[@]}" --policy gear-shifter \
+  --start-gear tp4
 {
   echo "## (a) 70 B FP16 on 8 x A100-80GB, bursty traffic"
   echo
@@ -113,7 +118,7 @@ run a-dynamic-tp "(a) dynamic-tp, 70B FP16 on 8x A100-80GB, bursty" "${a_args[@]
   echo
 } | tee -a "$md"
 load a-static-tp8
-table "static TP4, static TP8, dynamic-tp" a-static-tp4 a-static-tp8 a-dynamic-tp
+table "static TP4, static TP8, dynamic-tp, gear shifter" a-static-tp4 a-static-tp8 a-dynamic-tp a-gear-shifter
 
 # ---------------------------------------------------------------- (b)
 # The fragmented cluster of the FlexPipe design (4 x A800 + L40S | 4 x T4 + A100 MIG slices, 10 Gb/s
@@ -130,13 +135,13 @@ table "static TP4, static TP8, dynamic-tp" a-static-tp4 a-static-tp8 a-dynamic-t
 } | tee -a "$md"
 for variant in poisson:1 bursty:4; do
   v=${variant%%:*}; cv=${variant#*:}
-  compare "b-$v" "100-600-100 req/s ($v), fragmented" \
-    --gears "$out/b-gears.json" --rate-pattern steps:100,600,100@1200 --burstiness "$cv" --seed 3
+  compare "b-$v" "100-600-100 req/s ($v), fragmented, queueing model" \
+    --service queueing --gears "$out/b-gears.json" --rate-pattern steps:100,600,100@1200 --burstiness "$cv" --seed 3
   table "100 -> 600 -> 100 req/s, 20 min each, gamma CV $cv" "${names[@]}"
 done
 
 # The Azure conversation trace (1 h, 19 366 requests, mean 1155 prompt / 211 output tokens) on
-# Llama-2-7B shapes, planned for that request; 3 s of service per request.
+# Llama-2-7B shapes, planned for that request, on the engine model: each request's own lengths.
 azure=$data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv
 if [ -r "$azure" ]; then
   "$plan" --topology "$out/fragmented.topo.json" --model "$root/examples/models/llama-7b.json" \
@@ -146,7 +151,8 @@ if [ -r "$azure" ]; then
     echo
   } | tee -a "$md"
   compare b-azure "Azure conversation trace, fragmented" \
-    --gears "$out/b-azure-gears.json" --trace "$azure" --service-time-s 3
+    --gears "$out/b-azure-gears.json" --topology "$out/fragmented.topo.json" --model "$root/examples/models/llama-7b.json" \
+    --trace "$azure"
   load b-azure-static-standard
   table "Azure LLM 2023 conversation trace" "${names[@]}"
 else

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "control/trace.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cmath>
@@ -237,6 +238,82 @@ std::string short_number(double v) {
 
 }  // namespace
 
+double LengthDist::mean() const noexcept {
+  switch (kind) {
+    case Kind::uniform: return (a + b) / 2;
+    case Kind::constant:
+    case Kind::lognormal: break;
+  }
+  return a;
+}
+
+LengthDist parse_length_dist(std::string_view spec, std::string_view option) {
+  auto fail = [&](const std::string& why) -> LengthDist {
+    throw InputError(std::string(option) + ": " + why + " in " + quoted(spec) +
+                     " (expected N, const:N, uniform:MIN,MAX or lognormal:MEAN,CV, tokens)");
+  };
+  LengthDist d;
+  auto colon = spec.find(':');
+  std::string_view name = colon == std::string_view::npos ? "const" : spec.substr(0, colon);
+  std::string_view rest = colon == std::string_view::npos ? spec : spec.substr(colon + 1);
+  std::vector<double> v;
+  while (true) {
+    auto comma = rest.find(',');
+    double x;
+    if (!parse_num(rest.substr(0, comma), x) || !std::isfinite(x)) return fail(quoted(rest.substr(0, comma)) + " is not a number");
+    v.push_back(x);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  const double max = LengthDist::kMaxLength;
+  auto length = [&](double x, const char* what) {
+    if (!(x >= 1 && x <= max)) fail(std::string(what) + " must be in [1, " + std::to_string(LengthDist::kMaxLength) + "]");
+  };
+  if (name == "const") {
+    if (v.size() != 1) return fail("const takes one length");
+    length(v[0], "the length");
+    d = {LengthDist::Kind::constant, std::round(v[0]), 0};
+  } else if (name == "uniform") {
+    if (v.size() != 2) return fail("uniform takes MIN,MAX");
+    length(v[0], "MIN");
+    length(v[1], "MAX");
+    if (v[1] < v[0]) return fail("MAX must be >= MIN");
+    d = {LengthDist::Kind::uniform, std::round(v[0]), std::round(v[1])};
+  } else if (name == "lognormal") {
+    if (v.size() != 2) return fail("lognormal takes MEAN,CV");
+    length(v[0], "MEAN");
+    if (!(v[1] >= 0 && v[1] <= 100)) return fail("CV must be in [0, 100]");
+    d = {LengthDist::Kind::lognormal, v[0], v[1]};
+  } else {
+    return fail("unknown distribution " + quoted(name));
+  }
+  return d;
+}
+
+namespace {
+
+int draw_length(const LengthDist& d, std::mt19937_64& rng) {
+  double x = d.a;
+  switch (d.kind) {
+    case LengthDist::Kind::constant: break;
+    case LengthDist::Kind::uniform:
+      x = std::uniform_int_distribution<int>(static_cast<int>(d.a), static_cast<int>(d.b))(rng);
+      break;
+    case LengthDist::Kind::lognormal: {
+      if (d.b == 0) {
+        x = std::round(d.a);
+        break;
+      }
+      const double s2 = std::log1p(d.b * d.b);
+      x = std::round(std::lognormal_distribution<double>(std::log(d.a) - s2 / 2, std::sqrt(s2))(rng));
+      break;
+    }
+  }
+  return static_cast<int>(std::clamp(x, 1.0, static_cast<double>(LengthDist::kMaxLength)));
+}
+
+}  // namespace
+
 Trace synthesize(const SyntheticConfig& c) {
   const Pattern p = parse_pattern(c.pattern);
   const double duration = c.duration_s > 0 ? c.duration_s : p.length_s();
@@ -245,7 +322,7 @@ Trace synthesize(const SyntheticConfig& c) {
     throw InputError("--burstiness: must be in (0, " + std::to_string(static_cast<int>(kMaxBurstiness)) + "], got " +
                      short_number(c.burstiness));
   const double k = 1 / (c.burstiness * c.burstiness);
-  std::mt19937_64 rng(c.seed);
+  std::mt19937_64 rng(c.seed), lengths(c.seed ^ 0x6c656e67746873ull);  // "lengths"
   std::gamma_distribution<double> gap(k, 1 / k);  // mean 1, CV = burstiness
   Trace t{"synthetic " + c.pattern, "synthetic", {}};
   // Gaps are drawn in "operational time" and stretched by the rate where they
@@ -262,7 +339,8 @@ Trace synthesize(const SyntheticConfig& c) {
     if (t.requests.size() >= kMaxSyntheticRequests)
       throw InputError("--rate-pattern " + c.pattern + " over " + short_number(duration) + " s: more than " +
                        std::to_string(kMaxSyntheticRequests) + " requests; use a lower rate or a shorter --duration");
-    t.requests.push_back({static_cast<std::int64_t>(now * 1000), c.prompt_tokens, c.output_tokens});
+    const int prompt = draw_length(c.prompt, lengths);
+    t.requests.push_back({static_cast<std::int64_t>(now * 1000), prompt, draw_length(c.output, lengths)});
   }
   return t;
 }

@@ -42,6 +42,27 @@ Trace read_mooncake_jsonl(std::istream& in, std::string_view source);
 /// JSON object is Mooncake JSON Lines, anything else the Azure CSV.
 Trace read_trace(const std::string& path);
 
+/// The distribution of a synthetic trace's prompt or output lengths, tokens:
+///
+///   N or const:N          N every time
+///   uniform:MIN,MAX       integers uniform in [MIN, MAX]
+///   lognormal:MEAN,CV     a log-normal of that mean and coefficient of
+///                         variation (sigma^2 = ln(1 + CV^2), mu = ln(MEAN) -
+///                         sigma^2 / 2), rounded, at least 1
+///
+/// Every draw lies in [1, kMaxLength].
+struct LengthDist {
+  enum class Kind { constant, uniform, lognormal };
+  Kind kind = Kind::constant;
+  double a = 512;              ///< const: N; uniform: MIN; lognormal: MEAN
+  double b = 0;                ///< uniform: MAX; lognormal: CV
+  static constexpr int kMaxLength = 1 << 20;
+  /// The mean of the draws before rounding and clamping, tokens.
+  double mean() const noexcept;
+};
+/// Parses a length distribution; throws ftp::InputError ("`option`: ...").
+LengthDist parse_length_dist(std::string_view spec, std::string_view option);
+
 /// Synthetic arrivals. The rate pattern (requests/s over time) is one of
 ///
 ///   const:R               R all the time
@@ -51,14 +72,17 @@ Trace read_trace(const std::string& path);
 ///
 /// Gaps between arrivals are Gamma(k, 1/k) in units of 1/rate(t), k =
 /// 1 / burstiness^2: burstiness (the gaps' coefficient of variation) 1 is a
-/// Poisson process, > 1 burstier. Deterministic for a seed (std::mt19937_64).
+/// Poisson process, > 1 burstier. Each request's prompt and output lengths
+/// are drawn from their distributions by a second generator, seeded from the
+/// seed, so the arrivals do not change with the lengths. Deterministic for a
+/// seed (std::mt19937_64).
 struct SyntheticConfig {
   std::string pattern;         ///< as above
   double duration_s = 0;       ///< 0: the pattern's own length (steps: n x S; day: P); const needs one
   double burstiness = 1;       ///< CV of the gaps; 1 = Poisson
   std::uint64_t seed = 1;
-  int prompt_tokens = 512;
-  int output_tokens = 128;
+  LengthDist prompt{LengthDist::Kind::constant, 512, 0};
+  LengthDist output{LengthDist::Kind::constant, 128, 0};
 };
 
 /// The rate of a pattern at time t_s, requests/s; throws ftp::InputError

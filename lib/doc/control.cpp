@@ -59,6 +59,8 @@ Json to_json(const Observation& o) {
               {"queue_depth_mean", o.queue_depth_mean},
               {"est_queue_time_ms", o.est_queue_time_ms},
               {"request_rate", o.request_rate},
+              {"prompt_token_rate", o.prompt_token_rate},
+              {"decode_token_rate", o.decode_token_rate},
               {"predicted_rate", o.predicted_rate},
               {"mean_prompt_tokens", o.mean_prompt_tokens},
               {"mean_output_tokens", o.mean_output_tokens},
@@ -83,6 +85,8 @@ Observation observation_from_json(const Json& j) {
   o.queue_depth_mean = nonneg_or_zero(r, "queue_depth_mean");
   o.est_queue_time_ms = nonneg_or_zero(r, "est_queue_time_ms");
   o.request_rate = nonneg_or_zero(r, "request_rate");
+  o.prompt_token_rate = nonneg_or_zero(r, "prompt_token_rate");
+  o.decode_token_rate = nonneg_or_zero(r, "decode_token_rate");
   o.predicted_rate = nonneg_or_zero(r, "predicted_rate");
   o.mean_prompt_tokens = nonneg_or_zero(r, "mean_prompt_tokens");
   o.mean_output_tokens = nonneg_or_zero(r, "mean_output_tokens");

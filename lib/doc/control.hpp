@@ -43,6 +43,11 @@ struct Observation {
   double queue_depth_mean = 0;        ///< sliding mean over the observer window (30 s)
   double est_queue_time_ms = 0;       ///< mean service time x queue length, ms
   double request_rate = 0;            ///< arrivals, requests/s
+  /// Load in tokens, next to request_rate: prompt tokens of the arrivals
+  /// (the prefill asked for), tokens/s; 0 where not measured.
+  double prompt_token_rate = 0;
+  /// Tokens generated (decode served), tokens/s; 0 where not measured.
+  double decode_token_rate = 0;
   double predicted_rate = 0;          ///< predictor's forecast, requests/s
   double mean_prompt_tokens = 0;
   double mean_output_tokens = 0;

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // simulate-bench: how fast `ftp-plan simulate` replays, end to end in one
 // process (cluster spec -> topology -> planned gear table -> trace ->
-// replay through the gear shifter against the SIMULATED service, the
-// queueing model). Two cases, the goals of issue #6:
+// replay through the gear shifter against the SIMULATED service: the
+// engine model, simulated engines behind the real scheduler, by default;
+// --service queueing for the queueing model). Two cases, the goals of
+// issues #6 and #18:
 //   azure-conv-8gpu  the 1 h Azure LLM 2023 conversation trace on
 //                    examples/clusters/a100-8x-nvlink (8 GPUs), goal < 10 s
 //   synthetic-512gpu a 512-GPU cluster generated here (64 nodes x 8
@@ -23,6 +25,8 @@
 #include "doc/cluster.hpp"
 #include "plan/model_shape.hpp"
 #include "plan/planner.hpp"
+#include "sim/engine_replay.hpp"
+#include "sim/simulate.hpp"
 #include "test_data.hpp"
 
 using namespace ftp;
@@ -65,7 +69,7 @@ struct Case {
   std::function<control::Trace(const doc::GearTable&)> trace;  // the arrivals for the planned table
 };
 
-json::Json run_case(const Case& c, const plan::ModelShape& model) {
+json::Json run_case(const Case& c, const plan::ModelShape& model, sim::Service service, double duration_s) {
   const auto t0 = Clock::now();
   doc::Topology topo = doc::topology_from_cluster_spec(c.spec());
   plan::Plan p = plan::plan(topo, model, plan::PlanOptions{});
@@ -76,13 +80,23 @@ json::Json run_case(const Case& c, const plan::ModelShape& model) {
   t1 = Clock::now();
   auto policy = control::make_policy("gear-shifter", p.table, control::PolicyConfig{});
   control::ReplayConfig rc;
+  rc.duration_s = duration_s;
   std::size_t intervals = 0;
-  json::Json summary = control::replay(trace, *policy, "gear-shifter", p.table, p.table.gears.front().name, rc,
-                                       [&](const json::Json&) { ++intervals; });
+  auto count = [&](const json::Json&) { ++intervals; };
+  json::Json summary;
+  if (service == sim::Service::queueing) {
+    summary = control::replay(trace, *policy, "gear-shifter", p.table, p.table.gears.front().name, rc, count);
+  } else {
+    sim::EngineReplayConfig ec;
+    ec.shape = model;
+    ec.topology = topo;
+    summary = sim::replay_engine(trace, *policy, "gear-shifter", p.table, p.table.gears.front().name, rc, ec, count);
+  }
   const double replay_s = since(t1);
   const double wall_s = since(t0);
   const double virtual_s = summary.at("duration_s").get<double>();
   return {{"case", c.name},
+          {"service", summary.at("service")},
           {"devices", topo.devices.size()},
           {"gears", p.table.gears.size()},
           {"candidates", p.candidates.size()},
@@ -90,6 +104,7 @@ json::Json run_case(const Case& c, const plan::ModelShape& model) {
           {"intervals", intervals},
           {"shifts", summary.at("shifts")},
           {"sla_attainment", summary.at("sla_attainment")},
+          {"gpu_hours", summary.at("gpu_hours")},
           {"plan_s", plan_s},
           {"trace_s", trace_s},
           {"replay_s", replay_s},
@@ -110,7 +125,8 @@ int main(int argc, char** argv) {
   const char* root_env = std::getenv("FTP_SOURCE_ROOT");
   const std::string root = root_env ? root_env : ".";
   const std::string data = test::data_dir();
-  std::string model_path, cluster_path, trace_path;
+  std::string model_path, cluster_path, trace_path, service = "engine";
+  double duration_s = 3600;
   auto& app = tool.app();
   app.add_option("--model", model_path, "Model shape (default: examples/models/llama-70b.json)")->option_text("FILE");
   app.add_option("--cluster", cluster_path, "8-GPU cluster spec (default: examples/clusters/a100-8x-nvlink.json)")
@@ -118,6 +134,11 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace_path,
                  "Azure conversation trace (default: $FTP_TEST_DATA/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv)")
       ->option_text("FILE");
+  app.add_option("--duration", duration_s, "Virtual seconds of each case (default 3600; the goals are for 3600)")
+      ->check(cli::positive());
+  app.add_option("--service", service, "engine (default) or queueing, as ftp-plan simulate --service")
+      ->check(CLI::IsMember({"engine", "queueing"}))
+      ->option_text("NAME");
   return tool.run(argc, argv, [&]() -> int {
     if (model_path.empty()) model_path = root + "/examples/models/llama-70b.json";
     if (cluster_path.empty()) cluster_path = root + "/examples/clusters/a100-8x-nvlink.json";
@@ -132,7 +153,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "SKIP: azure-conv-8gpu: %s not found (set FTP_TEST_DATA to ../shared/data)\n",
                    trace_path.c_str());
     }
-    cases.push_back({"synthetic-512gpu", 60, cluster_512, [](const doc::GearTable& t) {
+    cases.push_back({"synthetic-512gpu", 60, cluster_512, [&](const doc::GearTable& t) {
                        double top = 0;
                        for (const auto& g : t.gears) top = std::max(top, g.estimated ? g.estimated->max_rps : 0.0);
                        control::SyntheticConfig s;
@@ -140,24 +161,24 @@ int main(int argc, char** argv) {
                        char pattern[96];
                        std::snprintf(pattern, sizeof pattern, "day:%.3f,%.3f@3600", 0.16 * top, 0.8 * top);
                        s.pattern = pattern;
-                       s.duration_s = 3600;
+                       s.duration_s = duration_s;
                        s.burstiness = 2;
                        return control::synthesize(s);
                      }});
     json::Json results = json::Json::array();
     for (const auto& c : cases) {
-      json::Json r = run_case(c, model);
+      json::Json r = run_case(c, model, sim::service_from_name(service), duration_s);
       std::fprintf(stderr,
                    "simulate-bench: %s: %lld devices, %lld requests, %.0f s virtual in %.3f s wall (plan %.3f, trace %.3f, "
-                   "replay %.3f) = %.4f of the %.0f s goal; %.0fx real time\n",
+                   "replay %.3f) = %.4f of the %.0f s goal; %.0fx real time; %s\n",
                    c.name.c_str(), r.at("devices").get<long long>(), r.at("requests").get<long long>(),
                    r.at("virtual_s").get<double>(), r.at("wall_s").get<double>(), r.at("plan_s").get<double>(),
                    r.at("trace_s").get<double>(), r.at("replay_s").get<double>(), r.at("wall_over_goal").get<double>(),
-                   c.goal_s, r.at("virtual_over_wall").get<double>());
+                   c.goal_s, r.at("virtual_over_wall").get<double>(), r.at("service").get<std::string>().c_str());
       results.push_back(std::move(r));
     }
     tool.emit(json::Json{{"kind", "ftp.simulate-bench/v1"},
-                         {"service", "queueing-model"},
+                         {"service", service == "engine" ? "simulated-engine" : "queueing-model"},
                          {"policy", "gear-shifter"},
                          {"model", model.name},
                          {"cases", results}});

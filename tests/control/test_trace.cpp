@@ -3,6 +3,8 @@
 // the replay of ftp-plan simulate.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
@@ -163,6 +165,45 @@ TEST(Synthetic, RatesFollowThePatternAndSeedIsDeterministic) {
   EXPECT_NEAR(static_cast<double>(g.requests.size()), 50000, 3000);
   c.seed = 4;
   EXPECT_NE(synthesize(c).requests.size(), g.requests.size());
+}
+
+TEST(Synthetic, LengthsFollowTheirDistributionsWithoutMovingTheArrivals) {
+  SyntheticConfig c{.pattern = "const:50", .duration_s = 400, .seed = 9};
+  const Trace fixed = synthesize(c);
+  for (const auto& r : fixed.requests) {
+    ASSERT_EQ(r.prompt_tokens, 512);
+    ASSERT_EQ(r.output_tokens, 128);
+  }
+  c.prompt = parse_length_dist("uniform:100,300", "--prompt-lengths");
+  c.output = parse_length_dist("lognormal:200,1.5", "--output-lengths");
+  const Trace drawn = synthesize(c);
+  ASSERT_EQ(drawn.requests.size(), fixed.requests.size());
+  double p = 0, o = 0, o2 = 0;
+  int lo = 1 << 30, hi = 0;
+  for (std::size_t i = 0; i < drawn.requests.size(); ++i) {
+    const auto& r = drawn.requests[i];
+    ASSERT_EQ(r.t_ms, fixed.requests[i].t_ms);  // the lengths' generator is a second one
+    lo = std::min(lo, r.prompt_tokens);
+    hi = std::max(hi, r.prompt_tokens);
+    p += r.prompt_tokens;
+    o += r.output_tokens;
+    o2 += double(r.output_tokens) * r.output_tokens;
+    ASSERT_GE(r.output_tokens, 1);
+  }
+  const double n = static_cast<double>(drawn.requests.size());  // about 20 000
+  EXPECT_GE(lo, 100);
+  EXPECT_LE(hi, 300);
+  EXPECT_NEAR(p / n, 200, 2);
+  EXPECT_NEAR(o / n, 200, 8);
+  const double sd = std::sqrt(o2 / n - (o / n) * (o / n));
+  EXPECT_NEAR(sd / (o / n), 1.5, 0.3);  // the coefficient of variation asked for
+  EXPECT_EQ(parse_length_dist("64", "x").mean(), 64);
+  EXPECT_EQ(parse_length_dist("uniform:10,30", "x").mean(), 20);
+  EXPECT_EQ(error_of([] { parse_length_dist("pareto:1,2", "--output-lengths"); }),
+            "--output-lengths: unknown distribution \"pareto\" in \"pareto:1,2\" (expected N, const:N, uniform:MIN,MAX or "
+            "lognormal:MEAN,CV, tokens)");
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "must be in [1, 1048576]",
+                      error_of([] { parse_length_dist("0", "--prompt-lengths"); }));
 }
 
 TEST(PolicySpec, Parses) {

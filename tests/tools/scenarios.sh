@@ -13,23 +13,29 @@ FTP_BUILD=$build FTP_TEST_DATA=$data "$src/examples/scenarios/run.sh" "$tmp" >"$
 check "run.sh: exit 0" test $rc -eq 0
 [ $rc -eq 0 ] || cat "$tmp/stderr"
 s() { echo "$tmp/$1.summary.json"; }
-runs="a-static-tp4 a-static-tp8 a-dynamic-tp"
+runs="a-static-tp4 a-static-tp8 a-dynamic-tp a-gear-shifter"
 for v in poisson bursty; do for p in static-economy static-standard static-performance gear-shifter naive; do runs+=" b-$v-$p"; done; done
 for r in $runs; do
-  check "$r: summary of the queueing model" jq -e '.kind=="ftp.sim-summary/v1" and .service=="queueing-model" and .requests>1000' "$(s "$r")"
+  service=simulated-engine; case $r in b-*) service=queueing-model ;; esac
+  check "$r: summary of the $service" jq -e --arg s $service '.kind=="ftp.sim-summary/v1" and .service==$s and .requests>1000' "$(s "$r")"
   check "$r: interval records" jq -e -s 'length>300 and all(.[]; .kind=="ftp.sim-interval/v1")' "$tmp/$r.jsonl"
   if command -v gnuplot >/dev/null; then check "$r: plot" grep -q "<svg" "$tmp/$r.svg"; fi
 done
-check "results.md: a table row per run" test "$(grep -c '^| [ab]-' "$tmp/results.md")" -ge 13
+check "results.md: a table row per run" test "$(grep -c '^| [ab]-' "$tmp/results.md")" -ge 14
 check "(a) gears: tp2 < tp4 < tp8, one replica each" \
   jq -e '[.gears[] | [.name, .tp, .dp]] == [["tp2",2,1],["tp4",4,1],["tp8",8,1]] and .gears[0].estimated.max_rps < .gears[1].estimated.max_rps and .gears[1].estimated.max_rps < .gears[2].estimated.max_rps' "$tmp/a-gears.json"
 check "(a) bursty: the 10 s peak is over 4 x the mean" \
   jq -e -s '[.[].load_rps] as $l | ($l | max) > 4 * ($l | add / length)' "$tmp/a-static-tp8.jsonl"
 check "(a) TP8 meets the SLA more often than TP4, at more GPU-hours and lower utilization" \
   jq -e --slurpfile t4 "$(s a-static-tp4)" '.sla_attainment > $t4[0].sla_attainment and .gpu_hours > $t4[0].gpu_hours and .mean_utilization < $t4[0].mean_utilization' "$(s a-static-tp8)"
-check "(a) dynamic-tp: fewer GPU-hours and higher utilization than TP8, better SLA than TP4, uses all three gears" \
+check "(a) engine model: TP8 decodes faster than TP4 (P99 TPOT)" \
+  jq -e --slurpfile t4 "$(s a-static-tp4)" '.p99.tpot_ms < $t4[0].p99.tpot_ms' "$(s a-static-tp8)"
+check "(a) dynamic-tp: fewer GPU-hours than TP8, better SLA than TP4, uses all three gears" \
   jq -e --slurpfile t4 "$(s a-static-tp4)" --slurpfile t8 "$(s a-static-tp8)" \
-    '.gpu_hours < $t8[0].gpu_hours and .mean_utilization > $t8[0].mean_utilization and .sla_attainment > $t4[0].sla_attainment and (.gear_time_s|length)==3' "$(s a-dynamic-tp)"
+    '.gpu_hours < $t8[0].gpu_hours and .sla_attainment > $t4[0].sla_attainment and (.gear_time_s|length)==3' "$(s a-dynamic-tp)"
+check "(a) gear shifter: fewer GPU-hours than dynamic-tp and TP8, better SLA than TP4, shifts up and down" \
+  jq -e --slurpfile t4 "$(s a-static-tp4)" --slurpfile t8 "$(s a-static-tp8)" --slurpfile d "$(s a-dynamic-tp)" \
+    '.gpu_hours < $d[0].gpu_hours and .gpu_hours < $t8[0].gpu_hours and .sla_attainment > $t4[0].sla_attainment and .shifts >= 2' "$(s a-gear-shifter)"
 for v in poisson bursty; do
   check "(b) $v: only static performance carries 600 req/s" \
     jq -e --slurpfile e "$(s b-$v-static-economy)" --slurpfile st "$(s b-$v-static-standard)" \
@@ -41,8 +47,18 @@ done
 check "(b) bursty: naive flaps, the gear shifter does not, and meets the SLA more often" \
   jq -e --slurpfile n "$(s b-bursty-naive)" '$n[0].shifts > 5 * .shifts and .sla_attainment > $n[0].sla_attainment' "$(s b-bursty-gear-shifter)"
 if [ -r "$data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv" ]; then
-  check "(b) Azure: the whole trace, gear shifter fewer shifts than naive" \
-    jq -e --slurpfile n "$(s b-azure-naive)" '.requests==19366 and .shifts < $n[0].shifts and .sla_attainment > $n[0].sla_attainment' "$(s b-azure-gear-shifter)"
+  for p in static-economy static-standard static-performance gear-shifter naive; do
+    check "(b) Azure $p: the whole trace on the engine model" \
+      jq -e '.service=="simulated-engine" and .requests==19366 and .trace.mean_prompt_tokens > 1000' "$(s b-azure-$p)"
+  done
+  check "(b) Azure: static standard meets the SLA for most requests, economy for few" \
+    jq -e --slurpfile e "$(s b-azure-static-economy)" '.sla_attainment > 0.9 and $e[0].sla_attainment < 0.5' "$(s b-azure-static-standard)"
+  check "(b) Azure: performance's equal shares overfill the slow replicas' KV (preemptions), standard's never fills" \
+    jq -e --slurpfile st "$(s b-azure-static-standard)" \
+      '.kv_usage.max > 0.9 and .preemptions > 0 and $st[0].kv_usage.max < 0.9 and $st[0].preemptions == 0 and .sla_attainment < $st[0].sla_attainment' \
+      "$(s b-azure-static-performance)"
+  check "(b) Azure: the memory guard fires in the gear shifter; it shifts less than naive" \
+    jq -e --slurpfile n "$(s b-azure-naive)" '.gear_time_s["memory-guard"] > 0 and .shifts < $n[0].shifts' "$(s b-azure-gear-shifter)"
 else
   echo "skip: no Azure trace under $data (set FTP_TEST_DATA): (b) Azure not checked"
 fi

@@ -218,6 +218,8 @@ TEST(Observation, RoundTrip) {
   o.est_queue_time_ms = 40;
   o.request_rate = 7.5;
   o.predicted_rate = 8.25;
+  o.prompt_token_rate = 3840;
+  o.decode_token_rate = 960;
   o.mean_prompt_tokens = 512;
   o.mean_output_tokens = 128;
   o.bubble_ratio = 0.125;
@@ -231,6 +233,11 @@ TEST(Observation, RoundTrip) {
                {"d2", "performance", ftp::doc::DomainState::warming, {"vd2", "vd3"}, 0.1, 0, 0}};
   Json j = to_json(o);
   EXPECT_EQ(to_json(observation_from_json(j)), j);
+  EXPECT_EQ(observation_from_json(j).prompt_token_rate, 3840);
+  Json old = j;  // an observation from before the token rates: they read 0
+  old.erase("prompt_token_rate");
+  old.erase("decode_token_rate");
+  EXPECT_EQ(observation_from_json(old).decode_token_rate, 0);
   Json bad = j;
   bad["kv_watermark"] = 1.25;
   EXPECT_EQ(error_of([&] { observation_from_json(bad); }), "kv_watermark: must be a ratio in [0, 1], got 1.25");

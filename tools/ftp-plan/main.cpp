@@ -7,13 +7,13 @@
 
 #include "cli/tool.hpp"
 #include "control/decide.hpp"
-#include "control/replay.hpp"
 #include "control/trace.hpp"
 #include "control/policy.hpp"
 #include "core/error.hpp"
 #include "doc/gear_table.hpp"
 #include "doc/topology.hpp"
 #include "plan/planner.hpp"
+#include "sim/simulate.hpp"
 
 int main(int argc, char** argv) {
   ftp::cli::Tool tool("ftp-plan",
@@ -63,31 +63,42 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(ftp::control::policy_names()))
       ->option_text("NAME");
 
-  std::string trace_path, sim_policy = "gear-shifter", start_gear, summary_path;
-  ftp::control::SyntheticConfig synth;
-  ftp::control::ReplayConfig rc;
+  ftp::sim::SimulateOptions so;
+  std::string service = "engine", prompt_lengths = "512", output_lengths = "128";
   auto* sim = app.add_subcommand(
       "simulate",
       "Replay a trace in virtual time through a control policy and write one ftp.sim-interval/v1 per\n"
-      "interval (JSON Lines), then the ftp.sim-summary/v1. The service is SIMULATED by the queueing\n"
-      "model (QueueingModelSim, \"service\": \"queueing-model\"), not an engine: each gear's capacity\n"
-      "is its measured, else estimated, max_rps of the gear table (given, or planned from topology\n"
-      "and model)");
-  sim->add_option("--gears", gears_path, "Gear table (ftp.gear-table/v1) with capacities")->option_text("FILE");
-  sim->add_option("--topology", topology_path, "Without --gears: plan the table from this topology ...")->option_text("FILE");
-  sim->add_option("--model", model_path, "... and this model (file or ftp.model-shape/v1)")->option_text("FILE");
-  sim->add_option("--trace", trace_path, "Trace: Azure LLM 2023 CSV or Mooncake JSONL (format from the first line)")
+      "interval (JSON Lines), then the ftp.sim-summary/v1. By default SIMULATED engines serve it\n"
+      "(\"service\": \"simulated-engine\"): the cost model's step times behind the real scheduler\n"
+      "(continuous batching, chunked prefill, paged KV with preemption, micro-batches), one domain per\n"
+      "replica, shifts with their phases; it needs --topology and --model. The queueing service is\n"
+      "the fast first estimate: an M/M/c queue per gear at its max_rps, one service time per request");
+  sim->add_option("--service", service, "engine (default: the simulated engine) or queueing (M/M/c estimate)")
+      ->check(CLI::IsMember({"engine", "queueing"}))
+      ->option_text("NAME");
+  sim->add_option("--gears", so.gears_path, "Gear table (ftp.gear-table/v1); default: planned from --topology and --model")
       ->option_text("FILE");
-  sim->add_option("--rate-pattern", synth.pattern,
+  sim->add_option("--topology", topology_path, "Topology or cluster spec the gears run on (ftp.topology/v1, ftp.cluster/v1)")
+      ->option_text("FILE");
+  sim->add_option("--model", model_path, "The model the gears serve (file or ftp.model-shape/v1)")->option_text("FILE");
+  sim->add_option("--trace", so.trace_path, "Trace: Azure LLM 2023 CSV or Mooncake JSONL (format from the first line)")
+      ->option_text("FILE");
+  sim->add_option("--rate-pattern", so.synth.pattern,
                   "Synthetic arrivals instead: const:R, steps:R1,R2,...@S or day:MIN,MAX@PERIOD_S (req/s, s)")
       ->option_text("SPEC");
-  sim->add_option("--burstiness", synth.burstiness, "Synthetic: CV of the gaps, 1 = Poisson, else gamma (default 1)")
+  sim->add_option("--burstiness", so.synth.burstiness, "Synthetic: CV of the gaps, 1 = Poisson, else gamma (default 1)")
       ->check(ftp::cli::positive());
-  sim->add_option("--seed", synth.seed, "Synthetic: RNG seed (default 1)");
-  sim->add_option("--policy", sim_policy,
+  sim->add_option("--seed", so.synth.seed, "Synthetic: RNG seed (default 1)");
+  auto* o_pl = sim->add_option("--prompt-lengths", prompt_lengths,
+                               "Synthetic: prompt tokens, N, uniform:MIN,MAX or lognormal:MEAN,CV (default 512)")
+                   ->option_text("DIST");
+  auto* o_ol = sim->add_option("--output-lengths", output_lengths, "Synthetic: output tokens, as --prompt-lengths (default 128)")
+                   ->option_text("DIST");
+  sim->add_option("--policy", so.policy,
                   "static:GEAR, dynamic-tp, gear-shifter (default) or naive, each optionally :CONFIG.json")
       ->option_text("SPEC");
-  sim->add_option("--start-gear", start_gear, "Gear at t = 0 (default: the static gear, else the first)")->option_text("GEAR");
+  sim->add_option("--start-gear", so.start_gear, "Gear at t = 0 (default: the static gear, else the first)")->option_text("GEAR");
+  auto& rc = so.replay;
   sim->add_option("--start", rc.start_s, "Replay the trace from this trace time, s (default 0)")->check(ftp::cli::non_negative());
   sim->add_option("--duration", rc.duration_s, "Trace time to replay (synthetic: to generate), s (default: all)")
       ->check(ftp::cli::non_negative());
@@ -95,12 +106,28 @@ int main(int argc, char** argv) {
   sim->add_option("--interval", rc.interval_s, "Virtual seconds per interval record (default 10)")->check(ftp::cli::positive());
   sim->add_option("--slo-ttft-ms", rc.slo_ttft_ms, "SLO on time to first token, ms (default 2000)")->check(ftp::cli::positive());
   sim->add_option("--slo-tpot-ms", rc.slo_tpot_ms, "SLO on time per output token, ms (default 100)")->check(ftp::cli::positive());
-  sim->add_option("--service-time-s", rc.model.service_time_s, "Queueing model: service time per request, s (default 1)")
-      ->check(ftp::cli::positive());
-  sim->add_option("--prefill-share", rc.prefill_share, "Share of the service time before the first token (default 0.2)")
-      ->check(ftp::cli::in_range(0.0, 0.99));
-  sim->add_option("--shift-duration-s", rc.model.shift_duration_s, "Queueing model: duration of a shift, s (default 45)")
-      ->check(ftp::cli::non_negative());
+  const std::vector<CLI::Option*> engine_only = {
+      sim->add_option("--calibration", so.calibration_path, "Engine: cost-model constants (ftp.sim-calibration/v1)")
+          ->option_text("FILE"),
+      sim->add_option("--max-running", so.engine.max_running, "Engine: running batch of a domain at most (default 256)")
+          ->check(ftp::cli::positive()),
+      sim->add_option("--block-tokens", so.engine.block_tokens, "Engine: KV page size, tokens (default 16)")
+          ->check(ftp::cli::in_range(1, 4096)),
+      sim->add_option("--tail-s", so.engine.tail_s, "Engine: serve in-flight requests this long after the slice, s (default 600)")
+          ->check(ftp::cli::non_negative()),
+      sim->add_option("--warm-s", so.engine.shift.warm_s, "Engine: a shift's warm-up besides its first request, s (default 2)")
+          ->check(ftp::cli::non_negative()),
+      sim->add_option("--weight-load-gb-s", so.engine.shift.weight_load_gb_s,
+                      "Engine: release-mode weight reload bandwidth, GB/s (default 25)")
+          ->check(ftp::cli::positive())};
+  const std::vector<CLI::Option*> queueing_only = {
+      sim->add_option("--service-time-s", rc.model.service_time_s, "Queueing: service time per request, s (default 1)")
+          ->check(ftp::cli::positive()),
+      sim->add_option("--prefill-share", rc.prefill_share, "Queueing: share of the service time before the first token (default 0.2)")
+          ->check(ftp::cli::in_range(0.0, 0.99)),
+      sim->add_option("--shift-duration-s", rc.model.shift_duration_s, "Queueing: duration of a shift, s (default 45)")
+          ->check(ftp::cli::non_negative())};
+  std::string summary_path;
   sim->add_option("--summary", summary_path, "Write the summary to FILE instead of the last stdout line")->option_text("FILE");
   app.require_subcommand(0, 1);
 
@@ -128,40 +155,19 @@ int main(int argc, char** argv) {
       return st.skipped ? 2 : 0;  // the stream went on; the exit says some input was bad
     }
     if (sim->parsed()) {
-      if (trace_path.empty() == synth.pattern.empty()) throw ftp::InputError("simulate: give one of --trace and --rate-pattern");
-      if (gears_path.empty() && (topology_path.empty() || model_path.empty()))
-        throw ftp::InputError("simulate: give --gears, or --topology and --model");
-      if (!gears_path.empty() && (!topology_path.empty() || !model_path.empty()))
-        throw ftp::InputError("simulate: --gears is the table to replay; --topology and --model plan one instead, give either");
-      auto table = !gears_path.empty()
-          ? ftp::json::parse_file(gears_path, [](const ftp::json::Json& j) { return ftp::doc::gear_table_from_json(j); })
-          : ftp::plan::plan(ftp::json::parse_file(topology_path, [](const ftp::json::Json& j) { return ftp::doc::topology_from_json(j); }),
-                            ftp::plan::read_model_input(model_path), opts).table;
-      auto spec = ftp::control::parse_policy_spec(sim_policy);
-      ftp::control::PolicyConfig config;
-      if (!spec.config_path.empty())
-        config = ftp::json::parse_file(spec.config_path, [](const ftp::json::Json& j) { return ftp::control::policy_config_from_json(j); });
-      std::unique_ptr<ftp::control::Policy> policy;
-      try {
-        policy = ftp::control::make_replay_policy(spec, table, config);
-      } catch (const std::exception& e) {
-        if (gears_path.empty()) throw;
-        ftp::json::rethrow_with_source(gears_path, e);  // the table's errors name its file, as decide's do
-      }
-      if (start_gear.empty()) start_gear = spec.name == "static" ? spec.gear : table.gears.front().name;
-      if (!table.find(start_gear)) throw ftp::InputError("--start-gear: gear \"" + start_gear + "\" is not in the gear table");
-      ftp::control::Trace trace;
-      if (!trace_path.empty()) {
-        trace = ftp::control::read_trace(trace_path);
-      } else {
-        synth.duration_s = rc.duration_s;
-        trace = ftp::control::synthesize(synth);
-        rc.start_s = 0;
-        // Replay the whole pattern, a quiet tail with no arrivals included.
-        if (rc.duration_s <= 0) rc.duration_s = ftp::control::pattern_length_s(synth.pattern);
-      }
-      auto summary = ftp::control::replay(trace, *policy, sim_policy, table, start_gear, rc,
-                                          [&](const ftp::json::Json& r) { tool.emit_line(r); });
+      so.service = ftp::sim::service_from_name(service);
+      const bool engine = so.service == ftp::sim::Service::engine;
+      for (auto* opt : engine ? queueing_only : engine_only)
+        if (opt->count())
+          throw ftp::InputError(opt->get_name() + ": acts only with --service " + (engine ? "queueing" : "engine"));
+      if (so.synth.pattern.empty() && (o_pl->count() || o_ol->count()))
+        throw ftp::InputError("--prompt-lengths, --output-lengths: act only with --rate-pattern (a trace has its own)");
+      so.synth.prompt = ftp::control::parse_length_dist(prompt_lengths, "--prompt-lengths");
+      so.synth.output = ftp::control::parse_length_dist(output_lengths, "--output-lengths");
+      so.topology_path = topology_path;
+      so.model_path = model_path;
+      so.plan = opts;
+      auto summary = ftp::sim::simulate(so, [&](const ftp::json::Json& r) { tool.emit_line(r); });
       if (summary_path.empty()) tool.emit_line(summary);
       else if (std::ofstream f(summary_path); !(f << ftp::json::dump(summary, ftp::json::Style::pretty) << "\n"))
         throw ftp::Error(summary_path + ": cannot write the summary");
