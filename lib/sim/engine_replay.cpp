@@ -84,17 +84,7 @@ struct Window {
   }
 };
 
-enum class State { warming, serving, draining, retired };
-
-const char* state_name(State s) {
-  switch (s) {
-    case State::warming: return "warming";
-    case State::serving: return "serving";
-    case State::draining: return "draining";
-    case State::retired: return "retired";
-  }
-  return "?";
-}
+using State = doc::DomainState;
 
 struct Req {
   double arrival = 0, first = -1, done = -1;
@@ -423,7 +413,7 @@ void EngineReplay::on_event(int i, const engine::GenerationEvent& e) {
     }
   }
   if (!e.finished) return;
-  if (e.finish_reason == "error") {
+  if (e.finish_reason == engine::FinishReason::error) {
     r.failed = true;
     ++cur_->errors;
   }
@@ -574,7 +564,7 @@ void EngineReplay::advance_shift(double t) {
           if (!e.finished) return;
           SimDomain& x = doms_[static_cast<std::size_t>(di)];
           x.warmed = true;
-          if (e.finish_reason == "error") ++x.errors;
+          if (e.finish_reason == engine::FinishReason::error) ++x.errors;
           if (shift_ && shift_->phase == Shift::Phase::warm &&
               std::all_of(shift_->fresh.begin(), shift_->fresh.end(),
                           [&](int j) { return doms_[static_cast<std::size_t>(j)].warmed; }))
@@ -712,7 +702,7 @@ void EngineReplay::observe(double t) {
     doc::DomainView v;
     v.id = d.id;
     v.gear = table_.gears[static_cast<std::size_t>(d.gear)].name;
-    v.state = state_name(d.state);
+    v.state = d.state;
     for (int dev : d.devs) v.devices.push_back(dev_names_[static_cast<std::size_t>(dev)]);
     v.traffic_share = d.weight;
     v.running = d.dom->running();
