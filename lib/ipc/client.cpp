@@ -140,12 +140,10 @@ std::optional<Json> Client::read_message(std::optional<std::chrono::milliseconds
   if (timeout) deadline = Clock::now() + *timeout;
   auto line = read_line(deadline);
   if (!line) return std::nullopt;
-  if (json::too_deep(*line) != std::string_view::npos)
-    lost("malformed message from the daemon: nesting deeper than " + std::to_string(json::kMaxDepth));
   try {
-    return Json::parse(*line);
-  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number past a double
-    lost(std::string("malformed message from the daemon: ") + e.what());
+    return json::parse_line(*line);
+  } catch (const json::ParseError& e) {  // syntax, a number past a double, a limit
+    lost(std::string("message from the daemon: ") + e.what());
   }
 }
 

@@ -475,24 +475,16 @@ struct Server::Impl {
     if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
     if (text.find_first_not_of(" \t\r") == std::string_view::npos) return;  // blank line
     Json msg;
-    if (const std::size_t at = json::too_deep(text); at != std::string_view::npos) {
-      reject(c, nullptr, Errc::parse_error,
-             "malformed JSON: nesting deeper than " + std::to_string(json::kMaxDepth) + " arrays or objects",
-             Json{{"byte", at + 1}});
-      return;
-    }
     try {
-      msg = Json::parse(text.begin(), text.end());
-    } catch (const Json::exception& e) {
-      // A syntax error (parse_error: its byte is told), or valid syntax the
-      // parser still refuses (a number past a double: out_of_range.406).
-      // Nothing may escape into the event loop's callback: it would end the
-      // process.
-      std::string what = e.what();
-      // nlohmann's text: "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
-      if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-      const auto* pe = dynamic_cast<const Json::parse_error*>(&e);
-      reject(c, nullptr, Errc::parse_error, "malformed JSON: " + what, pe ? Json{{"byte", pe->byte}} : Json(nullptr));
+      // Within json::Limits, checked as it reads: linear in the line.
+      msg = json::parse_line(text);
+    } catch (const json::ParseError& e) {
+      // A syntax error, a number past a double, or a limit passed. Nothing
+      // may escape into the event loop's callback: it would end the process.
+      Json data = Json::object();
+      if (e.byte() > 0) data["byte"] = e.byte();
+      if (!e.limit().empty()) data["limit"] = e.limit();
+      reject(c, nullptr, Errc::parse_error, e.what(), data.empty() ? Json(nullptr) : data);
       return;
     }
     if (msg.is_array()) {
@@ -843,7 +835,10 @@ Json Server::Impl::introspect() const {
   doc["protocol"] = kProtocolVersion;
   doc["limits"] = Json{{"max_message_bytes", impl.opt.max_message_bytes},
                        {"idle_timeout_ms", impl.opt.idle_timeout.count()},
-                       {"max_connections", impl.opt.max_connections}};
+                       {"max_connections", impl.opt.max_connections},
+                       {"max_depth", json::kMaxDepth},
+                       {"max_keys", json::kMaxKeys},
+                       {"max_values", json::kMaxValues}};
   doc["stream_notification"] = kStreamNotification;
   doc["methods"] = std::move(methods);
   doc["errors"] = std::move(errors);

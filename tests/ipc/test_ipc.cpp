@@ -752,3 +752,21 @@ TEST(IpcProtocol, ErrorTableIsConsistent) {
   auto plain = RpcError::from_json(Json{{"code", -32601}, {"message", "nope"}});
   EXPECT_EQ(plain.name(), "ftp.NoSuchMethod");
 }
+
+// Issue 20, hostile input 1: a line of 80,000 keys is refused by the key
+// limit while parsing (it blocked status on another connection for 13.4 s),
+// naming the limit; the connection serves on.
+TEST_F(Ipc, ObjectOverTheKeyLimitIsAParseErrorNamingIt) {
+  start();
+  std::string params = "{";
+  for (int i = 0; i < 80000; ++i) params += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+  params += "}";
+  Client c(path_);
+  c.send_raw(R"({"jsonrpc":"2.0","id":1,"method":"echo","params":)" + params + "}\n");
+  auto m = c.read_message(10s);
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)["error"]["data"]["name"], "ftp.ParseError");
+  EXPECT_EQ((*m)["error"]["data"]["limit"], "max_keys");
+  EXPECT_NE((*m)["error"]["message"].get<std::string>().find("more than 4096 keys"), std::string::npos) << m->dump();
+  EXPECT_EQ(c.call("add", {{"a", 1}, {"b", 1}})["sum"], 2);
+}
