@@ -65,8 +65,8 @@ Tool::Tool(std::string name, std::string description) : name_(std::move(name)), 
       ->option_text("pretty|short");
   app_.footer("Exit status: 0 ok, 1 failure, 2 usage error, 3 daemon unreachable, 4 timeout,\n"
               "5 backend (CUDA/NCCL/BLAS) error, 6 a check or threshold failed.\n" +
-              // The tools have man pages; the benchmarks are in the README.
-              (name_.rfind("ftp-", 0) == 0 ? "See " + name_ + "(1)." : std::string("See the README (benchmarks).")));
+              // The tools have man pages; the benchmarks are in docs/benchmarks.md.
+              (name_.rfind("ftp-", 0) == 0 ? "See " + name_ + "(1)." : std::string("See docs/benchmarks.md.")));
 }
 
 json::Style Tool::json_style() const {

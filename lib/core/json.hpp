@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.hpp"
+
 namespace ftp::json {
 
 using Json = nlohmann::ordered_json;
@@ -76,18 +78,61 @@ std::string dump(const Json& doc, Style style);
 /// document of ours comes near it; past it nlohmann's recursive copies of a
 /// value overflow the stack (a 240 KB body of [[[...]]] ended the daemon).
 inline constexpr int kMaxDepth = 128;
+/// Most members of one object. No document of ours comes near it; an
+/// object's lookups are linear in its members (nlohmann's ordered map).
+inline constexpr std::size_t kMaxKeys = 4096;
+/// Most values (scalars, arrays, objects, each counted once) in one
+/// document, and so elements of one array: 2^19, twice the token ids of 128
+/// prompts of 2,048 tokens. Each value costs 16 bytes and an array or object
+/// 32 more, so this bounds what a document of empty arrays can allocate.
+inline constexpr std::size_t kMaxValues = std::size_t{1} << 19;
 
-/// The byte offset where `text` nests arrays and objects deeper than
-/// kMaxDepth, or npos. A scan of the bytes (strings skipped), before any
-/// parse builds the value.
-std::size_t too_deep(std::string_view text) noexcept;
+/// Limits every parse of JSON input enforces while it reads, HTTP bodies,
+/// control-socket lines and files alike: a document that passes one is
+/// refused at the byte where it does, before the rest is read or built.
+/// Parsing is linear in time and memory: members are appended in document
+/// order without the ordered map's linear search (a duplicate key keeps its
+/// first place and its last value, as nlohmann does).
+struct Limits {
+  int max_depth = kMaxDepth;                  ///< arrays and objects nested
+  std::size_t max_keys = kMaxKeys;            ///< members of one object
+  std::size_t max_elements = kMaxValues;      ///< elements of one array
+  std::size_t max_values = kMaxValues;        ///< values in the document
+};
 
-/// Parses text; errors name `source` and the line/column of the fault.
-Json parse(std::string_view text, std::string_view source);
+/// Why a text was not parsed: a syntax error, a number past a double, or a
+/// limit. An InputError (exit 2) that also says where.
+class ParseError : public InputError {
+ public:
+  ParseError(std::string message, std::size_t byte, std::string limit)
+      : InputError(std::move(message)), byte_(byte), limit_(std::move(limit)) {}
+  /// 1-based offset of the byte at fault (for a limit passed by a number,
+  /// the byte after it, which ends it); 0 when the parser names none.
+  std::size_t byte() const noexcept { return byte_; }
+  /// The limit passed ("max_depth", "max_keys", "max_elements",
+  /// "max_values"), or "" for a syntax error.
+  const std::string& limit() const noexcept { return limit_; }
 
-/// Parses one line of a JSON Lines stream; errors say "malformed JSON: "
-/// and what nlohmann found, for the caller to prefix with file and line.
-Json parse_line(std::string_view line);
+ private:
+  std::size_t byte_;
+  std::string limit_;
+};
+
+/// Parses text; errors (ParseError) name `source` and the line/column of a
+/// syntax error, or the byte where a limit was passed.
+Json parse(std::string_view text, std::string_view source, const Limits& limits = {});
+
+/// Parses one line of a JSON Lines stream or of the control socket; errors
+/// (ParseError) say "malformed JSON: " and what nlohmann found, or
+/// "JSON over a limit: byte N: ...", for the caller to prefix with file and
+/// line.
+Json parse_line(std::string_view line, const Limits& limits = {});
+
+/// The text of the number that member `key` of the top-level object holds,
+/// exactly as written, or nullopt (not an object, no such member, not a
+/// number). For values a double cannot hold exactly: a JSON-RPC id of 30
+/// digits is answered with the same digits.
+std::optional<std::string> member_number_text(std::string_view text, std::string_view key);
 
 /// Reads a whole file, or stdin when path is "-". Errors name the file.
 std::string read_text(const std::string& path);

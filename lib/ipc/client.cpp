@@ -3,11 +3,13 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 namespace ftp::ipc {
 
@@ -21,7 +23,33 @@ bool is_connection_error(const Json& msg) {
   return msg.contains("error") && id != msg.end() && id->is_null();
 }
 
+std::string user_name(uid_t uid) {
+  passwd pw{}, *found = nullptr;
+  std::vector<char> buf(16384);
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found) return found->pw_name;
+  return "no user name";
+}
+
 }  // namespace
+
+void check_server_credentials(int fd, const std::string& path) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error("control socket " + path + ": cannot read the server's credentials (SO_PEERCRED): " +
+                    std::strerror(err),
+                Exit::unreachable);
+  }
+  if (cred.uid == 0 || cred.uid == ::geteuid() || cred.uid == ::getuid()) return;
+  ::close(fd);
+  throw Error("control socket " + path + ": served by uid " + std::to_string(cred.uid) + " (" +
+                  user_name(cred.uid) + "), pid " + std::to_string(cred.pid) + ", not by root or this user (uid " +
+                  std::to_string(::geteuid()) + ", " + user_name(::geteuid()) +
+                  "): refused (another user may have taken the socket's path)",
+              Exit::unreachable);
+}
 
 Client::Client(std::string path) : path_(std::move(path)) { connect(); }
 
@@ -49,6 +77,7 @@ void Client::connect() {
                     " (is ftp-serve running? the path comes from --socket, $FTP_SOCKET or $XDG_RUNTIME_DIR)",
                 Exit::unreachable);
   }
+  check_server_credentials(fd, path_);
   fd_ = fd;
   buf_.clear();
   scan_ = 0;
@@ -140,12 +169,10 @@ std::optional<Json> Client::read_message(std::optional<std::chrono::milliseconds
   if (timeout) deadline = Clock::now() + *timeout;
   auto line = read_line(deadline);
   if (!line) return std::nullopt;
-  if (json::too_deep(*line) != std::string_view::npos)
-    lost("malformed message from the daemon: nesting deeper than " + std::to_string(json::kMaxDepth));
   try {
-    return Json::parse(*line);
-  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number past a double
-    lost(std::string("malformed message from the daemon: ") + e.what());
+    return json::parse_line(*line);
+  } catch (const json::ParseError& e) {  // syntax, a number past a double, a limit
+    lost(std::string("message from the daemon: ") + e.what());
   }
 }
 

@@ -13,9 +13,17 @@
 
 namespace ftp::ipc {
 
+/// Refuses a server that runs as another user than root or this process's:
+/// in a directory others may write to, one of them could listen at the
+/// socket's path first and take the tools' calls (a shift, a drain). Reads
+/// SO_PEERCRED of the connected socket `fd`; on refusal closes it and throws
+/// ftp::Error (Exit::unreachable) naming the server's uid, user and pid.
+void check_server_credentials(int fd, const std::string& path);
+
 /// A blocking JSON-RPC client over a Unix stream socket (plain POSIX + poll).
 /// One thread at a time. Errors:
 ///  * daemon unreachable: ftp::Error, Exit::unreachable, naming the path and errno;
+///  * a server of another user than root or this one: the same, naming its uid;
 ///  * an error response: RpcError with its code and name (e.g. ftp.NoSuchMethod);
 ///  * no response in time: RpcError ftp.Timeout (Exit::timeout);
 ///  * connection lost before the response: RpcError ftp.Disconnected (Exit::unreachable).

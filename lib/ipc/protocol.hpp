@@ -36,6 +36,13 @@ inline constexpr std::chrono::milliseconds kIdleTimeout{60'000};
 /// ftp.TooManyConnections and closed.
 inline constexpr std::size_t kMaxConnections = 256;
 
+/// Bytes of answers a connection may have queued, unread by its client,
+/// when the server writes one more (1 MiB): past it the connection is cut
+/// and what it held is freed. A client that sends 12,000 calls and never
+/// reads held 63 MB before this bound. One answer larger than the bound
+/// still goes to a client that reads.
+inline constexpr std::size_t kMaxQueuedBytes = std::size_t{1} << 20;
+
 /// Default time a blocking client waits for a response.
 inline constexpr std::chrono::milliseconds kCallTimeout{30'000};
 

@@ -2,6 +2,7 @@
 #include "ipc/server.hpp"
 
 #include <errno.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -52,25 +53,32 @@ struct Core {
 
 namespace {
 
-std::string response_line(const Json& id, Json result) {
-  Json r = Json::object();
-  r["jsonrpc"] = "2.0";
-  r["id"] = id;
-  r["result"] = std::move(result);
-  std::string s = r.dump(-1, ' ', false, Json::error_handler_t::replace);
-  s += '\n';
+std::string dump_line(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+/// An answer to the request whose id is `id_text` (its JSON text, as the
+/// request wrote it): {"jsonrpc":"2.0","id":...,"result"|"error":...}.
+std::string answer_line(const std::string& id_text, std::string_view member, const Json& value) {
+  std::string s = "{\"jsonrpc\":\"2.0\",\"id\":";
+  s += id_text;
+  s += ",\"";
+  s += member;
+  s += "\":";
+  s += dump_line(value);
+  s += "}\n";
   return s;
 }
 
-std::string error_line(const Json& id, Json error) {
-  Json r = Json::object();
-  r["jsonrpc"] = "2.0";
-  r["id"] = id;
-  r["error"] = std::move(error);
-  std::string s = r.dump(-1, ' ', false, Json::error_handler_t::replace);
-  s += '\n';
-  return s;
+std::string response_line(const std::string& id_text, const Json& result) {
+  return answer_line(id_text, "result", result);
 }
+
+std::string error_text_line(const std::string& id_text, const Json& error) {
+  return answer_line(id_text, "error", error);
+}
+
+std::string error_line(const Json& id, const Json& error) { return error_text_line(dump_line(id), error); }
 
 bool type_ok(const std::string& type, const Json& v) {
   if (type == "string") return v.is_string();
@@ -96,11 +104,12 @@ std::string errno_text(int err) { return std::strerror(err); }
 // ---------------------------------------------------------------- Call
 
 Call::Call(std::shared_ptr<detail::Core> core, std::uint64_t conn, std::uint64_t seq, Json id, bool has_id,
-           std::string method, Json params, Peer peer)
+           std::string method, Json params, Peer peer, std::string id_text)
     : core_(std::move(core)),
       conn_(conn),
       seq_(seq),
       id_(std::move(id)),
+      id_text_(id_text.empty() ? dump_line(id_) : std::move(id_text)),
       has_id_(has_id),
       method_(std::move(method)),
       params_(std::move(params)),
@@ -115,7 +124,7 @@ bool Call::finish(std::string line) {
 
 void Call::reply(Json result) {
   if (done_.load()) return;
-  finish(response_line(id_, std::move(result)));
+  finish(response_line(id_text_, result));
 }
 
 void Call::end(Json result) {
@@ -125,26 +134,18 @@ void Call::end(Json result) {
 
 void Call::error(Errc errc, std::string_view message, const Json& data) {
   if (done_.load()) return;
-  finish(error_line(id_, error_object(errc, message, data)));
+  finish(error_text_line(id_text_, error_object(errc, message, data)));
 }
 
 void Call::error(int code, std::string_view name, std::string_view message, const Json& data) {
   if (done_.load()) return;
-  finish(error_line(id_, error_object(code, name, message, data)));
+  finish(error_text_line(id_text_, error_object(code, name, message, data)));
 }
 
 bool Call::notify(Json data) {
   if (!has_id_ || done_.load()) return false;
-  Json n = Json::object();
-  n["jsonrpc"] = "2.0";
-  n["method"] = kStreamNotification;
-  Json p = Json::object();
-  p["id"] = id_;
-  p["method"] = method_;
-  p["data"] = std::move(data);
-  n["params"] = std::move(p);
-  std::string s = n.dump(-1, ' ', false, Json::error_handler_t::replace);
-  s += '\n';
+  std::string s = "{\"jsonrpc\":\"2.0\",\"method\":" + dump_line(Json(kStreamNotification)) + ",\"params\":{\"id\":" +
+                  id_text_ + ",\"method\":" + dump_line(Json(method_)) + ",\"data\":" + dump_line(data) + "}}\n";
   core_->send(conn_, seq_, std::move(s), false);
   return true;
 }
@@ -185,6 +186,7 @@ struct Conn {
   bool closing = false;
   bool handles_closing = false;
   bool read_eof = false;
+  bool cut_for_quota = false;  ///< closed for not reading its answers
   int open_handles = 2;
 };
 
@@ -214,6 +216,7 @@ struct Server::Impl {
   std::uint64_t next_conn = 1;
   std::uint64_t next_seq = 1;
   std::atomic<std::size_t> active{0};
+  std::atomic<std::size_t> queued{0};  ///< bytes in uv_write requests not yet done
   char readbuf[64 * 1024];
 
   Json introspect() const;
@@ -464,81 +467,78 @@ struct Server::Impl {
     begin_close(c, false);
   }
 
-  void reject(Conn* c, const Json& id, Errc errc, const std::string& message, const Json& data = nullptr) {
+  /// Answers a request that does not reach a method; `id_text` as the request wrote its id.
+  void reject(Conn* c, const std::string& id_text, Errc errc, const std::string& message, const Json& data = nullptr) {
     // The message may quote the client (a method's name): one line, whatever it sent.
     log(LogLevel::debug, "conn=" + std::to_string(c->id) + ": " + std::string(error_info(errc).name) + ": " +
                              printable(message, 400));
-    write_line(c, error_line(id, error_object(errc, message, data)));
+    write_line(c, error_text_line(id_text, error_object(errc, message, data)));
   }
 
   void handle_line(Conn* c, std::string_view text) {
     if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
     if (text.find_first_not_of(" \t\r") == std::string_view::npos) return;  // blank line
     Json msg;
-    if (const std::size_t at = json::too_deep(text); at != std::string_view::npos) {
-      reject(c, nullptr, Errc::parse_error,
-             "malformed JSON: nesting deeper than " + std::to_string(json::kMaxDepth) + " arrays or objects",
-             Json{{"byte", at + 1}});
-      return;
-    }
     try {
-      msg = Json::parse(text.begin(), text.end());
-    } catch (const Json::exception& e) {
-      // A syntax error (parse_error: its byte is told), or valid syntax the
-      // parser still refuses (a number past a double: out_of_range.406).
-      // Nothing may escape into the event loop's callback: it would end the
-      // process.
-      std::string what = e.what();
-      // nlohmann's text: "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
-      if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-      const auto* pe = dynamic_cast<const Json::parse_error*>(&e);
-      reject(c, nullptr, Errc::parse_error, "malformed JSON: " + what, pe ? Json{{"byte", pe->byte}} : Json(nullptr));
+      // Within json::Limits, checked as it reads: linear in the line.
+      msg = json::parse_line(text);
+    } catch (const json::ParseError& e) {
+      // A syntax error, a number past a double, or a limit passed. Nothing
+      // may escape into the event loop's callback: it would end the process.
+      Json data = Json::object();
+      if (e.byte() > 0) data["byte"] = e.byte();
+      if (!e.limit().empty()) data["limit"] = e.limit();
+      reject(c, "null", Errc::parse_error, e.what(), data.empty() ? Json(nullptr) : data);
       return;
     }
     if (msg.is_array()) {
-      reject(c, nullptr, Errc::invalid_request, "batch requests are not supported: send one request per line");
+      reject(c, "null", Errc::invalid_request, "batch requests are not supported: send one request per line");
       return;
     }
     if (!msg.is_object()) {
-      reject(c, nullptr, Errc::invalid_request, "a request must be a JSON object");
+      reject(c, "null", Errc::invalid_request, "a request must be a JSON object");
       return;
     }
     Json id = nullptr;
+    std::string id_text;
     bool has_id = false;
     if (auto it = msg.find("id"); it != msg.end()) {
       if (!it->is_string() && !it->is_number() && !it->is_null()) {
-        reject(c, nullptr, Errc::invalid_request, "id must be a string, a number or null");
+        reject(c, "null", Errc::invalid_request, "id must be a string, a number or null");
         return;
       }
       id = *it;
       has_id = true;
+      // A number a double cannot hold (30 digits) is answered as written.
+      if (id.is_number_float()) id_text = json::member_number_text(text, "id").value_or(std::string());
     }
+    if (id_text.empty()) id_text = dump_line(id);
     auto v = msg.find("jsonrpc");
     if (v == msg.end() || !v->is_string() || *v != "2.0") {
-      reject(c, id, Errc::invalid_request, "jsonrpc must be \"2.0\"");
+      reject(c, id_text, Errc::invalid_request, "jsonrpc must be \"2.0\"");
       return;
     }
     auto m = msg.find("method");
     if (m == msg.end() || !m->is_string()) {
-      reject(c, id, Errc::invalid_request, "method must be a string");
+      reject(c, id_text, Errc::invalid_request, "method must be a string");
       return;
     }
     std::string name = m->get<std::string>();
     Json params = Json::object();
     if (auto p = msg.find("params"); p != msg.end() && !p->is_null()) {
       if (p->is_array()) {
-        if (has_id) reject(c, id, Errc::invalid_params, "params must be an object (named parameters)");
+        if (has_id) reject(c, id_text, Errc::invalid_params, "params must be an object (named parameters)");
         return;
       }
       if (!p->is_object()) {
-        if (has_id) reject(c, id, Errc::invalid_request, "params must be an object");
+        if (has_id) reject(c, id_text, Errc::invalid_request, "params must be an object");
         return;
       }
       params = std::move(*p);
     }
     auto found = by_name.find(name);
     if (found == by_name.end()) {
-      if (has_id) reject(c, id, Errc::no_such_method, "no such method: " + name, Json{{"method", name}});
+      if (has_id) reject(c, id_text, Errc::no_such_method, "no such method: " + name, Json{{"method", name}});
       return;
     }
     const Method& method = methods[found->second];
@@ -547,7 +547,7 @@ struct Server::Impl {
       if (it == params.end() || it->is_null()) {
         if (prm.required) {
           if (has_id)
-            reject(c, id, Errc::invalid_params, name + ": missing required parameter \"" + prm.name + "\"",
+            reject(c, id_text, Errc::invalid_params, name + ": missing required parameter \"" + prm.name + "\"",
                    Json{{"param", prm.name}});
           return;
         }
@@ -555,7 +555,7 @@ struct Server::Impl {
       }
       if (!type_ok(prm.type, *it)) {
         if (has_id)
-          reject(c, id, Errc::invalid_params,
+          reject(c, id_text, Errc::invalid_params,
                  name + ": parameter \"" + prm.name + "\" must be " + (prm.type == "integer" ? "an " : "a ") +
                      prm.type + ", got " + it->type_name(),
                  Json{{"param", prm.name}});
@@ -564,7 +564,7 @@ struct Server::Impl {
     }
 
     std::uint64_t seq = next_seq++;
-    auto call = std::make_shared<Call>(core, c->id, seq, id, has_id, name, std::move(params), c->peer);
+    auto call = std::make_shared<Call>(core, c->id, seq, id, has_id, name, std::move(params), c->peer, id_text);
     if (has_id) c->pending.emplace(seq, call);
     try {
       method.handler(*call);
@@ -586,7 +586,8 @@ struct Server::Impl {
   void write_line(Conn* c, std::string line) {
     if (c->handles_closing) return;
     auto* s = reinterpret_cast<uv_stream_t*>(&c->pipe);
-    if (uv_stream_get_write_queue_size(s) == 0) {
+    const std::size_t unread = uv_stream_get_write_queue_size(s);
+    if (unread == 0) {
       uv_buf_t b = uv_buf_init(line.data(), static_cast<unsigned>(line.size()));
       int n = uv_try_write(s, &b, 1);
       if (n == static_cast<int>(line.size())) return;
@@ -597,6 +598,15 @@ struct Server::Impl {
         begin_close(c, true);
         return;
       }
+    } else if (unread > opt.max_queued_bytes) {
+      // The output quota: a client that sends calls (or holds a stream)
+      // and does not read must not grow our memory. Cut, and free what it held.
+      log(LogLevel::warning, "conn=" + std::to_string(c->id) + ": client does not read, " + std::to_string(unread) +
+                                 " bytes queued, over the quota of " + std::to_string(opt.max_queued_bytes) +
+                                 ", closing");
+      c->cut_for_quota = true;
+      begin_close(c, true);
+      return;
     }
     auto* w = new WriteReq;
     w->data = std::move(line);
@@ -607,17 +617,13 @@ struct Server::Impl {
       begin_close(c, true);
       return;
     }
-    if (uv_stream_get_write_queue_size(s) > opt.max_queued_bytes) {
-      // A client that does not read its stream must not grow our memory.
-      log(LogLevel::warning, "conn=" + std::to_string(c->id) + ": client does not read, over " +
-                                 std::to_string(opt.max_queued_bytes) + " bytes queued, closing");
-      begin_close(c, true);
-    }
+    queued.fetch_add(w->data.size());
   }
 
   static void on_write(uv_write_t* req, int status) {
     auto* w = reinterpret_cast<WriteReq*>(req);
     auto* c = static_cast<Conn*>(req->data);
+    c->impl->queued.fetch_sub(w->data.size());
     delete w;
     if (status < 0 && status != UV_ECANCELED) {
       c->impl->log(LogLevel::debug, "conn=" + std::to_string(c->id) + ": write failed: " + uv_strerror(status));
@@ -677,7 +683,10 @@ struct Server::Impl {
     if (--c->open_handles > 0) return;
     c->impl->log(LogLevel::debug, "conn=" + std::to_string(c->id) + ": closed");
     c->impl->conns.erase(c->id);
+    const bool trim = c->cut_for_quota;
     delete c;
+    // Its queued answers were freed; give the pages back too.
+    if (trim) ::malloc_trim(0);
   }
 
   // ---- messages from calls
@@ -733,7 +742,7 @@ struct Server::Impl {
       for (auto& [seq, call] : c->pending) {
         if (!detail::Core::claim(*call)) continue;
         any = true;
-        write_line(c, error_line(call->id(), error_object(Errc::shutting_down, "the daemon is stopping")));
+        write_line(c, error_text_line(call->id_text(), error_object(Errc::shutting_down, "the daemon is stopping")));
       }
       if (!any) write_line(c, error_line(nullptr, error_object(Errc::shutting_down, "the daemon is stopping")));
       begin_close(c, false);
@@ -843,7 +852,11 @@ Json Server::Impl::introspect() const {
   doc["protocol"] = kProtocolVersion;
   doc["limits"] = Json{{"max_message_bytes", impl.opt.max_message_bytes},
                        {"idle_timeout_ms", impl.opt.idle_timeout.count()},
-                       {"max_connections", impl.opt.max_connections}};
+                       {"max_connections", impl.opt.max_connections},
+                       {"max_queued_bytes", impl.opt.max_queued_bytes},
+                       {"max_depth", json::kMaxDepth},
+                       {"max_keys", json::kMaxKeys},
+                       {"max_values", json::kMaxValues}};
   doc["stream_notification"] = kStreamNotification;
   doc["methods"] = std::move(methods);
   doc["errors"] = std::move(errors);
@@ -855,6 +868,8 @@ Json Server::introspect() const { return impl_->introspect(); }
 const std::string& Server::socket_path() const noexcept { return impl_->opt.socket_path; }
 
 std::size_t Server::connection_count() const noexcept { return impl_->active.load(); }
+
+std::size_t Server::queued_bytes() const noexcept { return impl_->queued.load(); }
 
 void Server::start() {
   Impl& i = *impl_;

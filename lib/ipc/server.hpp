@@ -53,14 +53,18 @@ struct Method {
 /// the server ends at shutdown, is cancelled.
 class Call : public std::enable_shared_from_this<Call> {
  public:
+  /// `id_text`: the id as the request wrote it, to answer with the same
+  /// text (a 30-digit number a double cannot hold); empty: id's own text.
   Call(std::shared_ptr<detail::Core> core, std::uint64_t conn, std::uint64_t seq, Json id, bool has_id,
-       std::string method, Json params, Peer peer);
+       std::string method, Json params, Peer peer, std::string id_text = {});
 
   const std::string& method() const noexcept { return method_; }
   /// The params object ({} when the request had none).
   const Json& params() const noexcept { return params_; }
   /// The request id; null for a notification (which gets no answer).
   const Json& id() const noexcept { return id_; }
+  /// The id's JSON text in the answers: as the request wrote it.
+  const std::string& id_text() const noexcept { return id_text_; }
   bool is_notification() const noexcept { return !has_id_; }
   /// Credentials of the client process (SO_PEERCRED).
   const Peer& peer() const noexcept { return peer_; }
@@ -98,6 +102,7 @@ class Call : public std::enable_shared_from_this<Call> {
   std::uint64_t conn_;
   std::uint64_t seq_;
   Json id_;
+  std::string id_text_;  ///< JSON text of id_ for the answers
   bool has_id_;
   std::string method_;
   Json params_;
@@ -116,9 +121,10 @@ struct ServerOptions {
   /// At stop(), how long clients get to take their last messages before the
   /// connections are closed hard. // ms
   std::chrono::milliseconds shutdown_grace{2000};
-  /// Bytes queued for a client that does not read (a stream it does not
-  /// consume) before the server drops the connection. // bytes
-  std::size_t max_queued_bytes = 4 * kMaxMessageBytes;
+  /// Bytes of answers queued for a client that does not read (calls it
+  /// sent, a stream it does not consume) past which the server cuts the
+  /// connection when it writes the next one. // bytes
+  std::size_t max_queued_bytes = kMaxQueuedBytes;
   /// Mode of the socket file.
   unsigned socket_mode = 0660;
   /// Errors of the methods' own (beyond the protocol's, ipc::error_table):
@@ -154,6 +160,8 @@ class Server {
   const std::string& socket_path() const noexcept;
   /// Connections open now.
   std::size_t connection_count() const noexcept;
+  /// Bytes of answers queued for all clients, not yet written. // bytes
+  std::size_t queued_bytes() const noexcept;
   /// The `introspect` result.
   Json introspect() const;
 

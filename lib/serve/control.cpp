@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <optional>
 
 #include "doc/gear_table.hpp"
 
@@ -20,9 +21,9 @@ int control_error_code(const std::string& name) {
   return -32000;
 }
 
-ControlPlane::ControlPlane(Service& service, ipc::ServerOptions options, std::string gear_table_path)
+ControlPlane::ControlPlane(Service& service, ipc::ServerOptions options, ControlOptions control)
     : svc_(service), path_(options.socket_path.empty() ? ipc::default_socket_path() : options.socket_path),
-      gears_path_(std::move(gear_table_path)) {
+      opt_(std::move(control)) {
   options.socket_path = path_;
   for (const auto& e : kControlErrors) options.method_errors.push_back({e.code, e.name, e.summary});
   server_ = std::make_unique<ipc::Server>(std::move(options), methods());
@@ -101,6 +102,39 @@ bool int_param(ipc::Call& c, const char* name, std::int64_t lo, std::int64_t hi,
 
 constexpr std::int64_t kDayMs = 86'400'000;
 
+/// `given` (relative: to `dir`) as a real path below `dir`, symlinks
+/// resolved; nullopt when it is not below it. The same answer whether the
+/// file exists or not, until it is below.
+std::optional<std::string> config_file(const std::string& dir, const std::string& given) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  if (ec) return std::nullopt;
+  const fs::path p = fs::path(given).is_absolute() ? fs::path(given) : root / given;
+  const fs::path real = fs::weakly_canonical(p, ec);
+  if (ec) return std::nullopt;
+  const fs::path rel = real.lexically_relative(root);
+  if (rel.empty() || rel == "." || *rel.begin() == "..") return std::nullopt;
+  return real.string();
+}
+
+/// A parse failure in words that quote no byte of the file: where it is and
+/// which kind (a syntax error, a number past a double, a limit).
+std::string parse_failure(const json::ParseError& e) {
+  if (!e.limit().empty()) return "byte " + std::to_string(e.byte()) + ": over the JSON limit " + e.limit();
+  const std::string what = e.what();
+  // parse's syntax errors read "<source>:<line>:<column>: malformed JSON: ...".
+  const auto m = what.find(": malformed JSON");
+  const auto colon = what.rfind(':', m == std::string::npos ? 0 : m - 1);
+  if (m != std::string::npos && colon != std::string::npos) {
+    const auto line_start = what.rfind(':', colon - 1);
+    if (line_start != std::string::npos)
+      return "line " + what.substr(line_start + 1, colon - line_start - 1) + ", column " +
+             what.substr(colon + 1, m - colon - 1) + ": malformed JSON";
+  }
+  return "not a JSON document (a number past a double, or malformed)";
+}
+
 }  // namespace
 
 std::vector<ipc::Method> ControlPlane::methods() {
@@ -135,6 +169,13 @@ std::vector<ipc::Method> ControlPlane::methods() {
          if (!int_param(c, "step_interval_ms", 0, kDayMs, o.step_interval_ms)) return;
          o.trigger = p.value("trigger", std::string("manual"));
          o.inject_fault = p.value("inject_fault", std::string());
+         if (!o.inject_fault.empty() && (!opt_.test_hooks || o.inject_fault != "check")) {
+           c.error(ipc::Errc::invalid_params,
+                   !opt_.test_hooks ? "inject_fault: a test hook, refused unless ftp-serve runs with --enable-test-hooks"
+                                    : "inject_fault: must be \"check\"",
+                   Json{{"param", "inject_fault"}});
+           return;
+         }
          try {
            if (!o.ramp.empty()) check_ramp(o.ramp, "ramp");
          } catch (const InputError& e) {
@@ -237,7 +278,29 @@ std::vector<ipc::Method> ControlPlane::methods() {
                "{\"gears\": [names], \"current\": gear}",
                false,
                [this](ipc::Call& c) {
-                 std::string path = c.params().value("path", gears_path_);
+                 auto bad = [&c](const std::string& why) {
+                   c.error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable", why,
+                           Json{{"param", "path"}});
+                 };
+                 std::string path = opt_.gear_table_path;
+                 if (c.params().contains("path")) {
+                   // Only a file of the config directory: reload must not read, and
+                   // quote back, any file the daemon (root) may read.
+                   const std::string given = c.params()["path"].get<std::string>();
+                   if (opt_.config_dir.empty() && given != opt_.gear_table_path) {
+                     bad("path: reload reads only the daemon's gear table here (ftp-serve --config-dir DIR allows "
+                         "others)");
+                     return;
+                   }
+                   if (given != opt_.gear_table_path) {
+                     const auto resolved = config_file(opt_.config_dir, given);
+                     if (!resolved) {
+                       bad("path: outside the config directory " + opt_.config_dir + " (ftp-serve --config-dir)");
+                       return;
+                     }
+                     path = *resolved;
+                   }
+                 }
                  if (path.empty()) {
                    c.error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable",
                            "the daemon runs a --gear layout, not a gear table file: give path");
@@ -266,6 +329,10 @@ std::vector<ipc::Method> ControlPlane::methods() {
                      call->reply(Json{{"gears", names}, {"current", svc_.current_gear()}});
                    } catch (const ControlError& e) {
                      call->error(control_error_code(e.name()), e.name(), path + ": " + e.what());
+                   } catch (const json::ParseError& e) {
+                     // Never a byte of the file: nlohmann quotes what it read last.
+                     call->error(control_error_code("ftp.InvalidGearTable"), "ftp.InvalidGearTable",
+                                 path + ": " + parse_failure(e));
                    } catch (const std::exception& e) {
                      // parse_file's errors name the file already; the service's do not.
                      std::string what = e.what();

@@ -32,13 +32,23 @@ inline constexpr ControlErrorCode kControlErrors[] = {
 };
 int control_error_code(const std::string& name);
 
+/// What the control socket's methods may do beyond the service's own calls.
+struct ControlOptions {
+  /// What reload reads when called without a path.
+  std::string gear_table_path;
+  /// reload reads a given path only below this directory (after symlinks);
+  /// a relative path is taken from it. Empty: only gear_table_path.
+  std::string config_dir;
+  /// Accept shift's inject_fault (a test hook); refused otherwise.
+  bool test_hooks = false;
+};
+
 /// The control socket of a running Service: status, gears, shift, drain,
 /// records, watch, reload (plus introspect), on an ipc::Server. Long calls
 /// (shift, drain, watch) run on worker threads joined by stop().
 class ControlPlane {
  public:
-  /// `gear_table_path`: what reload reads when called without a path.
-  ControlPlane(Service& service, ipc::ServerOptions options, std::string gear_table_path);
+  ControlPlane(Service& service, ipc::ServerOptions options, ControlOptions control);
   ~ControlPlane();
   void start();
   void stop();
@@ -48,7 +58,8 @@ class ControlPlane {
   std::vector<ipc::Method> methods();
   void spawn(std::function<void()> fn);
   Service& svc_;
-  std::string path_, gears_path_;
+  std::string path_;
+  ControlOptions opt_;
   std::unique_ptr<ipc::Server> server_;
   std::mutex mu_;
   struct Worker {

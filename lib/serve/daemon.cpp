@@ -27,6 +27,18 @@ void notify_systemd([[maybe_unused]] const std::string& state) {
 #endif
 }
 
+/// The control socket's options: reload below --config-dir, else the gear
+/// table's directory; the test hooks as asked.
+ControlOptions control_options(const DaemonOptions& o) {
+  ControlOptions c;
+  c.gear_table_path = o.gears_path;
+  c.config_dir = o.config_dir;
+  if (c.config_dir.empty() && !o.gears_path.empty())
+    c.config_dir = std::filesystem::absolute(o.gears_path).parent_path().string();
+  c.test_hooks = o.test_hooks;
+  return c;
+}
+
 }  // namespace
 
 doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g,
@@ -195,7 +207,7 @@ int run_daemon(DaemonOptions o) {
   ipc::ServerOptions so;
   so.socket_path = o.socket_path;
   so.log = [&](ipc::LogLevel, std::string_view line) { log("control: " + std::string(line)); };
-  ControlPlane control(svc, so, o.gears_path);
+  ControlPlane control(svc, so, control_options(o));
   control.start();
   log("control socket: " + control.socket_path());
 

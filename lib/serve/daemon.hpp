@@ -22,6 +22,11 @@ struct DaemonOptions {
   std::string gears_path;          ///< a ftp.gear-table/v1 file; empty: one gear from gear_spec
   std::string gear_spec = "tp=1,pp=1,dp=1";
   std::string socket_path;         ///< control socket; empty: ipc::default_socket_path()
+  /// The control socket's reload reads a given path only below it; empty:
+  /// the directory of gears_path (none without one).
+  std::string config_dir;
+  /// Test hooks on the control socket (shift's inject_fault); off: refused.
+  bool test_hooks = false;
   /// CPU virtual devices vd0..vd<N-1> the gears may use; 0: whatever the table names.
   int virtual_devices = 0;
   /// The engine behind the domains: "real" (the model's math on the CPU) or

@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -592,6 +594,7 @@ TEST_F(Ipc, AnIdleClientThatNeverReadsIsCutAfterTheGrace) {
   auto o = options();
   o.idle_timeout = 200ms;
   o.shutdown_grace = 100ms;
+  o.max_queued_bytes = 64 << 20;  // under the output quota: only the grace cuts it
   start(o);
   auto fds = [] {
     return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{});
@@ -751,4 +754,160 @@ TEST(IpcProtocol, ErrorTableIsConsistent) {
   // A peer that does not name its errors: standard codes get our names.
   auto plain = RpcError::from_json(Json{{"code", -32601}, {"message", "nope"}});
   EXPECT_EQ(plain.name(), "ftp.NoSuchMethod");
+}
+
+namespace {
+
+/// A raw connection to `path`: the answer lines as sent, unparsed.
+class RawConn {
+ public:
+  explicit RawConn(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, path.c_str());
+    ok_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  ~RawConn() { ::close(fd_); }
+  bool ok() const { return ok_; }
+  int fd() const { return fd_; }
+  void send(const std::string& s) const {
+    std::size_t off = 0;
+    while (off < s.size()) {
+      ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      off += static_cast<std::size_t>(n);
+    }
+  }
+  /// The next line, without its '\n' ("" at the end of the stream).
+  std::string line() {
+    char ch;
+    std::string out;
+    while (::read(fd_, &ch, 1) == 1) {
+      if (ch == '\n') return out;
+      out += ch;
+    }
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
+}  // namespace
+
+// Issue 20, hostile input 4: a client that sends 12,000 calls and never
+// reads is cut once its unread answers pass the quota, and what they held is
+// freed (63 MB stayed queued before); the server serves on.
+TEST_F(Ipc, OutputQuotaCutsAClientThatSendsCallsAndNeverReads) {
+  start();  // the default quota, 1 MiB
+  EXPECT_EQ(server_->introspect()["limits"]["max_queued_bytes"], 1 << 20);
+  // 12,000 answers of ~560 bytes: 6.7 MB, far more than the quota and the
+  // socket's buffers.
+  std::string calls;
+  for (int i = 0; i < 12000; ++i)
+    calls += "{\"jsonrpc\":\"2.0\",\"id\":" + std::to_string(i) + R"(,"method":"echo","params":{"value":")" +
+             std::string(512, 'v') + "\"}}\n";
+  {
+    RawConn c(path_);
+    ASSERT_TRUE(c.ok());
+    c.send(calls);  // returns once the server has cut the connection (EPIPE), or all is sent
+    EXPECT_TRUE(eventually([&] { return logged("over the quota of 1048576"); }));
+    EXPECT_TRUE(eventually([&] { return server_->connection_count() == 0; }));
+    EXPECT_TRUE(eventually([&] { return server_->queued_bytes() == 0; })) << server_->queued_bytes();
+  }
+  Client other(path_);
+  EXPECT_EQ(other.call("add", {{"a", 1}, {"b", 1}})["sum"], 2);
+}
+
+// A client that reads gets every answer, however many it asks for.
+TEST_F(Ipc, OutputQuotaLetsAReadingClientThrough) {
+  auto o = options();
+  o.max_queued_bytes = 4 * 1024;
+  start(o);
+  Client c(path_);
+  for (int i = 0; i < 200; ++i)
+    EXPECT_EQ(c.call("echo", {{"value", std::string(8192, 'x')}})["value"].get<std::string>().size(), 8192u);
+  EXPECT_EQ(server_->queued_bytes(), 0u);
+}
+
+// Issue 20, hostile input 8: a 30-digit JSON-RPC id comes back with the same
+// digits (not as the float 1.2345678901234568e+29), in results, stream items
+// and errors.
+TEST_F(Ipc, ThirtyDigitIdComesBackExactly) {
+  start();
+  const std::string id = "123456789012345678901234567890";
+  RawConn c(path_);
+  ASSERT_TRUE(c.ok());
+  c.send(R"({"jsonrpc":"2.0","id":)" + id + R"(,"method":"add","params":{"a":1,"b":2}})" "\n");
+  EXPECT_EQ(c.line(), R"({"jsonrpc":"2.0","id":)" + id + R"(,"result":{"sum":3}})");
+  c.send(R"({"jsonrpc":"2.0","id":)" + id + R"(,"method":"ticks","params":{"count":1,"interval_ms":0}})" "\n");
+  EXPECT_EQ(c.line(), R"({"jsonrpc":"2.0","method":"ftp.stream","params":{"id":)" + id +
+                          R"(,"method":"ticks","data":{"tick":0}}})");
+  EXPECT_EQ(c.line(), R"({"jsonrpc":"2.0","id":)" + id + R"(,"result":{"count":1}})");
+  c.send(R"({"jsonrpc":"2.0","id":-1.50e3,"method":"nosuch"})" "\n");
+  EXPECT_EQ(c.line().rfind(R"({"jsonrpc":"2.0","id":-1.50e3,"error":)", 0), 0u);
+  c.send(R"({"jsonrpc":"2.0","id":"s","method":"add","params":{"a":1,"b":1}})" "\n");
+  EXPECT_EQ(c.line(), R"({"jsonrpc":"2.0","id":"s","result":{"sum":2}})");
+}
+
+// Issue 20, hostile input 1: a line of 80,000 keys is refused by the key
+// limit while parsing (it blocked status on another connection for 13.4 s),
+// naming the limit; the connection serves on.
+TEST_F(Ipc, ObjectOverTheKeyLimitIsAParseErrorNamingIt) {
+  start();
+  std::string params = "{";
+  for (int i = 0; i < 80000; ++i) params += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+  params += "}";
+  Client c(path_);
+  c.send_raw(R"({"jsonrpc":"2.0","id":1,"method":"echo","params":)" + params + "}\n");
+  auto m = c.read_message(10s);
+  ASSERT_TRUE(m);
+  EXPECT_EQ((*m)["error"]["data"]["name"], "ftp.ParseError");
+  EXPECT_EQ((*m)["error"]["data"]["limit"], "max_keys");
+  EXPECT_NE((*m)["error"]["message"].get<std::string>().find("more than 4096 keys"), std::string::npos) << m->dump();
+  EXPECT_EQ(c.call("add", {{"a", 1}, {"b", 1}})["sum"], 2);
+}
+
+// Issue 20, hostile input 7: in a directory every user may write to, another
+// user can listen at the socket's path first; the client refuses a server
+// that runs as neither root nor this user, naming its uid and user.
+TEST_F(Ipc, ClientRefusesAServerOfAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run a listener as another user (nobody, uid 65534)";
+  ASSERT_EQ(::chmod(dir_.c_str(), 01777), 0);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the squatter: nobody, listening at the daemon's path
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(1);
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, path_.c_str());
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, 8) != 0) ::_exit(2);
+    (void)::write(ready[1], "r", 1);
+    for (;;) {
+      int c = ::accept(fd, nullptr, nullptr);
+      if (c >= 0) ::close(c);
+    }
+  }
+  ::close(ready[1]);
+  char r = 0;
+  ASSERT_EQ(::read(ready[0], &r, 1), 1) << "the squatter did not start";
+  ::close(ready[0]);
+  std::string what;
+  Exit exit = Exit::ok;
+  try {
+    Client c(path_);
+  } catch (const ftp::Error& e) {
+    what = e.what();
+    exit = e.exit();
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(exit, Exit::unreachable);
+  EXPECT_NE(what.find("served by uid 65534 (nobody)"), std::string::npos) << what;
+  EXPECT_NE(what.find("not by root or this user"), std::string::npos) << what;
 }

@@ -724,7 +724,7 @@ TEST_F(ShiftFixture, ControlParamsOutOfRangeAreInvalidParams) {
   svc.start();
   ftp::ipc::ServerOptions so;
   so.socket_path = (std::filesystem::temp_directory_path() / ("ftp-test-control-" + std::to_string(::getpid()))).string();
-  ControlPlane cp(svc, so, "");
+  ControlPlane cp(svc, so, ControlOptions{"", "/dev", false});
   cp.start();
   ftp::ipc::Client cl(cp.socket_path());
   auto err = [&](const std::string& method, const ftp::json::Json& params) {

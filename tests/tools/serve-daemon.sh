@@ -11,7 +11,8 @@ source "$(dirname "$0")/common.sh"
 daemon_sandbox
 
 start_daemon() {  # STEP_INTERVAL_MS
-  start_daemon_with "$serve" "$tmp/serve.log" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --step-interval-ms "$1"
+  start_daemon_with "$serve" "$tmp/serve.log" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --step-interval-ms "$1" \
+    --enable-test-hooks
 }
 complete() {  # PROMPT MAX_TOKENS
   curl -s "http://127.0.0.1:$port/v1/completions" -d "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0}"

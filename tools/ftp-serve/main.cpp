@@ -62,6 +62,10 @@ int main(int argc, char** argv) {
   app.add_option("--port", d.http.port, "HTTP port (default 8080; 0 picks a free one)")->check(ftp::cli::in_range(0, 65535));
   app.add_option("--socket", d.socket_path, "Control socket (default $FTP_SOCKET, $XDG_RUNTIME_DIR/flextp/control.sock)")
       ->option_text("PATH");
+  app.add_option("--config-dir", d.config_dir,
+                 "The control socket's reload reads a path only below DIR (default: the --gears file's directory)")
+      ->option_text("DIR");
+  app.add_flag("--enable-test-hooks", d.test_hooks, "Accept test hooks on the control socket (shift's inject_fault)");
   app.add_option("--http-threads", d.http.threads,
                  "HTTP connection threads; each request in flight holds one (default: 2 x --max-running x the most "
                  "replicas of a gear + 16)")

@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
   app.add_flag("--queue", req.queue, "Wait while another shift runs instead of failing with ftp.ShiftInProgress");
   app.add_flag("--from-stdin", from_stdin, "Execute ftp.decision/v1 JSON Lines from stdin (action shift; hold is skipped)");
   tool.add_socket_option("");
-  app.add_option("--inject-fault", req.inject_fault, "Fault injection for tests: 'check' fails the first ramp check")
+  app.add_option("--inject-fault", req.inject_fault,
+                 "Fault injection for tests: 'check' fails the first ramp check (a test hook: the daemon must enable them)")
       ->check(CLI::IsMember({"check"}));
   app.get_option("--to")->excludes(app.get_option("--from-stdin"));
 
