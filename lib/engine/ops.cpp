@@ -18,6 +18,8 @@
 #endif
 #include <vector>
 
+#include "engine/quant_matmul.hpp"
+
 namespace ftp::engine::ops {
 
 namespace {
@@ -30,8 +32,8 @@ void matmul_tiles(const float* x, const MatView& w, float* out, int t) {
   constexpr int kTile = 64;
   thread_local std::vector<float> tile, row;
   tile.resize(static_cast<std::size_t>(kTile) * k);
-  // Q8_0 converts whole blocks of 32: start at the block holding c0.
-  const std::int64_t lead = tv.dtype == model::DType::q8_0 ? w.c0 % 32 : 0;
+  // Quantized types convert whole blocks: start at the block holding c0.
+  const std::int64_t lead = w.c0 % model::dtype_block(tv.dtype);
   row.resize(static_cast<std::size_t>(lead + k));
   for (int i0 = 0; i0 < n; i0 += kTile) {
     int rows = std::min(kTile, n - i0);
@@ -823,6 +825,13 @@ void matmul_reference(const float* x, const MatView& w, float* out, int t) {
                 out, n);
     return;
   }
+  if (tv.dtype != model::DType::q8_0 && model::dtype_block(tv.dtype) > 1) {
+    // The other block types take the activations as llama.cpp quantizes them.
+    thread_local std::vector<float> xq;
+    xq.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(k));
+    quantize_activations(tv.dtype, x, t, k, xq.data());
+    return matmul_tiles(xq.data(), w, out, t);
+  }
   matmul_tiles(x, w, out, t);
 }
 
@@ -846,7 +855,9 @@ void matmul(const float* x, const MatView& w, float* out, int t) {
         if (w.c0 % 32 == 0 && w.cols % 32 == 0 && tv.cols % 32 == 0)
           return wide ? matmul_q8_vnni(x, w, out, t) : matmul_q8(x, w, out, t);
         break;
-      default: break;
+      case model::DType::f32: break;
+      default:  // the other block types: decoded a few rows at a time, float activations
+        return matmul_quant(x, w, out, t);
     }
   }
 #endif

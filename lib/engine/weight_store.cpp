@@ -84,7 +84,24 @@ RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
   v.w_gate = MatView{&l.w_gate, v.ff.begin, v.ff.size(), 0, E};
   v.w_up = MatView{&l.w_up, v.ff.begin, v.ff.size(), 0, E};
   v.w_down = MatView{&l.w_down, 0, E, v.ff.begin, v.ff.size()};
+  for (const MatView* m : {&v.wo, &v.w_down}) {
+    const std::string why = row_parallel_refusal(*m, tp);
+    if (!why.empty()) throw InputError(why);
+  }
   return v;
+}
+
+std::string row_parallel_refusal(const MatView& m, int tp) {
+  const model::TensorView& t = *m.t;
+  const int blk = model::dtype_block(t.dtype);
+  // Q8_0 keeps its portable path for such views; the other block types
+  // quantize the activations per block as llama.cpp does, which a rank
+  // holding part of a block cannot do as one rank would.
+  if (blk == 1 || t.dtype == model::DType::q8_0 || (m.c0 % blk == 0 && m.cols % blk == 0)) return "";
+  return "tp " + std::to_string(tp) + ": " + t.name + " is " + model::dtype_name(t.dtype) + " (blocks of " +
+         std::to_string(blk) + " columns) and tensor parallelism would split its " + std::to_string(t.cols) +
+         " columns at " + std::to_string(m.c0 % blk != 0 ? m.c0 : m.c0 + m.cols) +
+         ", inside a block: a row-parallel split must fall on a block boundary (choose a smaller tp)";
 }
 
 void WeightStore::embed(int token, float* out) const {
@@ -105,9 +122,10 @@ std::uint64_t WeightStore::advise(int first, int n, int tp, int rank, int advice
       std::int64_t first_el = m->r0 * t.cols + m->c0;
       std::int64_t last_el = (m->r0 + m->rows - 1) * t.cols + m->c0 + m->cols;  // one past
       auto base = reinterpret_cast<std::uintptr_t>(t.data);
-      std::uintptr_t a = base + model::dtype_bytes(t.dtype, first_el - first_el % (t.dtype == model::DType::q8_0 ? 32 : 1));
-      std::uintptr_t b = base + std::min<std::size_t>(t.bytes, model::dtype_bytes(t.dtype, (last_el + 31) / 32 * 32));
-      if (t.dtype != model::DType::q8_0) b = base + std::min<std::size_t>(t.bytes, model::dtype_bytes(t.dtype, last_el));
+      // Whole blocks of a quantized tensor: the one holding the first element to the one holding the last.
+      const std::int64_t blk = model::dtype_block(t.dtype);
+      std::uintptr_t a = base + model::dtype_bytes(t.dtype, first_el / blk * blk);
+      std::uintptr_t b = base + std::min<std::size_t>(t.bytes, model::dtype_bytes(t.dtype, (last_el + blk - 1) / blk * blk));
       // Whole pages inside the span only: never touch a neighbour's bytes.
       std::uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
       if (pb > pa && ::madvise(reinterpret_cast<void*>(pa), pb - pa, advice) == 0) bytes += pb - pa;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "engine/packed_weights.hpp"
@@ -49,6 +50,13 @@ struct RankLayerView {
 /// evenly as possible, so widths that tp does not divide (stories260K's 172
 /// at TP 8) give shards of uneven width.
 RankLayerView split_rank(const model::HParams& hp, int tp, int rank);
+
+/// Why rank views of a row-parallel matrix (wo, w_down: a column range)
+/// cannot serve tensor parallelism `tp`, or "" when they can: a range of a
+/// Q4_0..Q6_K tensor must start and end on a block boundary (32 or 256
+/// columns). WeightStore::layer throws it as an ftp::InputError, so a gear
+/// that splits inside a block is refused when its domain is built.
+std::string row_parallel_refusal(const MatView& m, int tp);
 
 /// The resident weights: the model's tensors where they lie (memory-mapped,
 /// in their stored dtype), viewed by every domain of every gear. Only the

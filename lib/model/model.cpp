@@ -12,38 +12,12 @@
 #include "core/escape.hpp"
 #include "model/gguf.hpp"
 #include "model/llama2c.hpp"
+#include "model/quant.hpp"
 #include "model/tokenizer.hpp"
 
 namespace ftp::model {
 
 namespace {
-
-float f16_to_f32(std::uint16_t h) {
-  std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu;
-  std::uint32_t man = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      exp = 127 - 15 + 1;
-      while ((man & 0x400u) == 0) {
-        man <<= 1;
-        --exp;
-      }
-      man &= 0x3ffu;
-      bits = sign | (exp << 23) | (man << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);  // inf or NaN
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 float bf16_to_f32(std::uint16_t b) {
   std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
@@ -66,22 +40,28 @@ const char* dtype_name(DType t) noexcept {
     case DType::f16: return "F16";
     case DType::bf16: return "BF16";
     case DType::q8_0: return "Q8_0";
+    case DType::q4_0: return "Q4_0";
+    case DType::q4_1: return "Q4_1";
+    case DType::q5_0: return "Q5_0";
+    case DType::q5_1: return "Q5_1";
+    case DType::q2_k: return "Q2_K";
+    case DType::q3_k: return "Q3_K";
+    case DType::q4_k: return "Q4_K";
+    case DType::q5_k: return "Q5_K";
+    case DType::q6_k: return "Q6_K";
   }
   return "?";
 }
 
+int dtype_block(DType t) noexcept { return quant::block_shape(t).elems; }
+
 std::size_t dtype_bytes(DType t, std::int64_t n) {
   if (n < 0) throw Error("dtype_bytes: negative element count " + std::to_string(n));
-  auto un = static_cast<std::size_t>(n);
-  switch (t) {
-    case DType::f32: return un * 4;
-    case DType::f16:
-    case DType::bf16: return un * 2;
-    case DType::q8_0:
-      if (un % 32 != 0) throw Error("dtype_bytes: Q8_0 needs a multiple of 32 elements, got " + std::to_string(n));
-      return un / 32 * 34;
-  }
-  return 0;
+  const quant::BlockShape b = quant::block_shape(t);
+  if (n % b.elems != 0)
+    throw Error(std::string("dtype_bytes: ") + dtype_name(t) + " needs a multiple of " + std::to_string(b.elems) +
+                " elements, got " + std::to_string(n));
+  return static_cast<std::size_t>(n / b.elems) * static_cast<std::size_t>(b.bytes);
 }
 
 void to_f32(const TensorView& t, std::int64_t first, std::int64_t count, float* out) {
@@ -94,22 +74,24 @@ void to_f32(const TensorView& t, std::int64_t first, std::int64_t count, float* 
       std::memcpy(out, p + first * 4, static_cast<std::size_t>(count) * 4);
       return;
     case DType::f16:
-      for (std::int64_t i = 0; i < count; ++i) out[i] = f16_to_f32(load16(p + (first + i) * 2));
+      for (std::int64_t i = 0; i < count; ++i) out[i] = quant::f16_to_f32(load16(p + (first + i) * 2));
       return;
     case DType::bf16:
       for (std::int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(load16(p + (first + i) * 2));
       return;
-    case DType::q8_0: {
-      if (first % 32 != 0) throw Error("to_f32: " + t.name + ": Q8_0 start " + std::to_string(first) + " is not a multiple of 32");
-      std::int64_t done = 0;
-      for (std::int64_t b = first / 32; done < count; ++b) {
-        const std::uint8_t* blk = p + b * 34;
-        float d = f16_to_f32(load16(blk));
-        const auto* q = reinterpret_cast<const std::int8_t*>(blk + 2);
-        for (int j = 0; j < 32 && done < count; ++j) out[done++] = d * static_cast<float>(q[j]);
-      }
-      return;
-    }
+    default: break;
+  }
+  const quant::BlockShape b = quant::block_shape(t.dtype);
+  if (first % b.elems != 0)
+    throw Error("to_f32: " + t.name + ": " + dtype_name(t.dtype) + " start " + std::to_string(first) +
+                " is not a multiple of " + std::to_string(b.elems));
+  const std::uint8_t* blk = p + first / b.elems * b.bytes;
+  const std::int64_t whole = count / b.elems;
+  quant::dequantize(t.dtype, blk, whole, out);
+  if (const std::int64_t rest = count - whole * b.elems; rest > 0) {
+    float tail[256];  // the largest block
+    quant::dequantize(t.dtype, blk + whole * b.bytes, 1, tail);
+    std::memcpy(out + whole * b.elems, tail, static_cast<std::size_t>(rest) * 4);
   }
 }
 
@@ -184,6 +166,15 @@ std::optional<DType> dtype_of(std::uint32_t ggml) {
     case ggml_type::f16: return DType::f16;
     case ggml_type::bf16: return DType::bf16;
     case ggml_type::q8_0: return DType::q8_0;
+    case ggml_type::q4_0: return DType::q4_0;
+    case ggml_type::q4_1: return DType::q4_1;
+    case ggml_type::q5_0: return DType::q5_0;
+    case ggml_type::q5_1: return DType::q5_1;
+    case ggml_type::q2_k: return DType::q2_k;
+    case ggml_type::q3_k: return DType::q3_k;
+    case ggml_type::q4_k: return DType::q4_k;
+    case ggml_type::q5_k: return DType::q5_k;
+    case ggml_type::q6_k: return DType::q6_k;
     default: return std::nullopt;
   }
 }
@@ -202,7 +193,7 @@ TensorView view(const GgufFile& f, const std::string& name, std::int64_t rows, s
   auto dt = dtype_of(ti->type);
   if (!dt)
     throw InputError(f.path() + ": tensor '" + name + "': unsupported tensor type " + ggml_type_name(ti->type) +
-                     " (supported: F32, F16, BF16, Q8_0)");
+                     " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
   // [cols] for a vector, [cols, rows] for a matrix; trailing 1s are allowed.
   bool ok = ti->ne[0] == cols && ti->ne[1] == rows && ti->ne[2] == 1 && ti->ne[3] == 1;
   if (!ok) {

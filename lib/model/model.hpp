@@ -10,13 +10,21 @@
 
 namespace ftp::model {
 
-/// Element types of weight tensors we load.
-enum class DType { f32, f16, bf16, q8_0 };
+/// Element types of weight tensors we load: floats, and ggml's block
+/// quantizations (layouts in model/quant.hpp): Q8_0, the legacy Q4_0, Q4_1,
+/// Q5_0, Q5_1 (blocks of 32) and the K-quants Q2_K..Q6_K (blocks of 256).
+enum class DType { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k };
 
+/// "Q4_K" etc., as ggml names the type.
 const char* dtype_name(DType t) noexcept;
 
-/// Bytes of `n` elements of type t (n a multiple of 32 for q8_0: blocks of
-/// 32 int8 + one f16 scale = 34 bytes).
+/// Weights per block of t: 1 for F32, F16 and BF16, 32 for Q8_0 and the
+/// legacy quants, 256 for the K-quants. A row of a quantized tensor holds
+/// whole blocks (the loader refuses others).
+int dtype_block(DType t) noexcept;
+
+/// Bytes of `n` elements of type t (n a multiple of dtype_block(t); for
+/// example Q8_0: blocks of 32 int8 + one f16 scale = 34 bytes).
 std::size_t dtype_bytes(DType t, std::int64_t n);
 
 /// A read-only view of one tensor inside the loaded file (memory-mapped).
@@ -35,7 +43,9 @@ struct TensorView {
 };
 
 /// Converts `count` elements of a row-major tensor starting at element
-/// `first` (must be a multiple of 32 for q8_0) to float32.
+/// `first` (a multiple of dtype_block: quantized types start on a block;
+/// `count` may end inside one) to float32, bit-exact with ggml's
+/// dequantize_row_* for the quantized types.
 void to_f32(const TensorView& t, std::int64_t first, std::int64_t count, float* out);
 
 /// Hyper-parameters of a Llama-family model.

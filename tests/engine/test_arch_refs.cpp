@@ -46,7 +46,7 @@ TEST_P(ArchRefs, MatchesLlamaCpp) {
 
   const auto model = std::make_unique<ftp::model::Model>(ftp::model::load_model(file));
   const ftp::engine::WeightStore store(*model);
-  for (const RefGear& gear : ref_gears(model->hparams)) {
+  for (const RefGear& gear : ref_gears(store)) {
     for (const LlamaRef& ref : mine) {
       const std::string what = std::string(rm.file) + " \"" + ref.prompt + "\" at " + gear.name;
       const RefOutcome o = run_llama_ref(store, gear, ref, tol);

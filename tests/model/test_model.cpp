@@ -646,16 +646,42 @@ TEST_F(Damaged, TensorOffsetOutOfBounds) {
 TEST_F(Damaged, UnsupportedTensorType) {
   GgufBuilder b = GgufBuilder::from(GgufFile::parse(gguf.data(), gguf.size(), "x"));
   auto& t = b.tensor("blk.0.attn_q.weight");
-  t.type = ggml_type::q4_0;
-  t.data.resize(64 * 64 / 32 * 18);
-  std::string m = load_error("q4.gguf", b.bytes());
-  EXPECT_HAS(m, "q4.gguf");
+  t.type = ggml_type::q8_1;  // a type ggml knows (and sizes) that the loader does not run
+  t.data.resize(64 * 64 / 32 * 36);
+  std::string m = load_error("q81.gguf", b.bytes());
+  EXPECT_HAS(m, "q81.gguf");
   EXPECT_HAS(m, "'blk.0.attn_q.weight'");
-  EXPECT_HAS(m, "unsupported tensor type Q4_0");
+  EXPECT_HAS(m, "unsupported tensor type Q8_1");
   t.type = 99;
   m = load_error("t99.gguf", b.bytes());
   EXPECT_HAS(m, "'blk.0.attn_q.weight'");
   EXPECT_HAS(m, "unsupported tensor type type 99");
+}
+
+TEST_F(Damaged, QuantizedRowNotAWholeNumberOfBlocks) {
+  // stories260K's attn_q has rows of 64 (a quarter of a K-quant
+  // super-block), its ffn_down rows of 172 (not a multiple of 32).
+  GgufBuilder b = GgufBuilder::from(GgufFile::parse(gguf.data(), gguf.size(), "x"));
+  auto& q = b.tensor("blk.1.attn_q.weight");
+  q.type = ggml_type::q4_k;
+  q.data.resize(q.data.size() / 4);
+  std::string m = load_error("rows.gguf", b.bytes());
+  EXPECT_HAS(m, "rows.gguf");
+  EXPECT_HAS(m, "'blk.1.attn_q.weight'");
+  EXPECT_HAS(m, "Q4_K needs rows of a multiple of 256 elements, shape is [64, 64]");
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  // Blocks of 32 fit rows of 64: the same tensor as Q4_0 loads...
+  q.type = ggml_type::q4_0;
+  q.data.resize(64 * 64 / 32 * 18);
+  std::string p = tmp.write("q40.gguf", b.bytes());
+  EXPECT_EQ(load_model(p).weights.layers[1].wq.dtype, DType::q4_0);
+  // ... but not rows of 172.
+  auto& d = b.tensor("blk.1.ffn_down.weight");
+  d.type = ggml_type::q5_1;
+  d.data.resize(172 * 64 / 32 * 24);
+  m = load_error("rows172.gguf", b.bytes());
+  EXPECT_HAS(m, "rows172.gguf");
+  EXPECT_HAS(m, "'blk.1.ffn_down.weight': Q5_1 needs rows of a multiple of 32 elements, shape is [172, 64]");
 }
 
 TEST_F(Damaged, UnsupportedArchitecture) {

@@ -103,6 +103,16 @@ const std::vector<RefModel>& supported_ref_models() {
       {"llama-f32.gguf", RefWeights::f32},
       {"llama-BF16.gguf", RefWeights::reduced},
       {"llama-Q8_0.gguf", RefWeights::reduced},
+      {"llama-Q4_0.gguf", RefWeights::reduced},
+      {"llama-Q4_1.gguf", RefWeights::reduced},
+      {"llama-Q5_0.gguf", RefWeights::reduced},
+      {"llama-Q5_1.gguf", RefWeights::reduced},
+      {"llama-Q2_K-pure.gguf", RefWeights::reduced},
+      {"llama-Q3_K-pure.gguf", RefWeights::reduced},
+      {"llama-Q4_K-pure.gguf", RefWeights::reduced},
+      {"llama-Q5_K-pure.gguf", RefWeights::reduced},
+      {"llama-Q6_K-pure.gguf", RefWeights::reduced},
+      {"llama-Q4_K_M.gguf", RefWeights::reduced},
   };
   return models;
 }
@@ -124,6 +134,34 @@ std::vector<RefGear> ref_gears(const model::HParams& hp) {
     gears.push_back({"tp" + std::to_string(hp.n_head) + " (KV heads replicated)",
                      {engine::StageLayout(0, hp.n_layer, hp.n_head)}});
   return gears;
+}
+
+std::vector<RefGear> ref_gears(const engine::WeightStore& store) {
+  const model::HParams& hp = store.hparams();
+  auto allowed = [&](int tp) {
+    if (hp.n_head % tp != 0) return false;
+    try {
+      for (int l = 0; l < hp.n_layer; ++l)
+        for (int r = 0; r < tp; ++r) (void)store.layer(l, tp, r);
+    } catch (const InputError&) {
+      return false;
+    }
+    return true;
+  };
+  std::vector<RefGear> out;
+  for (RefGear g : ref_gears(hp)) {
+    int tp = g.stages.at(0).tp;
+    while (tp > 1 && !allowed(tp)) --tp;
+    if (tp != g.stages[0].tp) {
+      for (auto& st : g.stages) st.tp = tp;
+      g.name = "tp" + std::to_string(tp) + " x pp" + std::to_string(g.stages.size()) + " (largest tp its blocks allow)";
+    }
+    const bool seen = std::any_of(out.begin(), out.end(), [&](const RefGear& o) {
+      return o.stages.size() == g.stages.size() && o.stages[0].tp == g.stages[0].tp;
+    });
+    if (!seen) out.push_back(std::move(g));
+  }
+  return out;
 }
 
 RefOutcome run_llama_ref(const engine::WeightStore& store, const RefGear& gear, const LlamaRef& ref,

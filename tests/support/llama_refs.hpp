@@ -91,6 +91,13 @@ struct RefGear {
 /// heads replicated (one stage).
 std::vector<RefGear> ref_gears(const model::HParams& hp);
 
+/// ref_gears of the store's model, each at the largest TP up to its own
+/// that the store's weights allow (WeightStore refuses a row-parallel split
+/// inside a quantization block, e.g. TP 2 of a Q4_K attn_output of 256
+/// columns): the largest TP x PP the shapes allow. Gears that come out
+/// equal are kept once.
+std::vector<RefGear> ref_gears(const engine::WeightStore& store);
+
 /// What the engine gave on one reference (one prompt at one gear).
 struct RefOutcome {
   std::vector<float> logits_first;  ///< logits after the prompt

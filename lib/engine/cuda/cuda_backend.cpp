@@ -866,6 +866,7 @@ class CudaBackend final : public Backend {
   std::vector<std::unique_ptr<RankBackend>> make_stage(const WeightStore& weights,
                                                        const std::vector<RankSpec>& specs) override {
     if (specs.empty()) throw InputError("cuda backend: a stage has at least one rank");
+    cuda::check_kernel_dtypes(weights);
     std::vector<int> devices;
     for (const RankSpec& s : specs) {
       const int d = s.gpu < 0 ? 0 : s.gpu;
@@ -893,6 +894,7 @@ class CudaBackend final : public Backend {
   }
 
   std::vector<std::uint64_t> kv_room_bytes(const WeightStore& weights, const std::vector<RankSpec>& ranks) override {
+    cuda::check_kernel_dtypes(weights);
     std::map<int, std::vector<cuda::DeviceWeights::Span>> spans;  // device -> what its ranks read
     std::map<int, int> ranks_on;
     for (const RankSpec& r : ranks) {
