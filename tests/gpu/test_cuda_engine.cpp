@@ -239,6 +239,34 @@ void synthetic_logits(Backend& cuda, const std::filesystem::path& dir) {
   }
 }
 
+/// The types the CUDA kernels do not run yet (Q4_0, Q4_1, Q5_0, Q5_1,
+/// Q2_K..Q6_K) are refused when the stage is built, naming the tensor and
+/// its type, before any upload (tests/gpu/README.md lists what is pending).
+void refuses_pending_types(Backend& cuda, const std::filesystem::path& dir) {
+  for (DType dt : {DType::q4_0, DType::q4_k}) {
+    ftp::testing::SyntheticShape s;
+    s.n_layer = 1;
+    s.n_embd = 256;
+    s.n_ff = 256;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.dtype = dt;
+    const std::string file = (dir / (std::string("pending-") + ftp::model::dtype_name(dt) + ".gguf")).string();
+    ftp::testing::write_synthetic_gguf(file, s);
+    ftp::model::Model m = ftp::model::load_model(file);
+    WeightStore store(m);
+    std::string err;
+    try {
+      Executor gpu(store, {stage(s.n_layer, 1, {0})}, 8, 16, &cuda, 8);
+    } catch (const ftp::InputError& e) {
+      err = e.what();
+    }
+    const std::string want = std::string("tensor 'token_embd.weight' is ") + ftp::model::dtype_name(dt);
+    check(err.find(want) != std::string::npos,
+          std::string("a ") + ftp::model::dtype_name(dt) + " model on the CUDA backend is refused naming the tensor (" + err + ")");
+  }
+}
+
 /// A domain of TP 2 (both ranks on cuda:0) built while a TP 1 domain of the
 /// same weights serves: the weights are resident, only views, KV and
 /// buffers are made.
@@ -314,6 +342,7 @@ int main() {
     stories260k_goldens();
     stories260k_domain(cuda);
     synthetic_logits(cuda, dir);
+    refuses_pending_types(cuda, dir);
     another_gear(cuda, dir);
     if (gpus.size() > 1) {
       std::vector<int> all;
