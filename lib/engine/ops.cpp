@@ -882,23 +882,31 @@ void matmul_packed(const float* x, const PackedQ8& p, const MatView& w, float* o
   matmul(x, w, out, t);
 }
 
-void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta) {
+void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta, model::RopeType type,
+          const float* freq_factors) {
   // The angles depend on the pair only: computed once for every head.
+  const int pairs = n_rot / 2;
   thread_local std::vector<float> cs;
-  cs.resize(static_cast<std::size_t>(n_rot));
-  for (int i = 0; i + 1 < n_rot; i += 2) {
-    float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(n_rot));
-    float a = static_cast<float>(pos) * freq;
-    cs[static_cast<std::size_t>(i)] = std::cos(a);
-    cs[static_cast<std::size_t>(i) + 1] = std::sin(a);
+  cs.resize(static_cast<std::size_t>(2 * pairs));
+  for (int j = 0; j < pairs; ++j) {
+    float freq = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(n_rot));
+    if (freq_factors) freq /= freq_factors[j];
+    const float a = static_cast<float>(pos) * freq;
+    cs[static_cast<std::size_t>(2 * j)] = std::cos(a);
+    cs[static_cast<std::size_t>(2 * j) + 1] = std::sin(a);
   }
+  // Pair j is (p[j x step], p[j x step + other]).
+  const bool neox = type == model::RopeType::neox;
+  const int step = neox ? 1 : 2, other = neox ? pairs : 1;
   for (int h = 0; h < n_heads; ++h) {
     float* p = v + static_cast<std::ptrdiff_t>(h) * head_dim;
-    for (int i = 0; i + 1 < n_rot; i += 2) {
-      const float c = cs[static_cast<std::size_t>(i)], s = cs[static_cast<std::size_t>(i) + 1];
-      float v0 = p[i], v1 = p[i + 1];
-      p[i] = v0 * c - v1 * s;
-      p[i + 1] = v0 * s + v1 * c;
+    for (int j = 0; j < pairs; ++j) {
+      const float c = cs[static_cast<std::size_t>(2 * j)], s = cs[static_cast<std::size_t>(2 * j) + 1];
+      float& x0 = p[j * step];
+      float& x1 = p[j * step + other];
+      const float v0 = x0, v1 = x1;
+      x0 = v0 * c - v1 * s;
+      x1 = v0 * s + v1 * c;
     }
   }
 }

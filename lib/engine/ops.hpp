@@ -59,9 +59,13 @@ MatmulKernels matmul_kernels();
 /// into a per-thread buffer, then sgemm.
 void matmul_reference(const float* x, const MatView& w, float* out, int t);
 
-/// Rotary embedding on adjacent pairs (v[2i], v[2i+1]) of each head, for
-/// the first n_rot dimensions: angle = pos x theta^(-2i / n_rot).
-void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta);
+/// Rotary embedding of each head's first n_rot dimensions, pair i (i <
+/// n_rot/2) turned by angle = pos x theta^(-2i / n_rot) / freq_factors[i]
+/// (freq_factors null: 1). The pairs are (v[2i], v[2i+1]) for RopeType::norm
+/// and (v[i], v[i + n_rot/2]) for RopeType::neox, as llama.cpp's
+/// rope_yarn without extrapolation.
+void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta,
+          model::RopeType type = model::RopeType::norm, const float* freq_factors = nullptr);
 
 /// g[i] = silu(g[i]) * u[i].
 void silu_mul(float* g, const float* u, std::size_t n);

@@ -20,9 +20,17 @@ Range split(int n, int parts, int index) {
 }
 
 std::vector<float> vec_f32(const model::TensorView& t) {
+  if (t.empty()) return {};
   std::vector<float> v(static_cast<std::size_t>(t.elements()));
   model::to_f32(t, 0, t.elements(), v.data());
   return v;
+}
+
+const float* or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+
+VecView slice(const std::vector<float>& v, std::int64_t first, std::int64_t n) {
+  if (v.empty()) return {};
+  return VecView{v.data(), first, n};
 }
 
 }  // namespace
@@ -62,12 +70,16 @@ WeightStore::WeightStore(const model::Model& m) : m_(m) {
   for (const auto& l : w.layers) {
     for (const auto* t : l.tensors())
       count(*t);
-    attn_norm_.push_back(vec_f32(l.attn_norm));
-    ffn_norm_.push_back(vec_f32(l.ffn_norm));
-    owned_bytes_ += (attn_norm_.back().size() + ffn_norm_.back().size()) * sizeof(float);
+    LayerVecs lv{vec_f32(l.attn_norm), vec_f32(l.ffn_norm), vec_f32(l.bq),     vec_f32(l.bk),
+                 vec_f32(l.bv),        vec_f32(l.q_norm),   vec_f32(l.k_norm)};
+    for (const auto* v : {&lv.attn_norm, &lv.ffn_norm, &lv.bq, &lv.bk, &lv.bv, &lv.q_norm, &lv.k_norm})
+      owned_bytes_ += v->size() * sizeof(float);
+    vecs_.push_back(std::move(lv));
   }
   output_norm_ = vec_f32(w.output_norm);
-  owned_bytes_ += output_norm_.size() * sizeof(float);
+  rope_freqs_ = vec_f32(w.rope_freqs);
+  count(w.rope_freqs);
+  owned_bytes_ += (output_norm_.size() + rope_freqs_.size()) * sizeof(float);
 }
 
 RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
@@ -75,8 +87,14 @@ RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
   const auto& hp = m_.hparams;
   RankLayerView v = split_rank(hp, tp, rank);
   const std::int64_t E = hp.n_embd, hd = hp.head_dim;
-  v.attn_norm = attn_norm_[static_cast<std::size_t>(layer)].data();
-  v.ffn_norm = ffn_norm_[static_cast<std::size_t>(layer)].data();
+  const LayerVecs& lv = vecs_[static_cast<std::size_t>(layer)];
+  v.attn_norm = lv.attn_norm.data();
+  v.ffn_norm = lv.ffn_norm.data();
+  v.bq = slice(lv.bq, v.q_heads.begin * hd, v.q_heads.size() * hd);
+  v.bk = slice(lv.bk, v.kv_heads.begin * hd, v.kv_heads.size() * hd);
+  v.bv = slice(lv.bv, v.kv_heads.begin * hd, v.kv_heads.size() * hd);
+  v.q_norm = or_null(lv.q_norm);
+  v.k_norm = or_null(lv.k_norm);
   v.wq = MatView{&l.wq, v.q_heads.begin * hd, v.q_heads.size() * hd, 0, E};
   v.wk = MatView{&l.wk, v.kv_heads.begin * hd, v.kv_heads.size() * hd, 0, E};
   v.wv = MatView{&l.wv, v.kv_heads.begin * hd, v.kv_heads.size() * hd, 0, E};

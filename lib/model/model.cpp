@@ -7,6 +7,7 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <unordered_set>
 
 #include "core/error.hpp"
 #include "core/escape.hpp"
@@ -212,6 +213,57 @@ TensorView view(const GgufFile& f, const std::string& name, std::int64_t rows, s
   return t;
 }
 
+/// Parts of a model beyond the tensors every architecture has.
+enum ArchPart : unsigned {
+  kQkvBias = 1u << 0,    ///< blk.N.attn_{q,k,v}.bias
+  kQkNorm = 1u << 1,     ///< blk.N.attn_{q,k}_norm.weight
+  kRopeFreqs = 1u << 2,  ///< rope_freqs.weight
+};
+
+/// What one architecture needs.
+struct ArchSpec {
+  const char* name;   ///< general.architecture
+  RopeType rope;      ///< not stored in GGUF: llama.cpp's llama_model_rope_type()
+  unsigned required;  ///< ArchPart bits a file must have
+  unsigned optional;  ///< ArchPart bits it may have
+};
+
+/// The architectures the loader reads: what each needs beyond llama's
+/// tensors (token_embd, output_norm, output unless tied, and per layer
+/// attn_norm, attn_q/k/v/output, ffn_norm, ffn_gate/up/down). A tensor the
+/// file holds that its architecture does not use is refused, as llama.cpp
+/// does, rather than ignored.
+constexpr ArchSpec kArchitectures[] = {
+    // Mistral-style files are llama with other hyper-parameters; Llama 3.x
+    // carries its RoPE scaling in rope_freqs.weight.
+    {"llama", RopeType::norm, 0, kQkvBias | kRopeFreqs},
+    {"qwen2", RopeType::neox, kQkvBias, 0},
+    {"qwen3", RopeType::neox, kQkNorm, 0},
+};
+
+const ArchSpec& arch_spec(const GgufFile& f, const std::string& arch) {
+  std::string names;
+  for (const ArchSpec& a : kArchitectures) {
+    if (arch == a.name) return a;
+    names += (names.empty() ? "" : ", ") + std::string(a.name);
+  }
+  f.fail_key("general.architecture", "unsupported architecture '" + printable(arch) + "' (supported: " + names + ")");
+}
+
+/// Refuses RoPE scaling other than Llama 3's rope_freqs (linear, YaRN):
+/// applying none where the file asks for one would silently change outputs.
+void refuse_rope_scaling(const GgufFile& f, const std::string& a) {
+  if (f.has(a + "rope.scaling.type")) {
+    const std::string t = f.get_string(a + "rope.scaling.type");
+    if (t != "none") f.fail_key(a + "rope.scaling.type", "unsupported RoPE scaling '" + printable(t) + "'");
+  }
+  for (const std::string& key : {a + "rope.scaling.factor", a + "rope.scale_linear"})
+    if (f.has(key)) {
+      const double v = f.get_float(key);
+      if (v != 0.0 && v != 1.0) f.fail_key(key, "unsupported RoPE scaling factor " + std::to_string(v));
+    }
+}
+
 }  // namespace
 
 Model model_from_gguf(const GgufFile& f) {
@@ -221,10 +273,8 @@ Model model_from_gguf(const GgufFile& f) {
   m.mapping = f.mapping();
   HParams& h = m.hparams;
   h.arch = f.get_string("general.architecture");
-  // Mistral and similar models are written with architecture "llama"; other
-  // architectures differ in layout or math and are refused by name.
-  if (h.arch != "llama")
-    f.fail_key("general.architecture", "unsupported architecture '" + printable(h.arch) + "' (supported: llama)");
+  const ArchSpec& spec = arch_spec(f, h.arch);
+  h.rope_type = spec.rope;
   const std::string a = h.arch + ".";
   h.name = f.get_string_or("general.name", "");
   h.n_ctx_train = hp_int(f, a + "context_length", std::nullopt);
@@ -257,6 +307,7 @@ Model model_from_gguf(const GgufFile& f) {
   double theta = f.get_float_or(a + "rope.freq_base", 10000.0);
   if (!(theta > 0 && theta < 1e12)) f.fail_key(a + "rope.freq_base", "must be positive");
   h.rope_theta = static_cast<float>(theta);
+  refuse_rope_scaling(f, a);
 
   m.tokenizer = tokenizer_from_gguf(f);
   m.built_tokenizer = build_tokenizer(m.tokenizer, f.path());
@@ -274,25 +325,54 @@ Model model_from_gguf(const GgufFile& f) {
   const std::int64_t kd = static_cast<std::int64_t>(h.n_head_kv) * h.head_dim;
   const std::string qs = "n_head*head_dim=" + std::to_string(qd);
   const std::string ks = "n_head_kv*head_dim=" + std::to_string(kd);
+  const std::string hs = "head_dim=" + std::to_string(h.head_dim);
   Weights& w = m.weights;
-  w.tok_embd = view(f, "token_embd.weight", h.n_vocab, h.n_embd, e + ", " + v);
+  // Every tensor read, so that one the architecture does not use is refused.
+  std::unordered_set<std::string> used;
+  auto need = [&](const std::string& name, std::int64_t rows, std::int64_t cols, const std::string& why) {
+    used.insert(name);
+    return view(f, name, rows, cols, why);
+  };
+  // An ArchPart's tensor: missing is an error where the architecture
+  // requires the part, an empty view where it allows it, and a tensor the
+  // architecture does not use is left for the check below.
+  auto part = [&](unsigned p, const std::string& name, std::int64_t rows, std::int64_t cols, const std::string& why) {
+    if (!((spec.required | spec.optional) & p)) return TensorView{};
+    if (!f.find_tensor(name)) {
+      if (spec.required & p)
+        throw InputError(f.path() + ": tensor '" + name + "': missing (architecture " + h.arch + " requires it)");
+      return TensorView{};
+    }
+    return need(name, rows, cols, why);
+  };
+  w.tok_embd = need("token_embd.weight", h.n_vocab, h.n_embd, e + ", " + v);
   w.layers.resize(h.n_layer);
   for (int l = 0; l < h.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     LayerWeights& L = w.layers[l];
-    L.attn_norm = view(f, b + "attn_norm.weight", 1, h.n_embd, e);
-    L.wq = view(f, b + "attn_q.weight", qd, h.n_embd, e + ", " + qs);
-    L.wk = view(f, b + "attn_k.weight", kd, h.n_embd, e + ", " + ks);
-    L.wv = view(f, b + "attn_v.weight", kd, h.n_embd, e + ", " + ks);
-    L.wo = view(f, b + "attn_output.weight", h.n_embd, qd, qs + ", " + e);
-    L.ffn_norm = view(f, b + "ffn_norm.weight", 1, h.n_embd, e);
-    L.w_gate = view(f, b + "ffn_gate.weight", h.n_ff, h.n_embd, e + ", " + ff);
-    L.w_down = view(f, b + "ffn_down.weight", h.n_embd, h.n_ff, ff + ", " + e);
-    L.w_up = view(f, b + "ffn_up.weight", h.n_ff, h.n_embd, e + ", " + ff);
+    L.attn_norm = need(b + "attn_norm.weight", 1, h.n_embd, e);
+    L.wq = need(b + "attn_q.weight", qd, h.n_embd, e + ", " + qs);
+    L.wk = need(b + "attn_k.weight", kd, h.n_embd, e + ", " + ks);
+    L.wv = need(b + "attn_v.weight", kd, h.n_embd, e + ", " + ks);
+    L.wo = need(b + "attn_output.weight", h.n_embd, qd, qs + ", " + e);
+    L.ffn_norm = need(b + "ffn_norm.weight", 1, h.n_embd, e);
+    L.w_gate = need(b + "ffn_gate.weight", h.n_ff, h.n_embd, e + ", " + ff);
+    L.w_down = need(b + "ffn_down.weight", h.n_embd, h.n_ff, ff + ", " + e);
+    L.w_up = need(b + "ffn_up.weight", h.n_ff, h.n_embd, e + ", " + ff);
+    L.bq = part(kQkvBias, b + "attn_q.bias", 1, qd, qs);
+    L.bk = part(kQkvBias, b + "attn_k.bias", 1, kd, ks);
+    L.bv = part(kQkvBias, b + "attn_v.bias", 1, kd, ks);
+    L.q_norm = part(kQkNorm, b + "attn_q_norm.weight", 1, h.head_dim, hs);
+    L.k_norm = part(kQkNorm, b + "attn_k_norm.weight", 1, h.head_dim, hs);
   }
-  w.output_norm = view(f, "output_norm.weight", 1, h.n_embd, e);
+  w.output_norm = need("output_norm.weight", 1, h.n_embd, e);
   h.tied_output = f.find_tensor("output.weight") == nullptr;
-  w.output = h.tied_output ? w.tok_embd : view(f, "output.weight", h.n_vocab, h.n_embd, e + ", " + v);
+  w.output = h.tied_output ? w.tok_embd : need("output.weight", h.n_vocab, h.n_embd, e + ", " + v);
+  w.rope_freqs = part(kRopeFreqs, "rope_freqs.weight", 1, h.n_rot / 2, "n_rot/2=" + std::to_string(h.n_rot / 2));
+  for (const GgufTensorInfo& t : f.tensors())
+    if (!used.count(t.name))
+      throw InputError(f.path() + ": tensor '" + printable(t.name) + "': not used by architecture " + h.arch +
+                       " (unsupported)");
   return m;
 }
 

@@ -48,6 +48,14 @@ struct TensorView {
 /// dequantize_row_* for the quantized types.
 void to_f32(const TensorView& t, std::int64_t first, std::int64_t count, float* out);
 
+/// How RoPE pairs the dimensions of a head. GGUF does not store it: the
+/// loader chooses it from general.architecture, as llama.cpp's
+/// llama_model_rope_type() does.
+enum class RopeType {
+  norm,  ///< adjacent pairs (x[2i], x[2i+1]): llama
+  neox,  ///< halves (x[i], x[i + n_rot/2]): qwen2, qwen3 (GPT-NeoX style)
+};
+
 /// Hyper-parameters of a Llama-family model.
 struct HParams {
   std::string arch = "llama";
@@ -63,6 +71,7 @@ struct HParams {
   int n_rot = 0;            ///< rotary dimensions per head (usually head_dim)
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  RopeType rope_type = RopeType::norm;
   bool tied_output = false; ///< the classifier is the token embedding
 };
 
@@ -71,7 +80,8 @@ struct HParams {
 /// Meta's checkpoints: within each head, elements (2i, 2i+1) form one rotated
 /// pair. GGUF "llama" files use the same order (llama.cpp's converters permute
 /// HF's rotate-half layout into it; its llama2.c converter copies unchanged),
-/// so one RoPE serves both formats.
+/// so one RoPE serves both formats. qwen2 and qwen3 files keep HF's
+/// rotate-half rows: HParams::rope_type says neox and RoPE pairs (i, i + n_rot/2).
 struct LayerWeights {
   TensorView attn_norm;     ///< [n_embd]
   TensorView wq;            ///< [n_head*head_dim][n_embd]
@@ -82,10 +92,21 @@ struct LayerWeights {
   TensorView w_gate;        ///< [n_ff][n_embd]  (llama2.c w1)
   TensorView w_down;        ///< [n_embd][n_ff]  (llama2.c w2)
   TensorView w_up;          ///< [n_ff][n_embd]  (llama2.c w3)
+  // Optional, as the architecture says (empty when absent):
+  TensorView bq;            ///< [n_head*head_dim] added after wq (qwen2)
+  TensorView bk;            ///< [n_head_kv*head_dim] added after wk
+  TensorView bv;            ///< [n_head_kv*head_dim] added after wv
+  TensorView q_norm;        ///< [head_dim] RMSNorm of each query head before RoPE (qwen3)
+  TensorView k_norm;        ///< [head_dim] RMSNorm of each key head before RoPE
 
-  /// Every tensor of the layer, norms included.
-  std::array<const TensorView*, 9> tensors() const {
-    return {&attn_norm, &wq, &wk, &wv, &wo, &ffn_norm, &w_gate, &w_down, &w_up};
+  /// The seven matrices.
+  std::array<const TensorView*, 7> matrices() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_down, &w_up}; }
+  /// Every tensor the layer has, norms and optional vectors included.
+  std::vector<const TensorView*> tensors() const {
+    std::vector<const TensorView*> out = {&attn_norm, &wq, &wk, &wv, &wo, &ffn_norm, &w_gate, &w_down, &w_up};
+    for (const TensorView* t : {&bq, &bk, &bv, &q_norm, &k_norm})
+      if (!t->empty()) out.push_back(t);
+    return out;
   }
 };
 
@@ -94,6 +115,9 @@ struct Weights {
   std::vector<LayerWeights> layers;
   TensorView output_norm;   ///< [n_embd]
   TensorView output;        ///< [n_vocab][n_embd]; equals tok_embd when tied
+  /// [n_rot/2] Llama 3 RoPE scaling: pair i's frequency is divided by
+  /// rope_freqs[i] (llama.cpp's freq_factors), in every layer; empty when absent.
+  TensorView rope_freqs;
 };
 
 /// What a tokenizer needs, from GGUF metadata (tokenizer.ggml.*) or from a

@@ -94,6 +94,46 @@ TEST_F(ArchRefs, AnotherModelsReferencesFail) {
   EXPECT_GT(o.logit_error, kF32Tolerance.logit_rel);
 }
 
+TEST_F(ArchRefs, EachArchitectureFeatureIsNeeded) {
+  // The arch-refs README's sensitivity table, on the engine: each model with
+  // one of its features turned off fails its references at TP 1, so passing
+  // them shows that feature is applied. Ignoring rope_freqs changes no token
+  // at these positions, only the logits (by ~4e-4 of max |logit|).
+  if (!missing.empty()) GTEST_SKIP() << missing << " not found (set FTP_TEST_DATA)";
+  struct Variant {
+    const char* file;
+    const char* change;
+    void (*apply)(ftp::model::Model&);
+  };
+  const Variant variants[] = {
+      {"llama3-ropefreqs-f32.gguf", "without rope_freqs", [](ftp::model::Model& m) { m.weights.rope_freqs = {}; }},
+      {"llama-f32.gguf", "with NEOX RoPE", [](ftp::model::Model& m) { m.hparams.rope_type = ftp::model::RopeType::neox; }},
+      {"qwen2-f32.gguf", "with llama's RoPE", [](ftp::model::Model& m) { m.hparams.rope_type = ftp::model::RopeType::norm; }},
+      {"qwen2-f32.gguf", "without q/k/v biases",
+       [](ftp::model::Model& m) {
+         for (auto& l : m.weights.layers) l.bq = l.bk = l.bv = {};
+       }},
+      {"qwen3-f32.gguf", "without q/k norms",
+       [](ftp::model::Model& m) {
+         for (auto& l : m.weights.layers) l.q_norm = l.k_norm = {};
+       }},
+  };
+  for (const Variant& var : variants) {
+    const std::string file = arch_refs_dir() + "/" + var.file;
+    if (!std::filesystem::exists(file)) GTEST_SKIP() << file << " not found";
+    auto model = std::make_unique<ftp::model::Model>(ftp::model::load_model(file));
+    var.apply(*model);
+    const ftp::engine::WeightStore store(*model);
+    int failed = 0;
+    for (const LlamaRef& ref : refs_of_model(refs, var.file)) {
+      const RefOutcome o = run_llama_ref(store, ref_gears(model->hparams).at(0), ref, kF32Tolerance);
+      failed += o.logit_error >= kF32Tolerance.logit_rel || !o.token_failure.empty();
+    }
+    // The BOS-only prompt cannot see RoPE in its first logits; the others must fail.
+    EXPECT_GE(failed, 3) << var.file << " " << var.change << " passed llama.cpp's references";
+  }
+}
+
 std::string test_name(const ::testing::TestParamInfo<RefModel>& info) {
   std::string s = info.param.file;
   if (auto dot = s.rfind(".gguf"); dot != std::string::npos) s.resize(dot);

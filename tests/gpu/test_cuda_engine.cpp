@@ -3,8 +3,8 @@
 // stories260K greedy tokens at TP 1 and at TP 2 with both ranks on one GPU
 // (graphs on and off), logits of synthetic models in F32/F16/BF16/Q8_0 for
 // a prefill batch (cuBLAS path) and decode batches (GEMV, graphs), several
-// sequences at once, and a domain of another gear built beside a running
-// one. Plain main: exit 77 (skip) without a GPU or without the data.
+// sequences at once, a domain of another gear built beside a running one,
+// and the arch-refs F32 models against llama.cpp. Plain main: exit 77 (skip) without a GPU or without the data.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +27,7 @@
 #include "engine/weight_store.hpp"
 #include "kernels/launch.cuh"
 #include "model/model.hpp"
+#include "llama_refs.hpp"
 #include "synthetic_gguf.hpp"
 #include "test_data.hpp"
 #include "gpu_tests.hpp"
@@ -331,6 +332,40 @@ void another_gear(Backend& cuda, const std::filesystem::path& dir) {
 
 }  // namespace
 
+/// The arch-refs F32 models (llama, Llama 3 rope_freqs + tied, qwen2,
+/// qwen3) against llama.cpp on the CUDA backend, at TP 1 and the largest
+/// TP x PP (every rank on GPU 0), as tests/engine/test_arch_refs.cpp does on
+/// the CPU.
+void arch_refs(Backend& cuda) {
+  using namespace ftp::test;
+  const std::string refs_path = arch_refs_dir() + "/references.jsonl";
+  if (!std::filesystem::exists(refs_path)) {
+    std::printf("skip arch-refs: %s not found\n", refs_path.c_str());
+    return;
+  }
+  const auto refs = read_llama_refs(refs_path);
+  for (const RefModel& rm : supported_ref_models()) {
+    if (rm.weights != RefWeights::f32) continue;
+    const std::string file = arch_refs_dir() + "/" + rm.file;
+    if (!std::filesystem::exists(file)) {
+      std::printf("skip arch-refs %s: not found\n", file.c_str());
+      continue;
+    }
+    const ftp::model::Model m = ftp::model::load_model(file);
+    const WeightStore store(m);
+    const RefTolerance tol = tolerance_of(rm.weights);
+    for (const RefGear& gear : ref_gears(m.hparams))
+      for (const LlamaRef& ref : refs_of_model(refs, rm.file)) {
+        const RefOutcome o = run_llama_ref(store, gear, ref, tol, &cuda);
+        char line[160];
+        std::snprintf(line, sizeof line, "logits %.2e", o.logit_error);
+        const std::string what = "arch-refs " + std::string(rm.file) + " \"" + ref.prompt + "\" at " + gear.name + ": ";
+        check(o.logit_error < tol.logit_rel, what + line);
+        check(o.token_failure.empty(), what + "greedy tokens" + (o.token_failure.empty() ? "" : ": " + o.token_failure));
+      }
+  }
+}
+
 int main() {
   std::vector<ftp::backend::GpuInfo> gpus;
   if (int rc = ftp::test::discover_gpus_or_skip(gpus); rc != 0) return rc;
@@ -344,6 +379,7 @@ int main() {
     synthetic_logits(cuda, dir);
     refuses_pending_types(cuda, dir);
     another_gear(cuda, dir);
+    arch_refs(cuda);
     if (gpus.size() > 1) {
       std::vector<int> all;
       for (const auto& g : gpus) all.push_back(g.index);

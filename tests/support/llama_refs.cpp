@@ -101,6 +101,9 @@ const std::vector<RefModel>& supported_ref_models() {
   // One line per model file the engine supports.
   static const std::vector<RefModel> models = {
       {"llama-f32.gguf", RefWeights::f32},
+      {"llama3-ropefreqs-f32.gguf", RefWeights::f32},
+      {"qwen2-f32.gguf", RefWeights::f32},
+      {"qwen3-f32.gguf", RefWeights::f32},
       {"llama-BF16.gguf", RefWeights::reduced},
       {"llama-Q8_0.gguf", RefWeights::reduced},
       {"llama-Q4_0.gguf", RefWeights::reduced},
@@ -113,6 +116,7 @@ const std::vector<RefModel>& supported_ref_models() {
       {"llama-Q5_K-pure.gguf", RefWeights::reduced},
       {"llama-Q6_K-pure.gguf", RefWeights::reduced},
       {"llama-Q4_K_M.gguf", RefWeights::reduced},
+      {"qwen2-Q4_K_M.gguf", RefWeights::reduced},
   };
   return models;
 }

@@ -116,13 +116,18 @@ void DeviceWeights::for_each_needed(const Span& sp, Tensor&& tensor, Vec&& vec) 
   const auto E = static_cast<std::size_t>(w_.hparams().n_embd);
   for (int L = sp.first; L < sp.first + sp.n; ++L) {
     const auto& layer = m.weights.layers[static_cast<std::size_t>(L)];
-    for (const model::TensorView* t : layer.tensors())
-      if (t != &layer.attn_norm && t != &layer.ffn_norm) tensor(t);
-    // The norms as the store converted them to float32 (any tp/rank: the same vectors).
+    for (const model::TensorView* t : layer.matrices()) tensor(t);
+    // The vectors as the store converted them to float32 (tp 1: whole; every
+    // rank's VecView is a range of the same vector).
     const RankLayerView v = w_.layer(L, 1, 0);
+    const auto hd = static_cast<std::size_t>(w_.hparams().head_dim);
     vec(v.attn_norm, E, "attn_norm");
     vec(v.ffn_norm, E, "ffn_norm");
+    for (const VecView* b : {&v.bq, &v.bk, &v.bv}) vec(b->base, static_cast<std::size_t>(b->n), "attention bias");
+    vec(v.q_norm, hd, "attn_q_norm");
+    vec(v.k_norm, hd, "attn_k_norm");
   }
+  if (sp.n > 0) vec(w_.rope_freqs(), static_cast<std::size_t>(w_.hparams().n_rot / 2), "rope_freqs");
   if (sp.embedding) tensor(&m.weights.tok_embd);
   if (sp.output) {
     tensor(w_.output().t);
