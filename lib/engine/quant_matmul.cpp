@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -79,7 +80,7 @@ void fake_q8_k(const float* x, int n, float* out) {
 }
 
 #if defined(__x86_64__)
-#define FTP_AVX2 __attribute__((target("avx2,fma")))
+#define FTP_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 FTP_AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -114,6 +115,95 @@ FTP_AVX2 void dots(const float* x, const float* const* wr, int k, float* out, st
     out[r * ldo] = v;
   }
 }
+
+FTP_AVX2 inline float half_at(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+/// w x x for 8 weights into acc: w = float(q) * d - m as the block decoder
+/// computes them (a product, then a difference: the same bits).
+FTP_AVX2 inline __m256 fma_weights(__m256i q, __m256 d, __m256 m, const float* x, __m256 acc) {
+  const __m256 w = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m);
+  return _mm256_fmadd_ps(w, _mm256_loadu_ps(x), acc);
+}
+
+/// One token against R rows of Q4_0 / Q4_K decoded in registers: the
+/// weights are those model::quant::dequantize writes, and each lands in the
+/// accumulator and in the order dots<R> would use for the decoded row
+/// (columns 16m..16m+7 in a[r][0], 16m+8..16m+15 in a[r][1], m rising), so
+/// the result is bit-identical to decoding into the buffer and dotting:
+/// t = 1 (this path) and t > 1 (the buffer) agree. Whole blocks only.
+template <int R>
+FTP_AVX2 void q4_0_rows(const float* x, const std::uint8_t* const* rows, std::int64_t nb, float* out) {
+  __m256 a[R][2];
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+  const __m256 zero = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * 32;
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* blk = rows[r] + b * 18;
+      const __m256 d = _mm256_set1_ps(half_at(blk));
+      for (int l = 0; l < 16; l += 8) {
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + l)));
+        const __m256i lo = _mm256_sub_epi32(_mm256_and_si256(v, low), eight);
+        const __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(v, 4), eight);
+        a[r][l / 8] = fma_weights(lo, d, zero, xb + l, a[r][l / 8]);
+        a[r][l / 8] = fma_weights(hi, d, zero, xb + 16 + l, a[r][l / 8]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(a[r][0], a[r][1]));
+}
+
+template <int R>
+FTP_AVX2 void q4_k_rows(const float* x, const std::uint8_t* const* rows, std::int64_t nb, float* out) {
+  __m256 a[R][2];
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi32(0x0f);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * 256;
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* blk = rows[r] + b * 144;
+      const float d = half_at(blk), dmin = half_at(blk + 2);
+      const std::uint8_t* sc = blk + 4;
+      for (int c = 0; c < 4; ++c) {
+        // The 6-bit scale and min of groups 2c and 2c + 1 (model/quant.cpp's scale_min_k4).
+        int s1, m1, s2, m2;
+        const int j = 2 * c;
+        if (j < 4) {
+          s1 = sc[j] & 63, m1 = sc[j + 4] & 63;
+          s2 = sc[j + 1] & 63, m2 = sc[j + 5] & 63;
+        } else {
+          s1 = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4), m1 = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+          s2 = (sc[j + 5] & 0x0f) | ((sc[j - 3] >> 6) << 4), m2 = (sc[j + 5] >> 4) | ((sc[j + 1] >> 6) << 4);
+        }
+        const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(s1)), n1 = _mm256_set1_ps(dmin * static_cast<float>(m1));
+        const __m256 d2 = _mm256_set1_ps(d * static_cast<float>(s2)), n2 = _mm256_set1_ps(dmin * static_cast<float>(m2));
+        const std::uint8_t* q = blk + 16 + 32 * c;
+        const float* xc = xb + 64 * c;
+        __m256i v[4];
+        for (int l = 0; l < 4; ++l) v[l] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * l)));
+        for (int l = 0; l < 4; ++l) a[r][l & 1] = fma_weights(_mm256_and_si256(v[l], low), d1, n1, xc + 8 * l, a[r][l & 1]);
+        for (int l = 0; l < 4; ++l) a[r][l & 1] = fma_weights(_mm256_srli_epi32(v[l], 4), d2, n2, xc + 32 + 8 * l, a[r][l & 1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(a[r][0], a[r][1]));
+}
+
+using RowsFn = void (*)(const float*, const std::uint8_t* const*, std::int64_t, float*);
+
+/// The register-decoding kernels for one token, where there is one.
+bool fused_rows(model::DType t, RowsFn& four, RowsFn& one) {
+  switch (t) {
+    case model::DType::q4_0: four = q4_0_rows<4>, one = q4_0_rows<1>; return true;
+    case model::DType::q4_k: four = q4_k_rows<4>, one = q4_k_rows<1>; return true;
+    default: return false;
+  }
+}
 #endif
 
 const float* quantized_activations(const MatView& w, const float* x, int t) {
@@ -144,6 +234,22 @@ void matmul_quant(const float* x, const MatView& w, float* out, int t) {
   const Decoder d(w);
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   x = quantized_activations(w, x, t);
+  RowsFn four = nullptr, one = nullptr;
+  if (t == 1 && d.lead == 0 && k % d.b.elems == 0 && fused_rows(w.t->dtype, four, one)) {
+    // One token (decode at batch 1, bound by memory): no buffer round trip.
+    const auto* base = static_cast<const std::uint8_t*>(w.t->data) + static_cast<std::size_t>(d.b0) * d.b.bytes;
+    const std::uint8_t* rows[kRows];
+    for (std::int64_t i = 0; i < n; i += kRows) {
+      const int r = static_cast<int>(std::min<std::int64_t>(kRows, n - i));
+      for (int j = 0; j < r; ++j) rows[j] = base + static_cast<std::size_t>(w.r0 + i + j) * d.row_bytes;
+      if (r == kRows) {
+        four(x, rows, d.nblk, out + i);
+      } else {
+        for (int j = 0; j < r; ++j) one(x, rows + j, d.nblk, out + i + j);
+      }
+    }
+    return;
+  }
   float* buf = buffer(kRows * d.ld).data();
   for (std::int64_t i = 0; i < n; i += kRows) {
     const int rows = static_cast<int>(std::min<std::int64_t>(kRows, n - i));
