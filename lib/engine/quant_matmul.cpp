@@ -18,8 +18,9 @@ namespace {
 
 constexpr int kRows = 4;  // rows decoded and dotted together
 
-/// The rows [i, i + rows) of the view decoded into buf (row r at r x ld);
-/// returns the offset of the view's first column in each decoded row.
+/// Where a view's blocks lie, and decode(): rows [i, i + rows) of the view
+/// decoded into buf (row r at r x ld floats), the view's first column at
+/// `lead` in each decoded row.
 struct Decoder {
   const model::TensorView& tv;
   const MatView& w;
@@ -55,7 +56,7 @@ std::vector<float>& buffer(std::int64_t floats) {
 }
 
 /// One block of n activations as Q8_0/Q8_1 values.
-void fake_q8_0(const float* x, int n, float* out) {
+void q8_0_values(const float* x, int n, float* out) {
   float amax = 0;
   for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float d = model::quant::f16_to_f32(model::quant::f32_to_f16(amax / 127.0f));
@@ -64,7 +65,7 @@ void fake_q8_0(const float* x, int n, float* out) {
 }
 
 /// One block of n activations as Q8_K values.
-void fake_q8_k(const float* x, int n, float* out) {
+void q8_k_values(const float* x, int n, float* out) {
   float amax = 0, max = 0;
   for (int j = 0; j < n; ++j)
     if (std::fabs(x[j]) > amax) {
@@ -223,8 +224,8 @@ void quantize_activations(model::DType w, const float* x, int t, int k, float* o
     for (int j = 0; j < k; j += B) {
       const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(u) * k + j;
       const int n = std::min(B, k - j);
-      if (k_quant) fake_q8_k(x + o, n, out + o);
-      else fake_q8_0(x + o, n, out + o);
+      if (k_quant) q8_k_values(x + o, n, out + o);
+      else q8_0_values(x + o, n, out + o);
     }
 }
 

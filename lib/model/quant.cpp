@@ -5,9 +5,11 @@
 
 #include "core/error.hpp"
 
-// ggml's reference rounds every product before the add (it is C, built
-// without contraction in ggml-base); GCC contracts a * b + c into an FMA in
-// C++ unless told not to, which would change the last bit.
+// ggml's reference rounds each product before the add or subtraction. The
+// products of these formats are exact in float (a half's 11 bits times at
+// most 13 bits of scale and quant), so a fused multiply-add would give the
+// same bits; contraction (GCC's default in C++) is turned off all the same,
+// so that the code computes what it says.
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #elif defined(__GNUC__)

@@ -6,8 +6,9 @@
 // K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (super-blocks of 256 weights).
 // Layouts are ggml's (ggml-common.h, block_q4_0 ... block_q6_K); f16 fields
 // are IEEE half, little-endian. Dequantization follows ggml's reference
-// dequantize_row_* to the bit: the same float operations in the same order,
-// never fused (meson builds in ISO C++ mode, so -ffp-contract=off).
+// dequantize_row_* to the bit: the same float operations in the same order
+// (every product in them is exact in float, so only the one add or
+// subtraction rounds; quant.cpp turns contraction off all the same).
 //
 //   Q4_0  18 B: d f16 | qs[16]               w[j] = (lo4 - 8) d,    w[j+16] = (hi4 - 8) d
 //   Q4_1  20 B: d, m f16 | qs[16]            w = q d + m
