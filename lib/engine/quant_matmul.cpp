@@ -130,35 +130,12 @@ FTP_AVX2 inline __m256 fma_weights(__m256i q, __m256 d, __m256 m, const float* x
   return _mm256_fmadd_ps(w, _mm256_loadu_ps(x), acc);
 }
 
-/// One token against R rows of Q4_0 / Q4_K decoded in registers: the
+/// One token against R rows of Q4_K decoded in registers: the
 /// weights are those model::quant::dequantize writes, and each lands in the
 /// accumulator and in the order dots<R> would use for the decoded row
 /// (columns 16m..16m+7 in a[r][0], 16m+8..16m+15 in a[r][1], m rising), so
 /// the result is bit-identical to decoding into the buffer and dotting:
 /// t = 1 (this path) and t > 1 (the buffer) agree. Whole blocks only.
-template <int R>
-FTP_AVX2 void q4_0_rows(const float* x, const std::uint8_t* const* rows, std::int64_t nb, float* out) {
-  __m256 a[R][2];
-  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
-  const __m256 zero = _mm256_setzero_ps();
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * 32;
-    for (int r = 0; r < R; ++r) {
-      const std::uint8_t* blk = rows[r] + b * 18;
-      const __m256 d = _mm256_set1_ps(half_at(blk));
-      for (int l = 0; l < 16; l += 8) {
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + l)));
-        const __m256i lo = _mm256_sub_epi32(_mm256_and_si256(v, low), eight);
-        const __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(v, 4), eight);
-        a[r][l / 8] = fma_weights(lo, d, zero, xb + l, a[r][l / 8]);
-        a[r][l / 8] = fma_weights(hi, d, zero, xb + 16 + l, a[r][l / 8]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(a[r][0], a[r][1]));
-}
-
 template <int R>
 FTP_AVX2 void q4_k_rows(const float* x, const std::uint8_t* const* rows, std::int64_t nb, float* out) {
   __m256 a[R][2];
@@ -195,12 +172,99 @@ FTP_AVX2 void q4_k_rows(const float* x, const std::uint8_t* const* rows, std::in
   for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(a[r][0], a[r][1]));
 }
 
+/// Q4_0 with the activations as Q8_0 integers, llama.cpp's scheme: per
+/// block of 32, the int8 dot of the weights' (q - 8) and the activations'
+/// quants (maddubs on |w| and the sign-adjusted x, exact in int32), scaled
+/// by d_w x d_x in float. R rows x T tokens; each output sums its blocks in
+/// order in 8 lanes whatever T, so a token's result does not depend on the
+/// batch. Views of whole blocks only.
+template <int R, int T>
+FTP_AVX2 void q4_0_int(const std::int8_t* xq, const float* xd, int k, const std::uint8_t* const* rows, float* out,
+                       int ldo) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps();
+  const int nb = k / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m128i low = _mm_set1_epi8(0x0f);
+  const __m256i eight = _mm256_set1_epi8(8);
+  for (int b = 0; b < nb; ++b) {
+    __m256i xv[T];
+    __m256 dx[T];
+    for (int u = 0; u < T; ++u) {
+      xv[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + static_cast<std::ptrdiff_t>(u) * k + b * 32));
+      dx[u] = _mm256_set1_ps(xd[static_cast<std::ptrdiff_t>(u) * nb + b]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 18;
+      const __m256 dw = _mm256_set1_ps(half_at(blk));
+      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+      // Weights 0..15 from the low nibbles, 16..31 from the high ones, minus 8.
+      const __m256i w = _mm256_sub_epi8(
+          _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low), _mm_and_si128(qs, low)), eight);
+      const __m256i aw = _mm256_sign_epi8(w, w);
+      for (int u = 0; u < T; ++u) {
+        const __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[u], w));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        acc[r][u] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[u]), p, acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(acc[r][u]);
+}
+
+/// The activations of t tokens as Q8_0 integers and f16-rounded scales, the
+/// values q8_0_values gives (q x d).
+struct Q8Ints {
+  std::vector<std::int8_t> q;  // [t][k]
+  std::vector<float> d;        // [t][k / 32]
+};
+
+void q8_0_ints(const float* x, int t, int k, Q8Ints& a) {
+  const int nb = k / 32;
+  a.q.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(k));
+  a.d.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(nb));
+  for (int u = 0; u < t; ++u)
+    for (int b = 0; b < nb; ++b) {
+      const float* p = x + static_cast<std::ptrdiff_t>(u) * k + b * 32;
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(p[j]));
+      a.d[static_cast<std::size_t>(u) * nb + b] = model::quant::f16_to_f32(model::quant::f32_to_f16(amax / 127.0f));
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      for (int j = 0; j < 32; ++j)
+        a.q[static_cast<std::size_t>(u) * k + b * 32 + j] = static_cast<std::int8_t>(std::nearbyint(p[j] * id));
+    }
+}
+
+/// Q4_0 over whole blocks: rows by 4 (then 1), tokens by up to 3.
+void matmul_q4_0_int(const float* x, const MatView& w, const Decoder& d, float* out, int t) {
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  thread_local Q8Ints a;
+  q8_0_ints(x, t, k, a);
+  using Fn = void (*)(const std::int8_t*, const float*, int, const std::uint8_t* const*, float*, int);
+  static constexpr Fn k4[4] = {nullptr, q4_0_int<4, 1>, q4_0_int<4, 2>, q4_0_int<4, 3>};
+  static constexpr Fn k1[4] = {nullptr, q4_0_int<1, 1>, q4_0_int<1, 2>, q4_0_int<1, 3>};
+  const auto* base = static_cast<const std::uint8_t*>(w.t->data) + static_cast<std::size_t>(d.b0) * d.b.bytes;
+  const int nb = k / 32;
+  for (int i = 0; i < n;) {
+    const int rows = n - i >= 4 ? 4 : 1;
+    const std::uint8_t* wr[4];
+    for (int r = 0; r < rows; ++r) wr[r] = base + static_cast<std::size_t>(w.r0 + i + r) * d.row_bytes;
+    for (int u = 0; u < t; u += 3) {
+      const int g = std::min(3, t - u);
+      (rows == 4 ? k4 : k1)[g](a.q.data() + static_cast<std::ptrdiff_t>(u) * k, a.d.data() + static_cast<std::ptrdiff_t>(u) * nb,
+                               k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+    }
+    i += rows;
+  }
+}
+
 using RowsFn = void (*)(const float*, const std::uint8_t* const*, std::int64_t, float*);
 
 /// The register-decoding kernels for one token, where there is one.
 bool fused_rows(model::DType t, RowsFn& four, RowsFn& one) {
   switch (t) {
-    case model::DType::q4_0: four = q4_0_rows<4>, one = q4_0_rows<1>; return true;
     case model::DType::q4_k: four = q4_k_rows<4>, one = q4_k_rows<1>; return true;
     default: return false;
   }
@@ -234,6 +298,7 @@ void matmul_quant(const float* x, const MatView& w, float* out, int t) {
   if (t == 0 || w.rows == 0) return;
   const Decoder d(w);
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  if (w.t->dtype == model::DType::q4_0 && d.lead == 0 && k % 32 == 0) return matmul_q4_0_int(x, w, d, out, t);
   x = quantized_activations(w, x, t);
   RowsFn four = nullptr, one = nullptr;
   if (t == 1 && d.lead == 0 && k % d.b.elems == 0 && fused_rows(w.t->dtype, four, one)) {

@@ -37,6 +37,10 @@ void quantize_activations(model::DType w, const float* x, int t, int k, float* o
 /// view's columns are used (the activation blocks then start at the view's
 /// first column; WeightStore refuses such row-parallel splits, so a gear's
 /// ranks quantize the activations as one rank would).
+/// Q4_0 views of whole blocks take llama.cpp's integer scheme instead: the
+/// activations as Q8_0 integers, int8 dots per block scaled by d_w x d_x
+/// (the same values up to float rounding of the sums), for every t. Q4_K at
+/// t = 1 decodes in registers, bit-identical to the buffered rows.
 /// Uses AVX2/FMA where the CPU has them (callers check, see ops::matmul);
 /// matmul_quant_scalar is the same sum order in plain C++.
 void matmul_quant(const float* x, const MatView& w, float* out, int t);
