@@ -11,4 +11,8 @@ namespace ftp::kernels {
 /// status; does not synchronise.
 cudaError_t add_f32(float* x, const float* y, std::size_t n, cudaStream_t stream);
 
+/// Bias add: x[r][i] += b[i] for t rows of n floats, device pointers (the
+/// q/k/v biases of qwen2). Returns the launch status; does not synchronise.
+cudaError_t add_bias_f32(float* x, const float* b, int t, int n, cudaStream_t stream);
+
 }  // namespace ftp::kernels

@@ -75,18 +75,31 @@ __device__ __forceinline__ float load_weight(const void* base, WeightDType dt, s
   return 0.0f;
 }
 
-/// RoPE of the adjacent pair (v[0], v[1]) at dimension i of n_rot, position p:
-/// angle = p x theta^(-i / n_rot), computed in float as engine::ops::rope.
-/// Reads both values before writing (out0/out1 may be v / v + 1).
-__device__ __forceinline__ void rope_rotate(const float* v, float p, int i, int n_rot, float theta, float* out0,
-                                            float* out1) {
-  const float freq = 1.0f / powf(theta, static_cast<float>(i) / static_cast<float>(n_rot));
-  const float a = p * freq;
-  float s, c;
-  sincosf(a, &s, &c);
-  const float v0 = v[0], v1 = v[1];
-  *out0 = v0 * c - v1 * s;
-  *out1 = v0 * s + v1 * c;
+/// RoPE pair j (j < n_rot / 2) of a head: its two dimensions, (2j, 2j + 1)
+/// for llama's pairing, (j, j + n_rot / 2) for NEOX; and its angle at
+/// position p, p x theta^(-2j / n_rot) / freq_factors[j] (freq_factors
+/// null: 1), computed in float as engine::ops::rope.
+struct RopePair {
+  int d0, d1;
+  float c, s;  ///< cos and sin of the angle
+};
+__device__ __forceinline__ RopePair rope_pair(float p, int j, int n_rot, float theta, bool neox,
+                                              const float* __restrict__ freq_factors) {
+  float freq = 1.0f / powf(theta, static_cast<float>(2 * j) / static_cast<float>(n_rot));
+  if (freq_factors) freq /= freq_factors[j];
+  RopePair r;
+  r.d0 = neox ? j : 2 * j;
+  r.d1 = neox ? j + n_rot / 2 : 2 * j + 1;
+  sincosf(p * freq, &r.s, &r.c);
+  return r;
+}
+
+/// Rotates (h[d0], h[d1]) of head `h` by pair `r` into out0, out1 (reads
+/// both before writing: they may be h + d0, h + d1).
+__device__ __forceinline__ void rope_rotate(const float* h, const RopePair& r, float* out0, float* out1) {
+  const float v0 = h[r.d0], v1 = h[r.d1];
+  *out0 = v0 * r.c - v1 * r.s;
+  *out1 = v0 * r.s + v1 * r.c;
 }
 
 /// float32 -> f16 / bf16, round to nearest even.

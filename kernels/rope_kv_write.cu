@@ -6,7 +6,8 @@ namespace ftp::kernels {
 namespace {
 
 __global__ void rope_kv_kernel(float* q, int nq, float* k, const float* __restrict__ v, int nkv, int hd, int n_rot,
-                               const int* __restrict__ pos, float theta, float* k_pages, float* v_pages, int block_tokens,
+                               const int* __restrict__ pos, float theta, bool neox,
+                               const float* __restrict__ freq_factors, float* k_pages, float* v_pages, int block_tokens,
                                const int* __restrict__ slots) {
   detail::pdl_begin();
   const int r = blockIdx.x, pairs = n_rot / 2;
@@ -19,18 +20,19 @@ __global__ void rope_kv_kernel(float* q, int nq, float* k, const float* __restri
   float* kr = k + static_cast<std::int64_t>(r) * nkv * hd;
   const float* vr = v + static_cast<std::int64_t>(r) * nkv * hd;
   for (int e = threadIdx.x; e < nq * pairs; e += blockDim.x) {
-    const int h = e / pairs, i = 2 * (e % pairs);
-    float* x = qr + h * hd + i;
-    detail::rope_rotate(x, p, i, n_rot, theta, &x[0], &x[1]);
+    float* x = qr + (e / pairs) * hd;
+    const detail::RopePair rp = detail::rope_pair(p, e % pairs, n_rot, theta, neox, freq_factors);
+    detail::rope_rotate(x, rp, &x[rp.d0], &x[rp.d1]);
   }
   for (int e = threadIdx.x; e < nkv * pairs; e += blockDim.x) {
-    const int h = e / pairs, i = 2 * (e % pairs);
-    float* x = kr + h * hd + i;
+    const int h = e / pairs;
+    float* x = kr + h * hd;
+    const detail::RopePair rp = detail::rope_pair(p, e % pairs, n_rot, theta, neox, freq_factors);
     float a, b;
-    detail::rope_rotate(x, p, i, n_rot, theta, &a, &b);
-    x[0] = a, x[1] = b;
-    k_pages[page(h, i)] = a;
-    k_pages[page(h, i + 1)] = b;
+    detail::rope_rotate(x, rp, &a, &b);
+    x[rp.d0] = a, x[rp.d1] = b;
+    k_pages[page(h, rp.d0)] = a;
+    k_pages[page(h, rp.d1)] = b;
   }
   // Dimensions past the rotated pairs, and all of v.
   const int rest = hd - 2 * pairs;
@@ -44,12 +46,12 @@ __global__ void rope_kv_kernel(float* q, int nq, float* k, const float* __restri
 }  // namespace
 
 cudaError_t rope_kv_write_f32(float* q, int n_q_heads, float* k, const float* v, int kv_heads, int t, int head_dim,
-                              int n_rot, const int* pos, float theta, float* k_pages, float* v_pages, int block_tokens,
-                              const int* slots, cudaStream_t stream) {
+                              int n_rot, const int* pos, float theta, bool neox, const float* freq_factors,
+                              float* k_pages, float* v_pages, int block_tokens, const int* slots, cudaStream_t stream) {
   if (t <= 0) return cudaSuccess;
   if (n_rot > head_dim || block_tokens <= 0 || head_dim <= 0) return cudaErrorInvalidValue;
   detail::launch(rope_kv_kernel, t, 256, 0, stream, q, n_q_heads, k, v, kv_heads, head_dim, n_rot < 0 ? 0 : n_rot, pos, theta,
-                                        k_pages, v_pages, block_tokens, slots);
+                 neox, freq_factors, k_pages, v_pages, block_tokens, slots);
   return cudaGetLastError();
 }
 

@@ -8,13 +8,15 @@ namespace ftp::kernels {
 /// RoPE of q and k and the KV-cache write of k and v, in one launch
 /// (kernels::rope_f32 on q, rope_f32 on k, then kv_write_f32: the same
 /// arithmetic). For each of t rows: q (rows of n_q_heads x head_dim) and k
-/// (rows of kv_heads x head_dim) are rotated in place on adjacent pairs of
-/// their first n_rot dimensions at position pos[r]; the rotated k row and
+/// (rows of kv_heads x head_dim) are rotated in place on the pairs of their
+/// first n_rot dimensions at position pos[r] (adjacent, or halves with
+/// `neox`; frequencies divided by freq_factors[n_rot/2] unless it is null:
+/// kernels::rope_f32); the rotated k row and
 /// the v row (rows of kv_heads x head_dim) are written to slot slots[r] of
 /// this layer's pages [block][kv_head][slot][head_dim]. Device pointers.
 /// Returns the launch status; does not synchronise.
 cudaError_t rope_kv_write_f32(float* q, int n_q_heads, float* k, const float* v, int kv_heads, int t, int head_dim,
-                              int n_rot, const int* pos, float theta, float* k_pages, float* v_pages, int block_tokens,
-                              const int* slots, cudaStream_t stream);
+                              int n_rot, const int* pos, float theta, bool neox, const float* freq_factors,
+                              float* k_pages, float* v_pages, int block_tokens, const int* slots, cudaStream_t stream);
 
 }  // namespace ftp::kernels

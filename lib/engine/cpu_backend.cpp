@@ -71,10 +71,22 @@ class CpuRank final : public RankBackend {
       if (const PackedQ8* p = packed_->find(w.t)) return ops::matmul_packed(x, *p, w, out, rows);
     ops::matmul(x, w, out, rows);
   }
+  void add_bias(float* x, const VecView& b) override {
+    const float* bias = b.data();
+    const int n = static_cast<int>(b.n);
+    for (int r = 0; r < b_->n_rows; ++r) {
+      float* xr = row(x, r, n);
+      for (int i = 0; i < n; ++i) xr[i] += bias[i];
+    }
+  }
+  void head_rmsnorm(float* v, const float* w, int n_heads) override {
+    const int hd = hp_.head_dim;
+    for (int h = 0; h < b_->n_rows * n_heads; ++h) ops::rmsnorm(row(v, h, hd), w, row(v, h, hd), hd, hp_.rms_eps);
+  }
   void rope(float* v, int n_heads) override {
     for (int r = 0; r < b_->n_rows; ++r)
       ops::rope(row(v, r, n_heads * hp_.head_dim), n_heads, hp_.head_dim, hp_.n_rot, b_->pos[static_cast<std::size_t>(r)],
-                hp_.rope_theta);
+                hp_.rope_theta, hp_.rope_type, w_.rope_freqs());
   }
   void kv_write(int layer, const float* k, const float* v) override {
     const int hd = hp_.head_dim, B = spec_.block_tokens;

@@ -153,6 +153,11 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
       be.matmul(xn, w.wq, q, T);
       be.matmul(xn, w.wk, k, T);
       be.matmul(xn, w.wv, v, T);
+      if (!w.bq.empty()) be.add_bias(q, w.bq);
+      if (!w.bk.empty()) be.add_bias(k, w.bk);
+      if (!w.bv.empty()) be.add_bias(v, w.bv);
+      if (w.q_norm) be.head_rmsnorm(q, w.q_norm, nq);
+      if (w.k_norm) be.head_rmsnorm(k, w.k_norm, nkv);
       be.rope(q, nq);
       be.rope(k, nkv);
       be.kv_write(L, k, v);

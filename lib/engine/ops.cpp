@@ -18,6 +18,8 @@
 #endif
 #include <vector>
 
+#include "engine/quant_matmul.hpp"
+
 namespace ftp::engine::ops {
 
 namespace {
@@ -30,8 +32,8 @@ void matmul_tiles(const float* x, const MatView& w, float* out, int t) {
   constexpr int kTile = 64;
   thread_local std::vector<float> tile, row;
   tile.resize(static_cast<std::size_t>(kTile) * k);
-  // Q8_0 converts whole blocks of 32: start at the block holding c0.
-  const std::int64_t lead = tv.dtype == model::DType::q8_0 ? w.c0 % 32 : 0;
+  // Quantized types convert whole blocks: start at the block holding c0.
+  const std::int64_t lead = w.c0 % model::dtype_block(tv.dtype);
   row.resize(static_cast<std::size_t>(lead + k));
   for (int i0 = 0; i0 < n; i0 += kTile) {
     int rows = std::min(kTile, n - i0);
@@ -823,6 +825,13 @@ void matmul_reference(const float* x, const MatView& w, float* out, int t) {
                 out, n);
     return;
   }
+  if (tv.dtype != model::DType::q8_0 && model::dtype_block(tv.dtype) > 1) {
+    // The other block types take the activations as llama.cpp quantizes them.
+    thread_local std::vector<float> xq;
+    xq.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(k));
+    quantize_activations(tv.dtype, x, t, k, xq.data());
+    return matmul_tiles(xq.data(), w, out, t);
+  }
   matmul_tiles(x, w, out, t);
 }
 
@@ -846,7 +855,9 @@ void matmul(const float* x, const MatView& w, float* out, int t) {
         if (w.c0 % 32 == 0 && w.cols % 32 == 0 && tv.cols % 32 == 0)
           return wide ? matmul_q8_vnni(x, w, out, t) : matmul_q8(x, w, out, t);
         break;
-      default: break;
+      case model::DType::f32: break;
+      default:  // the other block types: decoded a few rows at a time, float activations
+        return matmul_quant(x, w, out, t);
     }
   }
 #endif
@@ -871,23 +882,31 @@ void matmul_packed(const float* x, const PackedQ8& p, const MatView& w, float* o
   matmul(x, w, out, t);
 }
 
-void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta) {
+void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta, model::RopeType type,
+          const float* freq_factors) {
   // The angles depend on the pair only: computed once for every head.
+  const int pairs = n_rot / 2;
   thread_local std::vector<float> cs;
-  cs.resize(static_cast<std::size_t>(n_rot));
-  for (int i = 0; i + 1 < n_rot; i += 2) {
-    float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(n_rot));
-    float a = static_cast<float>(pos) * freq;
-    cs[static_cast<std::size_t>(i)] = std::cos(a);
-    cs[static_cast<std::size_t>(i) + 1] = std::sin(a);
+  cs.resize(static_cast<std::size_t>(2 * pairs));
+  for (int j = 0; j < pairs; ++j) {
+    float freq = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(n_rot));
+    if (freq_factors) freq /= freq_factors[j];
+    const float a = static_cast<float>(pos) * freq;
+    cs[static_cast<std::size_t>(2 * j)] = std::cos(a);
+    cs[static_cast<std::size_t>(2 * j) + 1] = std::sin(a);
   }
+  // Pair j is (p[j x step], p[j x step + other]).
+  const bool neox = type == model::RopeType::neox;
+  const int step = neox ? 1 : 2, other = neox ? pairs : 1;
   for (int h = 0; h < n_heads; ++h) {
     float* p = v + static_cast<std::ptrdiff_t>(h) * head_dim;
-    for (int i = 0; i + 1 < n_rot; i += 2) {
-      const float c = cs[static_cast<std::size_t>(i)], s = cs[static_cast<std::size_t>(i) + 1];
-      float v0 = p[i], v1 = p[i + 1];
-      p[i] = v0 * c - v1 * s;
-      p[i + 1] = v0 * s + v1 * c;
+    for (int j = 0; j < pairs; ++j) {
+      const float c = cs[static_cast<std::size_t>(2 * j)], s = cs[static_cast<std::size_t>(2 * j) + 1];
+      float& x0 = p[j * step];
+      float& x1 = p[j * step + other];
+      const float v0 = x0, v1 = x1;
+      x0 = v0 * c - v1 * s;
+      x1 = v0 * s + v1 * c;
     }
   }
 }

@@ -25,6 +25,11 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
 /// matmul_reference everywhere (for A/B measurements), FTP_MATMUL=avx2 the
 /// AVX2 kernels (both also turn matmul_packed into matmul). The CPU backend
 /// sends Q8_0 matrices that its store packed to matmul_packed instead.
+/// The other block types (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K) quantize the
+/// activations as llama.cpp does (quantize_activations), then dot them in
+/// float32 with the dequantized weights: matmul_quant
+/// (engine/quant_matmul.hpp) where the CPU has AVX2/FMA, matmul_reference
+/// elsewhere and under FTP_MATMUL=reference.
 void matmul(const float* x, const MatView& w, float* out, int t);
 
 /// matmul for a view of a Q8_0 tensor whose packed copy (PackedWeights,
@@ -54,9 +59,13 @@ MatmulKernels matmul_kernels();
 /// into a per-thread buffer, then sgemm.
 void matmul_reference(const float* x, const MatView& w, float* out, int t);
 
-/// Rotary embedding on adjacent pairs (v[2i], v[2i+1]) of each head, for
-/// the first n_rot dimensions: angle = pos x theta^(-2i / n_rot).
-void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta);
+/// Rotary embedding of each head's first n_rot dimensions, pair i (i <
+/// n_rot/2) turned by angle = pos x theta^(-2i / n_rot) / freq_factors[i]
+/// (freq_factors null: 1). The pairs are (v[2i], v[2i+1]) for RopeType::norm
+/// and (v[i], v[i + n_rot/2]) for RopeType::neox, as llama.cpp's
+/// rope_yarn without extrapolation.
+void rope(float* v, int n_heads, int head_dim, int n_rot, int pos, float theta,
+          model::RopeType type = model::RopeType::norm, const float* freq_factors = nullptr);
 
 /// g[i] = silu(g[i]) * u[i].
 void silu_mul(float* g, const float* u, std::size_t n);

@@ -113,8 +113,15 @@ class RankBackend {
   virtual void rmsnorm(const float* x, const float* w, float* out, int rows) = 0;
   /// out[rows][w.rows] = x[rows][w.cols] . W^T (ops::matmul's contract).
   virtual void matmul(const float* x, const MatView& w, float* out, int rows) = 0;
+  /// x[r][i] += b[i] for every batch row r and i < b.n (rows of b.n).
+  virtual void add_bias(float* x, const VecView& b) = 0;
+  /// In place, every head of every batch row (rows of n_heads x head_dim):
+  /// RMSNorm over its head_dim values (eps rms_eps) times w[head_dim]
+  /// (qwen3's per-head q and k norms).
+  virtual void head_rmsnorm(float* v, const float* w, int n_heads) = 0;
   /// Rotary embedding of every batch row at its position: `v` holds rows of
-  /// n_heads x head_dim.
+  /// n_heads x head_dim; the model's RoPE type and frequency factors
+  /// (WeightStore::rope_freqs), as ops::rope.
   virtual void rope(float* v, int n_heads) = 0;
   /// Writes the batch rows' K and V (rows of kv_heads x head_dim) into the
   /// pages of `layer` (index within the stage) at their slots.

@@ -20,9 +20,17 @@ Range split(int n, int parts, int index) {
 }
 
 std::vector<float> vec_f32(const model::TensorView& t) {
+  if (t.empty()) return {};
   std::vector<float> v(static_cast<std::size_t>(t.elements()));
   model::to_f32(t, 0, t.elements(), v.data());
   return v;
+}
+
+const float* or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+
+VecView slice(const std::vector<float>& v, std::int64_t first, std::int64_t n) {
+  if (v.empty()) return {};
+  return VecView{v.data(), first, n};
 }
 
 }  // namespace
@@ -62,12 +70,16 @@ WeightStore::WeightStore(const model::Model& m) : m_(m) {
   for (const auto& l : w.layers) {
     for (const auto* t : l.tensors())
       count(*t);
-    attn_norm_.push_back(vec_f32(l.attn_norm));
-    ffn_norm_.push_back(vec_f32(l.ffn_norm));
-    owned_bytes_ += (attn_norm_.back().size() + ffn_norm_.back().size()) * sizeof(float);
+    LayerVecs lv{vec_f32(l.attn_norm), vec_f32(l.ffn_norm), vec_f32(l.bq),     vec_f32(l.bk),
+                 vec_f32(l.bv),        vec_f32(l.q_norm),   vec_f32(l.k_norm)};
+    for (const auto* v : {&lv.attn_norm, &lv.ffn_norm, &lv.bq, &lv.bk, &lv.bv, &lv.q_norm, &lv.k_norm})
+      owned_bytes_ += v->size() * sizeof(float);
+    vecs_.push_back(std::move(lv));
   }
   output_norm_ = vec_f32(w.output_norm);
-  owned_bytes_ += output_norm_.size() * sizeof(float);
+  rope_freqs_ = vec_f32(w.rope_freqs);
+  count(w.rope_freqs);
+  owned_bytes_ += (output_norm_.size() + rope_freqs_.size()) * sizeof(float);
 }
 
 RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
@@ -75,8 +87,14 @@ RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
   const auto& hp = m_.hparams;
   RankLayerView v = split_rank(hp, tp, rank);
   const std::int64_t E = hp.n_embd, hd = hp.head_dim;
-  v.attn_norm = attn_norm_[static_cast<std::size_t>(layer)].data();
-  v.ffn_norm = ffn_norm_[static_cast<std::size_t>(layer)].data();
+  const LayerVecs& lv = vecs_[static_cast<std::size_t>(layer)];
+  v.attn_norm = lv.attn_norm.data();
+  v.ffn_norm = lv.ffn_norm.data();
+  v.bq = slice(lv.bq, v.q_heads.begin * hd, v.q_heads.size() * hd);
+  v.bk = slice(lv.bk, v.kv_heads.begin * hd, v.kv_heads.size() * hd);
+  v.bv = slice(lv.bv, v.kv_heads.begin * hd, v.kv_heads.size() * hd);
+  v.q_norm = or_null(lv.q_norm);
+  v.k_norm = or_null(lv.k_norm);
   v.wq = MatView{&l.wq, v.q_heads.begin * hd, v.q_heads.size() * hd, 0, E};
   v.wk = MatView{&l.wk, v.kv_heads.begin * hd, v.kv_heads.size() * hd, 0, E};
   v.wv = MatView{&l.wv, v.kv_heads.begin * hd, v.kv_heads.size() * hd, 0, E};
@@ -84,7 +102,24 @@ RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
   v.w_gate = MatView{&l.w_gate, v.ff.begin, v.ff.size(), 0, E};
   v.w_up = MatView{&l.w_up, v.ff.begin, v.ff.size(), 0, E};
   v.w_down = MatView{&l.w_down, 0, E, v.ff.begin, v.ff.size()};
+  for (const MatView* m : {&v.wo, &v.w_down}) {
+    const std::string why = row_parallel_refusal(*m, tp);
+    if (!why.empty()) throw InputError(why);
+  }
   return v;
+}
+
+std::string row_parallel_refusal(const MatView& m, int tp) {
+  const model::TensorView& t = *m.t;
+  const int blk = model::dtype_block(t.dtype);
+  // Q8_0 keeps its portable path for such views; the other block types
+  // quantize the activations per block as llama.cpp does, which a rank
+  // holding part of a block cannot do as one rank would.
+  if (blk == 1 || t.dtype == model::DType::q8_0 || (m.c0 % blk == 0 && m.cols % blk == 0)) return "";
+  return "tp " + std::to_string(tp) + ": " + t.name + " is " + model::dtype_name(t.dtype) + " (blocks of " +
+         std::to_string(blk) + " columns) and tensor parallelism would split its " + std::to_string(t.cols) +
+         " columns at " + std::to_string(m.c0 % blk != 0 ? m.c0 : m.c0 + m.cols) +
+         ", inside a block: a row-parallel split must fall on a block boundary (choose a smaller tp)";
 }
 
 void WeightStore::embed(int token, float* out) const {
@@ -105,9 +140,10 @@ std::uint64_t WeightStore::advise(int first, int n, int tp, int rank, int advice
       std::int64_t first_el = m->r0 * t.cols + m->c0;
       std::int64_t last_el = (m->r0 + m->rows - 1) * t.cols + m->c0 + m->cols;  // one past
       auto base = reinterpret_cast<std::uintptr_t>(t.data);
-      std::uintptr_t a = base + model::dtype_bytes(t.dtype, first_el - first_el % (t.dtype == model::DType::q8_0 ? 32 : 1));
-      std::uintptr_t b = base + std::min<std::size_t>(t.bytes, model::dtype_bytes(t.dtype, (last_el + 31) / 32 * 32));
-      if (t.dtype != model::DType::q8_0) b = base + std::min<std::size_t>(t.bytes, model::dtype_bytes(t.dtype, last_el));
+      // Whole blocks of a quantized tensor: the one holding the first element to the one holding the last.
+      const std::int64_t blk = model::dtype_block(t.dtype);
+      std::uintptr_t a = base + model::dtype_bytes(t.dtype, first_el / blk * blk);
+      std::uintptr_t b = base + std::min<std::size_t>(t.bytes, model::dtype_bytes(t.dtype, (last_el + blk - 1) / blk * blk));
       // Whole pages inside the span only: never touch a neighbour's bytes.
       std::uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
       if (pb > pa && ::madvise(reinterpret_cast<void*>(pa), pb - pa, advice) == 0) bytes += pb - pa;

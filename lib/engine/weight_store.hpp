@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "engine/packed_weights.hpp"
@@ -27,6 +28,17 @@ struct MatView {
   std::int64_t c0 = 0, cols = 0;
 };
 
+/// A range of a float32 vector the store converted (a bias): elements
+/// [first, first + n) of the vector at `base`. Never a copy; `base` is what
+/// a device backend looks up its resident copy by.
+struct VecView {
+  const float* base = nullptr;  ///< the whole vector; null when the layer has none
+  std::int64_t first = 0, n = 0;
+
+  bool empty() const noexcept { return base == nullptr; }
+  const float* data() const noexcept { return base + first; }
+};
+
 /// The part of a layer's weights one tensor-parallel rank uses.
 /// Column-parallel matrices (q, k, v, gate, up) are row ranges of [out][in];
 /// row-parallel ones (o, down) are column ranges: both are views of the
@@ -38,6 +50,9 @@ struct RankLayerView {
   MatView wo;                        ///< all n_embd rows, columns of this rank's query heads
   MatView w_gate, w_up;              ///< rows of this rank's feed-forward slice
   MatView w_down;                    ///< all n_embd rows, columns of the feed-forward slice
+  VecView bq, bk, bv;                ///< the biases of this rank's heads (like wq, wk, wv's rows); empty when none
+  const float* q_norm = nullptr;     ///< [head_dim] per-head RMSNorm of q, shared by every head (so every rank); null when none
+  const float* k_norm = nullptr;     ///< [head_dim] the same for k
   Range q_heads;                     ///< query heads of this rank
   Range kv_heads;                    ///< KV heads it reads (replicated when tp > n_head_kv)
   Range ff;                          ///< feed-forward rows of this rank
@@ -50,9 +65,19 @@ struct RankLayerView {
 /// at TP 8) give shards of uneven width.
 RankLayerView split_rank(const model::HParams& hp, int tp, int rank);
 
+/// Why rank views of a row-parallel matrix (wo, w_down: a column range)
+/// cannot serve tensor parallelism `tp`, or "" when they can: a range of a
+/// Q4_0..Q6_K tensor must start and end on a block boundary (32 or 256
+/// columns). WeightStore::layer throws it as an ftp::InputError, so a gear
+/// that splits inside a block is refused when its domain is built.
+std::string row_parallel_refusal(const MatView& m, int tp);
+
 /// The resident weights: the model's tensors where they lie (memory-mapped,
 /// in their stored dtype), viewed by every domain of every gear. Only the
-/// normalisation vectors are converted to float32 (n_embd floats each).
+/// vectors are converted to float32: the norms (n_embd or head_dim floats
+/// each), the q/k/v biases, rope_freqs. Biases are split like the rows of
+/// their matrices (VecView ranges of one vector); per-head norms are shared
+/// by every head, so every rank views the whole vector.
 /// Building a domain takes views: no weight byte is copied.
 ///
 /// One exception, made once per store and not per domain: the CPU backend's
@@ -73,6 +98,9 @@ class WeightStore {
   /// The embedding row of `token` as float32.
   void embed(int token, float* out) const;
   const float* output_norm() const noexcept { return output_norm_.data(); }
+  /// [n_rot/2] factors dividing each RoPE pair's frequency (Llama 3
+  /// rope_freqs), or null when the model has none.
+  const float* rope_freqs() const noexcept { return rope_freqs_.empty() ? nullptr : rope_freqs_.data(); }
   /// The classifier [n_vocab][n_embd] (the token embedding when tied).
   MatView output() const;
 
@@ -103,14 +131,18 @@ class WeightStore {
   /// Bytes of the weights in the model file (mapped, not copied).
   std::uint64_t weight_bytes() const noexcept { return weight_bytes_; }
   /// Bytes the store allocated itself for every domain (the float32
-  /// normalisation vectors); the packed copy is packed_bytes.
+  /// vectors); the packed copy is packed_bytes.
   std::uint64_t owned_bytes() const noexcept { return owned_bytes_; }
 
  private:
   std::uint64_t advise(int first, int n, int tp, int rank, int advice) const;
   const model::Model& m_;
-  std::vector<std::vector<float>> attn_norm_, ffn_norm_;
-  std::vector<float> output_norm_;
+  /// One layer's vectors as float32 (empty where the layer has none).
+  struct LayerVecs {
+    std::vector<float> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
+  };
+  std::vector<LayerVecs> vecs_;
+  std::vector<float> output_norm_, rope_freqs_;
   std::uint64_t weight_bytes_ = 0, owned_bytes_ = 0;
   mutable std::mutex pack_mu_;
   mutable bool pack_tried_ = false;

@@ -148,7 +148,8 @@ std::shared_ptr<const void> map_file(const std::string& path, std::size_t& size)
 /// tokenizer.chat_template). Errors name the file and the key.
 TokenizerData tokenizer_from_gguf(const GgufFile& f);
 
-/// A Model from a parsed GGUF (Llama architecture): hyper-parameters,
+/// A Model from a parsed GGUF (architectures llama, qwen2, qwen3: the
+/// loader's table in model.cpp says what each needs): hyper-parameters,
 /// checked weight views, tokenizer data. The views point into f's bytes; the
 /// Model keeps f's mapping alive (when f was parsed from memory, the caller
 /// keeps the bytes alive).

@@ -7,43 +7,18 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <unordered_set>
 
 #include "core/error.hpp"
 #include "core/escape.hpp"
 #include "model/gguf.hpp"
 #include "model/llama2c.hpp"
+#include "model/quant.hpp"
 #include "model/tokenizer.hpp"
 
 namespace ftp::model {
 
 namespace {
-
-float f16_to_f32(std::uint16_t h) {
-  std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu;
-  std::uint32_t man = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      exp = 127 - 15 + 1;
-      while ((man & 0x400u) == 0) {
-        man <<= 1;
-        --exp;
-      }
-      man &= 0x3ffu;
-      bits = sign | (exp << 23) | (man << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);  // inf or NaN
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 float bf16_to_f32(std::uint16_t b) {
   std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
@@ -66,22 +41,28 @@ const char* dtype_name(DType t) noexcept {
     case DType::f16: return "F16";
     case DType::bf16: return "BF16";
     case DType::q8_0: return "Q8_0";
+    case DType::q4_0: return "Q4_0";
+    case DType::q4_1: return "Q4_1";
+    case DType::q5_0: return "Q5_0";
+    case DType::q5_1: return "Q5_1";
+    case DType::q2_k: return "Q2_K";
+    case DType::q3_k: return "Q3_K";
+    case DType::q4_k: return "Q4_K";
+    case DType::q5_k: return "Q5_K";
+    case DType::q6_k: return "Q6_K";
   }
   return "?";
 }
 
+int dtype_block(DType t) noexcept { return quant::block_shape(t).elems; }
+
 std::size_t dtype_bytes(DType t, std::int64_t n) {
   if (n < 0) throw Error("dtype_bytes: negative element count " + std::to_string(n));
-  auto un = static_cast<std::size_t>(n);
-  switch (t) {
-    case DType::f32: return un * 4;
-    case DType::f16:
-    case DType::bf16: return un * 2;
-    case DType::q8_0:
-      if (un % 32 != 0) throw Error("dtype_bytes: Q8_0 needs a multiple of 32 elements, got " + std::to_string(n));
-      return un / 32 * 34;
-  }
-  return 0;
+  const quant::BlockShape b = quant::block_shape(t);
+  if (n % b.elems != 0)
+    throw Error(std::string("dtype_bytes: ") + dtype_name(t) + " needs a multiple of " + std::to_string(b.elems) +
+                " elements, got " + std::to_string(n));
+  return static_cast<std::size_t>(n / b.elems) * static_cast<std::size_t>(b.bytes);
 }
 
 void to_f32(const TensorView& t, std::int64_t first, std::int64_t count, float* out) {
@@ -94,22 +75,24 @@ void to_f32(const TensorView& t, std::int64_t first, std::int64_t count, float* 
       std::memcpy(out, p + first * 4, static_cast<std::size_t>(count) * 4);
       return;
     case DType::f16:
-      for (std::int64_t i = 0; i < count; ++i) out[i] = f16_to_f32(load16(p + (first + i) * 2));
+      for (std::int64_t i = 0; i < count; ++i) out[i] = quant::f16_to_f32(load16(p + (first + i) * 2));
       return;
     case DType::bf16:
       for (std::int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(load16(p + (first + i) * 2));
       return;
-    case DType::q8_0: {
-      if (first % 32 != 0) throw Error("to_f32: " + t.name + ": Q8_0 start " + std::to_string(first) + " is not a multiple of 32");
-      std::int64_t done = 0;
-      for (std::int64_t b = first / 32; done < count; ++b) {
-        const std::uint8_t* blk = p + b * 34;
-        float d = f16_to_f32(load16(blk));
-        const auto* q = reinterpret_cast<const std::int8_t*>(blk + 2);
-        for (int j = 0; j < 32 && done < count; ++j) out[done++] = d * static_cast<float>(q[j]);
-      }
-      return;
-    }
+    default: break;
+  }
+  const quant::BlockShape b = quant::block_shape(t.dtype);
+  if (first % b.elems != 0)
+    throw Error("to_f32: " + t.name + ": " + dtype_name(t.dtype) + " start " + std::to_string(first) +
+                " is not a multiple of " + std::to_string(b.elems));
+  const std::uint8_t* blk = p + first / b.elems * b.bytes;
+  const std::int64_t whole = count / b.elems;
+  quant::dequantize(t.dtype, blk, whole, out);
+  if (const std::int64_t rest = count - whole * b.elems; rest > 0) {
+    float tail[256];  // the largest block
+    quant::dequantize(t.dtype, blk + whole * b.bytes, 1, tail);
+    std::memcpy(out + whole * b.elems, tail, static_cast<std::size_t>(rest) * 4);
   }
 }
 
@@ -184,6 +167,15 @@ std::optional<DType> dtype_of(std::uint32_t ggml) {
     case ggml_type::f16: return DType::f16;
     case ggml_type::bf16: return DType::bf16;
     case ggml_type::q8_0: return DType::q8_0;
+    case ggml_type::q4_0: return DType::q4_0;
+    case ggml_type::q4_1: return DType::q4_1;
+    case ggml_type::q5_0: return DType::q5_0;
+    case ggml_type::q5_1: return DType::q5_1;
+    case ggml_type::q2_k: return DType::q2_k;
+    case ggml_type::q3_k: return DType::q3_k;
+    case ggml_type::q4_k: return DType::q4_k;
+    case ggml_type::q5_k: return DType::q5_k;
+    case ggml_type::q6_k: return DType::q6_k;
     default: return std::nullopt;
   }
 }
@@ -202,7 +194,7 @@ TensorView view(const GgufFile& f, const std::string& name, std::int64_t rows, s
   auto dt = dtype_of(ti->type);
   if (!dt)
     throw InputError(f.path() + ": tensor '" + name + "': unsupported tensor type " + ggml_type_name(ti->type) +
-                     " (supported: F32, F16, BF16, Q8_0)");
+                     " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
   // [cols] for a vector, [cols, rows] for a matrix; trailing 1s are allowed.
   bool ok = ti->ne[0] == cols && ti->ne[1] == rows && ti->ne[2] == 1 && ti->ne[3] == 1;
   if (!ok) {
@@ -221,6 +213,57 @@ TensorView view(const GgufFile& f, const std::string& name, std::int64_t rows, s
   return t;
 }
 
+/// Parts of a model beyond the tensors every architecture has.
+enum ArchPart : unsigned {
+  kQkvBias = 1u << 0,    ///< blk.N.attn_{q,k,v}.bias
+  kQkNorm = 1u << 1,     ///< blk.N.attn_{q,k}_norm.weight
+  kRopeFreqs = 1u << 2,  ///< rope_freqs.weight
+};
+
+/// What one architecture needs.
+struct ArchSpec {
+  const char* name;   ///< general.architecture
+  RopeType rope;      ///< not stored in GGUF: llama.cpp's llama_model_rope_type()
+  unsigned required;  ///< ArchPart bits a file must have
+  unsigned optional;  ///< ArchPart bits it may have
+};
+
+/// The architectures the loader reads: what each needs beyond llama's
+/// tensors (token_embd, output_norm, output unless tied, and per layer
+/// attn_norm, attn_q/k/v/output, ffn_norm, ffn_gate/up/down). A tensor the
+/// file holds that its architecture does not use is refused, as llama.cpp
+/// does, rather than ignored.
+constexpr ArchSpec kArchitectures[] = {
+    // Mistral-style files are llama with other hyper-parameters; Llama 3.x
+    // carries its RoPE scaling in rope_freqs.weight.
+    {"llama", RopeType::norm, 0, kQkvBias | kRopeFreqs},
+    {"qwen2", RopeType::neox, kQkvBias, 0},
+    {"qwen3", RopeType::neox, kQkNorm, 0},
+};
+
+const ArchSpec& arch_spec(const GgufFile& f, const std::string& arch) {
+  std::string names;
+  for (const ArchSpec& a : kArchitectures) {
+    if (arch == a.name) return a;
+    names += (names.empty() ? "" : ", ") + std::string(a.name);
+  }
+  f.fail_key("general.architecture", "unsupported architecture '" + printable(arch) + "' (supported: " + names + ")");
+}
+
+/// Refuses RoPE scaling other than Llama 3's rope_freqs (linear, YaRN):
+/// applying none where the file asks for one would silently change outputs.
+void refuse_rope_scaling(const GgufFile& f, const std::string& a) {
+  if (f.has(a + "rope.scaling.type")) {
+    const std::string t = f.get_string(a + "rope.scaling.type");
+    if (t != "none") f.fail_key(a + "rope.scaling.type", "unsupported RoPE scaling '" + printable(t) + "'");
+  }
+  for (const std::string& key : {a + "rope.scaling.factor", a + "rope.scale_linear"})
+    if (f.has(key)) {
+      const double v = f.get_float(key);
+      if (v != 0.0 && v != 1.0) f.fail_key(key, "unsupported RoPE scaling factor " + std::to_string(v));
+    }
+}
+
 }  // namespace
 
 Model model_from_gguf(const GgufFile& f) {
@@ -230,10 +273,8 @@ Model model_from_gguf(const GgufFile& f) {
   m.mapping = f.mapping();
   HParams& h = m.hparams;
   h.arch = f.get_string("general.architecture");
-  // Mistral and similar models are written with architecture "llama"; other
-  // architectures differ in layout or math and are refused by name.
-  if (h.arch != "llama")
-    f.fail_key("general.architecture", "unsupported architecture '" + printable(h.arch) + "' (supported: llama)");
+  const ArchSpec& spec = arch_spec(f, h.arch);
+  h.rope_type = spec.rope;
   const std::string a = h.arch + ".";
   h.name = f.get_string_or("general.name", "");
   h.n_ctx_train = hp_int(f, a + "context_length", std::nullopt);
@@ -266,6 +307,7 @@ Model model_from_gguf(const GgufFile& f) {
   double theta = f.get_float_or(a + "rope.freq_base", 10000.0);
   if (!(theta > 0 && theta < 1e12)) f.fail_key(a + "rope.freq_base", "must be positive");
   h.rope_theta = static_cast<float>(theta);
+  refuse_rope_scaling(f, a);
 
   m.tokenizer = tokenizer_from_gguf(f);
   m.built_tokenizer = build_tokenizer(m.tokenizer, f.path());
@@ -283,25 +325,54 @@ Model model_from_gguf(const GgufFile& f) {
   const std::int64_t kd = static_cast<std::int64_t>(h.n_head_kv) * h.head_dim;
   const std::string qs = "n_head*head_dim=" + std::to_string(qd);
   const std::string ks = "n_head_kv*head_dim=" + std::to_string(kd);
+  const std::string hs = "head_dim=" + std::to_string(h.head_dim);
   Weights& w = m.weights;
-  w.tok_embd = view(f, "token_embd.weight", h.n_vocab, h.n_embd, e + ", " + v);
+  // Every tensor read, so that one the architecture does not use is refused.
+  std::unordered_set<std::string> used;
+  auto need = [&](const std::string& name, std::int64_t rows, std::int64_t cols, const std::string& why) {
+    used.insert(name);
+    return view(f, name, rows, cols, why);
+  };
+  // An ArchPart's tensor: missing is an error where the architecture
+  // requires the part, an empty view where it allows it, and a tensor the
+  // architecture does not use is left for the check below.
+  auto part = [&](unsigned p, const std::string& name, std::int64_t rows, std::int64_t cols, const std::string& why) {
+    if (!((spec.required | spec.optional) & p)) return TensorView{};
+    if (!f.find_tensor(name)) {
+      if (spec.required & p)
+        throw InputError(f.path() + ": tensor '" + name + "': missing (architecture " + h.arch + " requires it)");
+      return TensorView{};
+    }
+    return need(name, rows, cols, why);
+  };
+  w.tok_embd = need("token_embd.weight", h.n_vocab, h.n_embd, e + ", " + v);
   w.layers.resize(h.n_layer);
   for (int l = 0; l < h.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     LayerWeights& L = w.layers[l];
-    L.attn_norm = view(f, b + "attn_norm.weight", 1, h.n_embd, e);
-    L.wq = view(f, b + "attn_q.weight", qd, h.n_embd, e + ", " + qs);
-    L.wk = view(f, b + "attn_k.weight", kd, h.n_embd, e + ", " + ks);
-    L.wv = view(f, b + "attn_v.weight", kd, h.n_embd, e + ", " + ks);
-    L.wo = view(f, b + "attn_output.weight", h.n_embd, qd, qs + ", " + e);
-    L.ffn_norm = view(f, b + "ffn_norm.weight", 1, h.n_embd, e);
-    L.w_gate = view(f, b + "ffn_gate.weight", h.n_ff, h.n_embd, e + ", " + ff);
-    L.w_down = view(f, b + "ffn_down.weight", h.n_embd, h.n_ff, ff + ", " + e);
-    L.w_up = view(f, b + "ffn_up.weight", h.n_ff, h.n_embd, e + ", " + ff);
+    L.attn_norm = need(b + "attn_norm.weight", 1, h.n_embd, e);
+    L.wq = need(b + "attn_q.weight", qd, h.n_embd, e + ", " + qs);
+    L.wk = need(b + "attn_k.weight", kd, h.n_embd, e + ", " + ks);
+    L.wv = need(b + "attn_v.weight", kd, h.n_embd, e + ", " + ks);
+    L.wo = need(b + "attn_output.weight", h.n_embd, qd, qs + ", " + e);
+    L.ffn_norm = need(b + "ffn_norm.weight", 1, h.n_embd, e);
+    L.w_gate = need(b + "ffn_gate.weight", h.n_ff, h.n_embd, e + ", " + ff);
+    L.w_down = need(b + "ffn_down.weight", h.n_embd, h.n_ff, ff + ", " + e);
+    L.w_up = need(b + "ffn_up.weight", h.n_ff, h.n_embd, e + ", " + ff);
+    L.bq = part(kQkvBias, b + "attn_q.bias", 1, qd, qs);
+    L.bk = part(kQkvBias, b + "attn_k.bias", 1, kd, ks);
+    L.bv = part(kQkvBias, b + "attn_v.bias", 1, kd, ks);
+    L.q_norm = part(kQkNorm, b + "attn_q_norm.weight", 1, h.head_dim, hs);
+    L.k_norm = part(kQkNorm, b + "attn_k_norm.weight", 1, h.head_dim, hs);
   }
-  w.output_norm = view(f, "output_norm.weight", 1, h.n_embd, e);
+  w.output_norm = need("output_norm.weight", 1, h.n_embd, e);
   h.tied_output = f.find_tensor("output.weight") == nullptr;
-  w.output = h.tied_output ? w.tok_embd : view(f, "output.weight", h.n_vocab, h.n_embd, e + ", " + v);
+  w.output = h.tied_output ? w.tok_embd : need("output.weight", h.n_vocab, h.n_embd, e + ", " + v);
+  w.rope_freqs = part(kRopeFreqs, "rope_freqs.weight", 1, h.n_rot / 2, "n_rot/2=" + std::to_string(h.n_rot / 2));
+  for (const GgufTensorInfo& t : f.tensors())
+    if (!used.count(t.name))
+      throw InputError(f.path() + ": tensor '" + printable(t.name) + "': not used by architecture " + h.arch +
+                       " (unsupported)");
   return m;
 }
 

@@ -10,13 +10,21 @@
 
 namespace ftp::model {
 
-/// Element types of weight tensors we load.
-enum class DType { f32, f16, bf16, q8_0 };
+/// Element types of weight tensors we load: floats, and ggml's block
+/// quantizations (layouts in model/quant.hpp): Q8_0, the legacy Q4_0, Q4_1,
+/// Q5_0, Q5_1 (blocks of 32) and the K-quants Q2_K..Q6_K (blocks of 256).
+enum class DType { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k };
 
+/// "Q4_K" etc., as ggml names the type.
 const char* dtype_name(DType t) noexcept;
 
-/// Bytes of `n` elements of type t (n a multiple of 32 for q8_0: blocks of
-/// 32 int8 + one f16 scale = 34 bytes).
+/// Weights per block of t: 1 for F32, F16 and BF16, 32 for Q8_0 and the
+/// legacy quants, 256 for the K-quants. A row of a quantized tensor holds
+/// whole blocks (the loader refuses others).
+int dtype_block(DType t) noexcept;
+
+/// Bytes of `n` elements of type t (n a multiple of dtype_block(t); for
+/// example Q8_0: blocks of 32 int8 + one f16 scale = 34 bytes).
 std::size_t dtype_bytes(DType t, std::int64_t n);
 
 /// A read-only view of one tensor inside the loaded file (memory-mapped).
@@ -35,8 +43,18 @@ struct TensorView {
 };
 
 /// Converts `count` elements of a row-major tensor starting at element
-/// `first` (must be a multiple of 32 for q8_0) to float32.
+/// `first` (a multiple of dtype_block: quantized types start on a block;
+/// `count` may end inside one) to float32, bit-exact with ggml's
+/// dequantize_row_* for the quantized types.
 void to_f32(const TensorView& t, std::int64_t first, std::int64_t count, float* out);
+
+/// How RoPE pairs the dimensions of a head. GGUF does not store it: the
+/// loader chooses it from general.architecture, as llama.cpp's
+/// llama_model_rope_type() does.
+enum class RopeType {
+  norm,  ///< adjacent pairs (x[2i], x[2i+1]): llama
+  neox,  ///< halves (x[i], x[i + n_rot/2]): qwen2, qwen3 (GPT-NeoX style)
+};
 
 /// Hyper-parameters of a Llama-family model.
 struct HParams {
@@ -53,6 +71,7 @@ struct HParams {
   int n_rot = 0;            ///< rotary dimensions per head (usually head_dim)
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  RopeType rope_type = RopeType::norm;
   bool tied_output = false; ///< the classifier is the token embedding
 };
 
@@ -61,7 +80,8 @@ struct HParams {
 /// Meta's checkpoints: within each head, elements (2i, 2i+1) form one rotated
 /// pair. GGUF "llama" files use the same order (llama.cpp's converters permute
 /// HF's rotate-half layout into it; its llama2.c converter copies unchanged),
-/// so one RoPE serves both formats.
+/// so one RoPE serves both formats. qwen2 and qwen3 files keep HF's
+/// rotate-half rows: HParams::rope_type says neox and RoPE pairs (i, i + n_rot/2).
 struct LayerWeights {
   TensorView attn_norm;     ///< [n_embd]
   TensorView wq;            ///< [n_head*head_dim][n_embd]
@@ -72,10 +92,21 @@ struct LayerWeights {
   TensorView w_gate;        ///< [n_ff][n_embd]  (llama2.c w1)
   TensorView w_down;        ///< [n_embd][n_ff]  (llama2.c w2)
   TensorView w_up;          ///< [n_ff][n_embd]  (llama2.c w3)
+  // Optional, as the architecture says (empty when absent):
+  TensorView bq;            ///< [n_head*head_dim] added after wq (qwen2)
+  TensorView bk;            ///< [n_head_kv*head_dim] added after wk
+  TensorView bv;            ///< [n_head_kv*head_dim] added after wv
+  TensorView q_norm;        ///< [head_dim] RMSNorm of each query head before RoPE (qwen3)
+  TensorView k_norm;        ///< [head_dim] RMSNorm of each key head before RoPE
 
-  /// Every tensor of the layer, norms included.
-  std::array<const TensorView*, 9> tensors() const {
-    return {&attn_norm, &wq, &wk, &wv, &wo, &ffn_norm, &w_gate, &w_down, &w_up};
+  /// The seven matrices.
+  std::array<const TensorView*, 7> matrices() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_down, &w_up}; }
+  /// Every tensor the layer has, norms and optional vectors included.
+  std::vector<const TensorView*> tensors() const {
+    std::vector<const TensorView*> out = {&attn_norm, &wq, &wk, &wv, &wo, &ffn_norm, &w_gate, &w_down, &w_up};
+    for (const TensorView* t : {&bq, &bk, &bv, &q_norm, &k_norm})
+      if (!t->empty()) out.push_back(t);
+    return out;
   }
 };
 
@@ -84,6 +115,9 @@ struct Weights {
   std::vector<LayerWeights> layers;
   TensorView output_norm;   ///< [n_embd]
   TensorView output;        ///< [n_vocab][n_embd]; equals tok_embd when tied
+  /// [n_rot/2] Llama 3 RoPE scaling: pair i's frequency is divided by
+  /// rope_freqs[i] (llama.cpp's freq_factors), in every layer; empty when absent.
+  TensorView rope_freqs;
 };
 
 /// What a tokenizer needs, from GGUF metadata (tokenizer.ggml.*) or from a

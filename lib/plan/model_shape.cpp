@@ -167,16 +167,22 @@ ModelShape model_shape_of_file(const std::string& path) {
   s.context_length = hp.n_ctx_train;
   s.tie_embeddings = hp.tied_output || m.weights.output.data == m.weights.tok_embd.data;
   s.kv_dtype = "f32";  // the CPU engine keeps its KV cache in float32
-  // The matrices' dtype decides the weight bytes; the exact count of elements the parameters.
+  // The dtype named is wq's; the bytes per parameter are the file's own
+  // mean, so that a mixed file (Q4_K_M: Q4_K and Q6_K) is counted as it is.
   const model::TensorView& wq = m.weights.layers.at(0).wq;
   s.dtype = model::dtype_name(wq.dtype);
-  s.bytes_per_param = static_cast<double>(model::dtype_bytes(wq.dtype, 32)) / 32.0;
-  std::uint64_t n = static_cast<std::uint64_t>(m.weights.tok_embd.elements() + m.weights.output_norm.elements());
-  if (!s.tie_embeddings) n += static_cast<std::uint64_t>(m.weights.output.elements());
+  std::uint64_t n = 0, bytes = 0;
+  auto add = [&](const model::TensorView& t) {
+    n += static_cast<std::uint64_t>(t.elements());
+    bytes += t.bytes;
+  };
+  add(m.weights.tok_embd);
+  add(m.weights.output_norm);
+  if (!s.tie_embeddings) add(m.weights.output);
   for (const auto& l : m.weights.layers)
-    for (const auto* t : l.tensors())
-      n += static_cast<std::uint64_t>(t->elements());
+    for (const auto* t : l.tensors()) add(*t);
   s.n_params = n;
+  s.bytes_per_param = n > 0 ? static_cast<double>(bytes) / static_cast<double>(n) : 4.0;
   return s;
 }
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // engine-bench: the CPU engine on a synthetic Llama model (tests/support),
-// by default TinyLlama's ~1.1 B-parameter shape, in F16 and Q8_0. For each
+// by default TinyLlama's ~1.1 B-parameter shape, in F16, Q8_0, Q4_0 and
+// Q4_K_M (llama.cpp's recipe: Q4_K, Q6_K for output, some attn_v and
+// ffn_down; random quants and scales, tests/support's random_blocks). For each
 // dtype it writes the model to a temp dir, loads it (weights mapped, not
 // copied) and measures, on one domain of TP 1 (one rank thread):
 //   prefill tokens/s (one prompt in one step),
@@ -70,7 +72,7 @@ std::vector<int> default_tps() {
 
 struct Options {
   std::string shape = "1b";
-  std::vector<std::string> dtypes = {"f16", "q8_0"};
+  std::vector<std::string> dtypes = {"f16", "q8_0", "q4_0", "q4_k_m"};
   std::vector<int> tps;   // empty: 1 and the machine's cores (default_tps)
   int steps = 8;          // timed decode steps per batch size
   int warmup = 2;         // untimed decode steps first
@@ -82,27 +84,43 @@ struct Options {
   bool keep = false;
 };
 
-testing::SyntheticShape shape_of(const std::string& name, model::DType dt) {
+testing::SyntheticShape shape_of_dims(const std::string& name);
+
+/// The names --dtype takes (q4_k_m: the Q4_K_M mix of Q4_K and Q6_K).
+const char* const kDtypes = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, q4_k_m";
+
+model::DType dtype_of(const std::string& s) {
+  static const std::map<std::string, model::DType> names = {
+      {"f32", model::DType::f32},   {"f16", model::DType::f16},   {"bf16", model::DType::bf16},
+      {"q8_0", model::DType::q8_0}, {"q4_0", model::DType::q4_0}, {"q4_1", model::DType::q4_1},
+      {"q5_0", model::DType::q5_0}, {"q5_1", model::DType::q5_1}, {"q2_k", model::DType::q2_k},
+      {"q3_k", model::DType::q3_k}, {"q4_k", model::DType::q4_k}, {"q5_k", model::DType::q5_k},
+      {"q6_k", model::DType::q6_k}, {"q4_k_m", model::DType::q4_k}};
+  auto it = names.find(s);
+  if (it == names.end()) throw InputError("--dtype: expected one of " + std::string(kDtypes) + ", got '" + s + "'");
+  return it->second;
+}
+
+testing::SyntheticShape shape_of(const std::string& name, const std::string& dt_name) {
+  testing::SyntheticShape s = shape_of_dims(name);
+  s.dtype = dtype_of(dt_name);
+  s.q4_k_m = dt_name == "q4_k_m";
+  s.seed = 42;
+  return s;
+}
+
+testing::SyntheticShape shape_of_dims(const std::string& name) {
   testing::SyntheticShape s;
   if (name == "1b") {  // TinyLlama 1.1B
     s.n_layer = 22, s.n_embd = 2048, s.n_ff = 5632, s.n_head = 32, s.n_head_kv = 4, s.n_vocab = 32000;
     s.n_ctx = 2048;
   } else if (name == "tiny") {
-    s.n_layer = 2, s.n_embd = 128, s.n_ff = 352, s.n_head = 4, s.n_head_kv = 2, s.n_vocab = 512, s.n_ctx = 512;
+    // Widths of whole K-quant super-blocks, also per rank at TP 2.
+    s.n_layer = 2, s.n_embd = 512, s.n_ff = 512, s.n_head = 8, s.n_head_kv = 2, s.n_vocab = 512, s.n_ctx = 512;
   } else {
     throw InputError("--shape: expected 1b or tiny, got '" + name + "'");
   }
-  s.dtype = dt;
-  s.seed = 42;
   return s;
-}
-
-model::DType dtype_of(const std::string& s) {
-  if (s == "f32") return model::DType::f32;
-  if (s == "f16") return model::DType::f16;
-  if (s == "bf16") return model::DType::bf16;
-  if (s == "q8_0") return model::DType::q8_0;
-  throw InputError("--dtype: expected f32, f16, bf16 or q8_0, got '" + s + "'");
 }
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -145,7 +163,7 @@ engine::GenerationRequest request(std::string id, std::vector<int> prompt, int m
 
 /// One dtype at one TP degree, in this (child) process.
 json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
-  const testing::SyntheticShape shape = shape_of(o.shape, dtype_of(dt_name));
+  const testing::SyntheticShape shape = shape_of(o.shape, dt_name);
   const std::string path = o.dir + "/synthetic-" + o.shape + "-" + dt_name + ".gguf";
   auto t0 = Clock::now();
   if (!std::filesystem::exists(path)) testing::write_synthetic_gguf(path, shape);
@@ -215,7 +233,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
   const std::uint64_t budget = static_cast<std::uint64_t>(static_cast<double>(weights + kv_bytes) * 1.1);
 
   json::Json j = json::Json::object();
-  j["dtype"] = model::dtype_name(shape.dtype);
+  j["dtype"] = shape.q4_k_m ? std::string("Q4_K_M") : std::string(model::dtype_name(shape.dtype));
   j["tp"] = tp;
   j["rank_threads"] = tp;
   j["file_bytes"] = std::filesystem::file_size(path);
@@ -277,12 +295,12 @@ json::Json run_child(const Options& o, const std::string& dt, int tp) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cli::Tool tool("engine-bench", "CPU engine throughput on a synthetic Llama model (F16 and Q8_0)");
+  cli::Tool tool("engine-bench", "CPU engine throughput on a synthetic Llama model (F16, Q8_0, Q4_0, Q4_K_M)");
   Options o;
   double min_bw_fraction = 0;
   auto& app = tool.app();
   app.add_option("--shape", o.shape, "1b (TinyLlama 1.1B shape) or tiny")->capture_default_str();
-  app.add_option("--dtype", o.dtypes, "Weight dtypes: f32, f16, bf16, q8_0")->delimiter(',')->capture_default_str();
+  app.add_option("--dtype", o.dtypes, std::string("Weight dtypes: ") + kDtypes)->delimiter(',')->capture_default_str();
   app.add_option("--tp", o.tps, "Tensor-parallel degrees, each rank one thread (default: 1 and the machine's cores, a power of two, at most 8)")
       ->delimiter(',');
   app.add_option("--steps", o.steps, "Timed decode steps per batch size")->check(ftp::cli::positive())->capture_default_str();
@@ -298,7 +316,7 @@ int main(int argc, char** argv) {
   return tool.run(argc, argv, [&]() -> int {
     for (const auto& d : o.dtypes) dtype_of(d);
     if (o.tps.empty()) o.tps = default_tps();
-    shape_of(o.shape, model::DType::f32);
+    shape_of_dims(o.shape);
     if (o.kernels == "reference") setenv("FTP_MATMUL", "reference", 1);
     bool own_dir = o.dir.empty();
     if (own_dir) {
@@ -355,7 +373,7 @@ int main(int argc, char** argv) {
     }
     json::Json doc = json::Json::object();
     doc["kind"] = "ftp.engine-bench/v1";
-    const auto sh = shape_of(o.shape, model::DType::f32);
+    const auto sh = shape_of_dims(o.shape);
     doc["shape"] = {{"name", o.shape}, {"n_layer", sh.n_layer}, {"n_embd", sh.n_embd}, {"n_ff", sh.n_ff},
                     {"n_head", sh.n_head}, {"n_head_kv", sh.n_head_kv}, {"n_vocab", sh.n_vocab}};
     doc["kernels"] = o.kernels;
@@ -377,7 +395,7 @@ int main(int argc, char** argv) {
 
     std::ostringstream t;
     char line[320];
-    std::snprintf(line, sizeof line, "%-5s %-3s %-6s %10s %10s %10s %8s %8s %8s %7s %10s %9s %9s\n", "dtype", "tp", "layout",
+    std::snprintf(line, sizeof line, "%-6s %-3s %-6s %10s %10s %10s %8s %8s %8s %7s %10s %9s %9s\n", "dtype", "tp", "layout",
                   "prefill/s", "b1 tok/s", "bN tok/s", "bN/b1", "roofline", "b1 GB/s", "b1 frac", "triad GB/s", "RSS MiB",
                   "budget");
     t << "engine-bench: shape " << o.shape << ", kernels " << o.kernels << ", batch N = " << o.batch
@@ -385,7 +403,7 @@ int main(int argc, char** argv) {
     for (const auto& r : runs) {
       const auto& d1 = r["decode"][0];
       const auto& dn = r["decode"][1];
-      std::snprintf(line, sizeof line, "%-5s %-3d %-6s %10.1f %10.2f %10.2f %8.2f %8.2f %8.2f %7.3f %10.2f %9.0f %9.0f\n",
+      std::snprintf(line, sizeof line, "%-6s %-3d %-6s %10.1f %10.2f %10.2f %8.2f %8.2f %8.2f %7.3f %10.2f %9.0f %9.0f\n",
                     r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(), r["layout"].get<std::string>().c_str(),
                     r["prefill"]["tokens_per_s"].get<double>(),
                     d1["tokens_per_s"].get<double>(), dn["tokens_per_s"].get<double>(),

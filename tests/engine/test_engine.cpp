@@ -311,6 +311,44 @@ TEST(PackedQ8Domains, DomainsOfAnyGearShareTheStoresPackedCopy) {
   }
 }
 
+// qwen2's q/k/v biases and qwen3's per-head norms keep the rule: every
+// rank's bias is a range of the store's one float32 vector (split like its
+// heads), the head norms are one vector every rank reads, and a domain of
+// any gear allocates its KV pool and bookkeeping only.
+TEST(ArchitectureDomains, BiasesAndHeadNormsAreViewsAtEveryGear) {
+  const std::string dir = ftp::test::data_dir() + "/models/arch-refs/";
+  for (const char* f : {"qwen2-f32.gguf", "qwen3-f32.gguf"}) {
+    if (!std::filesystem::exists(dir + f)) GTEST_SKIP() << dir << f << " not found (set FTP_TEST_DATA)";
+    const auto model = ftp::model::load_model(dir + f);
+    const WeightStore store(model);
+    const auto& hp = store.hparams();
+    const std::uint64_t owned = store.owned_bytes();
+    for (int tp : {1, 2, 8})
+      for (int r = 0; r < tp; ++r)
+        for (int L = 0; L < hp.n_layer; ++L) {
+          const RankLayerView whole = store.layer(L, 1, 0), v = store.layer(L, tp, r);
+          EXPECT_EQ(v.bq.base, whole.bq.base);
+          EXPECT_EQ(v.bk.base, whole.bk.base);
+          EXPECT_EQ(v.bv.base, whole.bv.base);
+          EXPECT_EQ(v.q_norm, whole.q_norm);
+          EXPECT_EQ(v.k_norm, whole.k_norm);
+          if (!v.bq.empty()) {
+            EXPECT_EQ(v.bq.first, v.q_heads.begin * hp.head_dim) << f << " tp " << tp << " rank " << r;
+            EXPECT_EQ(v.bq.n, v.q_heads.size() * hp.head_dim);
+            EXPECT_EQ(v.bk.first, v.kv_heads.begin * hp.head_dim);
+            EXPECT_EQ(v.bv.n, v.kv_heads.size() * hp.head_dim);
+          } else {
+            EXPECT_NE(v.q_norm, nullptr) << f;
+          }
+        }
+    for (const Gear& g : std::vector<Gear>{{"tp1", {{0, 2, 1}}}, {"tp2", {{0, 2, 2}}}, {"tp8", {{0, 2, 8}}},
+                                           {"tp2 x pp2", {{0, 1, 2}, {1, 1, 2}}, 2}}) {
+      expect_domain_allocates_kv_only(store, g);
+      EXPECT_EQ(store.owned_bytes(), owned) << f << " " << g.name;
+    }
+  }
+}
+
 TEST_F(Fixture, ContinuousBatchingGivesTheTokensOfARequestAlone) {
   std::vector<std::vector<int>> prompts = {{1}, {1, 410, 469, 347}, {1, 403, 407}, {1, 261, 378, 432, 383, 286, 261},
                                            {1, 300}, {1, 470, 280, 290, 300, 310, 320, 330, 340, 350, 360}};

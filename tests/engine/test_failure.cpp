@@ -53,6 +53,8 @@ struct FaultyRank final : RankBackend {
   void embed(float* x) override { b_->embed(x); }
   void rmsnorm(const float* x, const float* w, float* o, int r) override { b_->rmsnorm(x, w, o, r); }
   void matmul(const float* x, const MatView& w, float* o, int r) override { b_->matmul(x, w, o, r); }
+  void add_bias(float* x, const VecView& b) override { b_->add_bias(x, b); }
+  void head_rmsnorm(float* v, const float* w, int n) override { b_->head_rmsnorm(v, w, n); }
   void rope(float* v, int n) override { b_->rope(v, n); }
   void kv_write(int l, const float* k, const float* v) override { b_->kv_write(l, k, v); }
   void attention(int l, const float* q, float* o, int n, int q0, int k0) override { b_->attention(l, q, o, n, q0, k0); }

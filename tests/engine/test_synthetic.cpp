@@ -43,8 +43,11 @@ struct TempDir {
 SyntheticShape tiny(DType dt) {
   SyntheticShape s;
   s.n_layer = 4;
-  s.n_embd = 64;
-  s.n_ff = 192;     // TP 2: 96 each, Q8_0 blocks stay whole (see ops::matmul)
+  const bool k_quant = ftp::model::dtype_block(dt) == 256;
+  // K-quants: rows of whole super-blocks, and at TP 2 the row-parallel
+  // splits (attn_output 512 / 2, ffn_down 512 / 2) on block boundaries.
+  s.n_embd = k_quant ? 512 : 64;
+  s.n_ff = k_quant ? 512 : 192;  // TP 2: 96 each, Q8_0 blocks stay whole (see ops::matmul)
   s.n_head = 4;
   s.n_head_kv = 2;
   s.n_vocab = 400;
@@ -151,7 +154,9 @@ TEST_P(SyntheticModel, SameSeedSameFileOtherSeedOtherWeights) {
   EXPECT_NE(read(a), read(c));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, SyntheticModel, ::testing::Values(DType::f32, DType::f16, DType::bf16, DType::q8_0),
+INSTANTIATE_TEST_SUITE_P(Dtypes, SyntheticModel,
+                         ::testing::Values(DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q5_1,
+                                           DType::q4_k, DType::q6_k),
                          [](const auto& info) { return std::string(ftp::model::dtype_name(info.param)); });
 
 TEST(SyntheticGguf, RefusesBadShapes) {
@@ -162,6 +167,37 @@ TEST(SyntheticGguf, RefusesBadShapes) {
   s = tiny(DType::f16);
   s.n_head = 3;
   EXPECT_THROW(ftp::testing::write_synthetic_gguf((dir.path / "x.gguf").string(), s), ftp::Error);
+}
+
+TEST(SyntheticGguf, Q4KMMixesTypesAndGearsSplitOnBlocks) {
+  TempDir dir;
+  SyntheticShape s = tiny(DType::q4_k);
+  s.q4_k_m = true;
+  const std::string path = (dir.path / "q4km.gguf").string();
+  ftp::testing::write_synthetic_gguf(path, s);
+  ftp::model::Model m = ftp::model::load_model(path);
+  // use_more_bits of 4 layers: layer 0 (first eighth rounds to none: l < 0 is
+  // false; (0 - 0) % 3 != 2), 2 ((2 - 0) % 3 == 2), 3 (last eighth: 3 >= 3).
+  EXPECT_EQ(m.weights.tok_embd.dtype, DType::q4_k);
+  EXPECT_EQ(m.weights.output.dtype, DType::q6_k);
+  EXPECT_EQ(m.weights.layers[0].wv.dtype, DType::q4_k);
+  EXPECT_EQ(m.weights.layers[2].wv.dtype, DType::q6_k);
+  EXPECT_EQ(m.weights.layers[3].w_down.dtype, DType::q6_k);
+  EXPECT_EQ(m.weights.layers[3].wq.dtype, DType::q4_k);
+  WeightStore store(m);
+  const std::vector<int> prompt = {1, 300, 301, 302};
+  const auto ref = generate(store, {{0, 4, 1}}, 1, prompt, 8);
+  EXPECT_EQ(generate(store, {{0, 2, 2}, {2, 2, 2}}, 2, prompt, 8), ref);
+  // TP 4 splits attn_output's 512 columns at 128, inside a super-block of
+  // 256: the gear is refused, naming the tensor and the split.
+  try {
+    (void)store.layer(0, 4, 1);
+    ADD_FAILURE() << "TP 4 was not refused";
+  } catch (const ftp::InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("blk.0.attn_output.weight is Q4_K"), std::string::npos) << m;
+    EXPECT_NE(m.find("at 128, inside a block"), std::string::npos) << m;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -180,9 +216,12 @@ RandomTensor random_tensor(DType dt, std::int64_t rows, std::int64_t cols, std::
   RandomTensor r;
   r.bytes.resize(ftp::model::dtype_bytes(dt, rows * cols));
   const std::int64_t n = rows * cols;
-  for (std::int64_t i = 0; i < n; ++i) {
+  if (dt != DType::q8_0 && ftp::model::dtype_block(dt) > 1)
+    ftp::testing::random_blocks(dt, r.bytes.data(), n / ftp::model::dtype_block(dt), seed, 1.0f);
+  for (std::int64_t i = 0; i < n && (dt == DType::q8_0 || ftp::model::dtype_block(dt) == 1); ++i) {
     std::uint16_t h = static_cast<std::uint16_t>(bits(rng));
     switch (dt) {
+      default: break;  // the other block types: random_blocks above
       case DType::f32: {
         float f = std::uniform_real_distribution<float>(-1, 1)(rng);
         std::memcpy(&r.bytes[i * 4], &f, 4);
@@ -240,12 +279,18 @@ void expect_matches_reference(const MatView& w, int t, std::uint32_t seed, const
       }
       const double tol = 1e-5 * mag + 1e-6;
       // The fused Q8_0 kernel quantises x per block of 32 as Q8_0 does
-      // (llama.cpp's scheme): each x_j moves by at most max|x| / 254.
-      const bool quantised = w.t->dtype == DType::q8_0 && w.c0 % 32 == 0 && k % 32 == 0;
-      const double fast_tol = quantised ? tol + wsum * xmax / 254.0 : tol;
+      // (llama.cpp's scheme): each x_j moves by at most max|x| / 254. The
+      // other block types quantise x in both paths, as llama.cpp does
+      // (blocks of 32 or 256, q x d with d = max / 127 or its f16): the
+      // same bound, and both paths take the same quantised x.
+      const bool other = w.t->dtype != DType::q8_0 && ftp::model::dtype_block(w.t->dtype) > 1;
+      const bool quantised = other || (w.t->dtype == DType::q8_0 && w.c0 % 32 == 0 && k % 32 == 0);
+      const double q_tol = wsum * xmax / 254.0 * 1.01;
+      const double fast_tol = quantised ? tol + q_tol : tol;
       const std::size_t o = static_cast<std::size_t>(tok) * n + i;
       ASSERT_NEAR(out[o], dot, fast_tol) << what << " t=" << t << " row " << i << " token " << tok;
-      ASSERT_NEAR(ref[o], dot, tol) << what << " (reference) t=" << t << " row " << i << " token " << tok;
+      ASSERT_NEAR(ref[o], dot, other ? fast_tol : tol) << what << " (reference) t=" << t << " row " << i << " token " << tok;
+      if (other) ASSERT_NEAR(out[o], ref[o], tol) << what << " t=" << t << " row " << i << " token " << tok << " against the reference";
     }
   }
 }
@@ -293,6 +338,16 @@ TEST(Matmul, FastKernelsMatchTheFloat32Reference) {
       {DType::f16, 70, 300, 0, 70, 0, 300},    // several blocks of 8 and 4 rows, every column tail
       {DType::bf16, 70, 300, 1, 69, 7, 281},
       {DType::q8_0, 70, 320, 1, 69, 32, 256},
+      {DType::q4_0, 37, 224, 2, 35, 64, 96},
+      {DType::q4_1, 9, 96, 0, 9, 0, 96},
+      {DType::q5_0, 13, 128, 1, 11, 32, 64},
+      {DType::q5_1, 6, 64, 0, 6, 0, 64},
+      {DType::q2_k, 5, 512, 0, 5, 0, 512},
+      {DType::q3_k, 7, 512, 1, 6, 256, 256},
+      {DType::q4_k, 11, 768, 0, 11, 0, 768},
+      {DType::q4_k, 11, 768, 3, 7, 128, 384},   // a view inside blocks: decoded whole, columns picked
+      {DType::q5_k, 5, 256, 0, 5, 0, 256},
+      {DType::q6_k, 9, 512, 2, 7, 0, 512},
   };
   for (auto kernels : {ops::MatmulKernels::best, ops::MatmulKernels::avx2}) {
     ops::set_matmul_kernels(kernels);
@@ -322,6 +377,9 @@ TEST(Matmul, ResultsDoNotDependOnTheBatch) {
       {DType::f16, 45, 300, 2, 43, 5, 283},
       {DType::bf16, 45, 300, 0, 45, 0, 300},
       {DType::q8_0, 45, 320, 3, 41, 64, 224},
+      {DType::q4_0, 45, 320, 3, 41, 64, 224},
+      {DType::q4_k, 13, 512, 1, 12, 0, 512},
+      {DType::q6_k, 13, 512, 0, 13, 256, 256},
   };
   for (auto kernels : {ops::MatmulKernels::best, ops::MatmulKernels::avx2}) {
     ops::set_matmul_kernels(kernels);

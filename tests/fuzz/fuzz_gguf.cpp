@@ -20,10 +20,11 @@ namespace {
 // points outside the input.
 void touch(const TensorView& t) {
   if (t.empty() || t.elements() <= 0) return;
-  std::int64_t n = std::min<std::int64_t>(32, t.elements());
-  std::vector<float> out(static_cast<std::size_t>(n));
+  const std::int64_t blk = dtype_block(t.dtype);  // 1, 32 or 256: decode whole blocks
+  std::int64_t n = std::min<std::int64_t>(256, t.elements());
+  std::vector<float> out(static_cast<std::size_t>(std::max<std::int64_t>(n, blk)));
   to_f32(t, 0, n, out.data());
-  std::int64_t last = (t.elements() - 1) / 32 * 32;
+  std::int64_t last = (t.elements() - 1) / blk * blk;
   to_f32(t, last, t.elements() - last, out.data());
 }
 

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Builds the libFuzzer targets for the model parsers (fuzz_gguf, fuzz_llama2c)
+# Builds the libFuzzer targets for the model parsers (fuzz_gguf, fuzz_llama2c,
+# fuzz_quant: the block decoders)
 # with clang++ -fsanitize=fuzzer,address,undefined, compiling the lib/model
 # sources directly, and runs each for a short time on a seed corpus made from
 # the real test files (copied to a temp folder, never into the repository).
@@ -41,11 +42,11 @@ fi
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -I"$src/lib")
 libsrc=("$src/lib/model/gguf.cpp" "$src/lib/model/llama2c.cpp" "$src/lib/model/model.cpp" "$src/lib/model/tokenizer.cpp"
-        "$src/lib/model/unicode.cpp")
+        "$src/lib/model/unicode.cpp" "$src/lib/model/quant.cpp" "$src/lib/engine/quant_matmul.cpp")
 libs=(-licuuc)  # the tokenizer's Unicode classes (ICU, as in the meson build)
 
 # Seed corpora from the real files.
-mkdir -p "$tmp/seed_gguf" "$tmp/seed_llama2c"
+mkdir -p "$tmp/seed_gguf" "$tmp/seed_llama2c" "$tmp/seed_quant"
 sd=$data/models/stories260K
 vd=$data/models/llama.cpp-vocab
 for f in "$sd/stories260K.gguf"; do
@@ -62,10 +63,20 @@ for f in "$vd/ggml-vocab-llama-spm.gguf" "$vd/ggml-vocab-gpt-2.gguf"; do
   [ -f "$f" ] && head -c 65536 "$f" >"$tmp/seed_gguf/$(basename "$f" .gguf)-head.gguf"
 done
 [ -f "$sd/tok512.bin" ] && head -c 600 "$sd/tok512.bin" >"$tmp/seed_llama2c/tokhead.bin"
+# A quantized model (Q2_K, 0.6 MB) for the GGUF target too: its K-quant tensor infos.
+[ -f "$data/models/arch-refs/llama-Q2_K-pure.gguf" ] && cp "$data/models/arch-refs/llama-Q2_K-pure.gguf" "$tmp/seed_gguf/"
+# Quant seeds: a type byte, then real blocks from the arch-refs files' tensor data (their last 4 KiB).
+ad=$data/models/arch-refs
+i=0
+for f in "$ad"/llama-Q*.gguf; do
+  [ -f "$f" ] || continue
+  { printf "\\$(printf '%03o' $i)"; tail -c 4096 "$f"; } >"$tmp/seed_quant/$(basename "$f" .gguf)"
+  i=$((i + 1))
+done
 [ -n "$(ls "$tmp/seed_gguf")" ] || echo "note: no test data under $data; fuzzing from empty corpora"
 
 status=0
-for target in fuzz_gguf fuzz_llama2c; do
+for target in fuzz_gguf fuzz_llama2c fuzz_quant; do
   exe=$work/fuzz/$target
   echo "== $target: building"
   if ! "$CXX" "${flags[@]}" "$src/tests/fuzz/$target.cpp" "${libsrc[@]}" "${libs[@]}" -o "$exe"; then

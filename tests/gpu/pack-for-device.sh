@@ -3,7 +3,8 @@
 # flextp (no Debian packages, no network): the GPU test and benchmark
 # programs from a CUDA build, the shared libraries they need that a CUDA
 # image lacks (OpenBLAS and its Fortran runtime; the CUDA libraries -- cudart,
-# cuBLAS, NCCL -- are found there instead), and the stories260K test data.
+# cuBLAS, NCCL -- are found there instead), the stories260K test data and
+# the arch-refs F32 models with llama.cpp's references.
 #
 # usage: tests/gpu/pack-for-device.sh [BUILD_DIR] [OUT_DIR]
 #   BUILD_DIR  a build configured with -Dcuda=enabled (default: build)
@@ -33,6 +34,16 @@ if [ -d "$data/models/stories260K" ]; then
   cp -r "$data/models/stories260K" "$stage/data/models/"
 else
   echo "pack-for-device: $data/models/stories260K not found: the goldens will be skipped there" >&2
+fi
+# The arch-refs F32 models and llama.cpp's references (test-cuda-engine).
+refs="$data/models/arch-refs"
+if [ -f "$refs/references.jsonl" ]; then
+  mkdir -p "$stage/data/models/arch-refs"
+  for f in references.jsonl llama-f32.gguf llama3-ropefreqs-f32.gguf qwen2-f32.gguf qwen3-f32.gguf; do
+    cp "$refs/$f" "$stage/data/models/arch-refs/"
+  done
+else
+  echo "pack-for-device: $refs/references.jsonl not found: the arch-refs checks will be skipped there" >&2
 fi
 mkdir -p "$out"
 tar -C "$stage" -czf "$out/ftp-gpu.tar.gz" .

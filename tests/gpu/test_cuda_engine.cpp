@@ -3,8 +3,8 @@
 // stories260K greedy tokens at TP 1 and at TP 2 with both ranks on one GPU
 // (graphs on and off), logits of synthetic models in F32/F16/BF16/Q8_0 for
 // a prefill batch (cuBLAS path) and decode batches (GEMV, graphs), several
-// sequences at once, and a domain of another gear built beside a running
-// one. Plain main: exit 77 (skip) without a GPU or without the data.
+// sequences at once, a domain of another gear built beside a running one,
+// and the arch-refs F32 models against llama.cpp. Plain main: exit 77 (skip) without a GPU or without the data.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +27,7 @@
 #include "engine/weight_store.hpp"
 #include "kernels/launch.cuh"
 #include "model/model.hpp"
+#include "llama_refs.hpp"
 #include "synthetic_gguf.hpp"
 #include "test_data.hpp"
 #include "gpu_tests.hpp"
@@ -239,6 +240,34 @@ void synthetic_logits(Backend& cuda, const std::filesystem::path& dir) {
   }
 }
 
+/// The types the CUDA kernels do not run yet (Q4_0, Q4_1, Q5_0, Q5_1,
+/// Q2_K..Q6_K) are refused when the stage is built, naming the tensor and
+/// its type, before any upload (tests/gpu/README.md lists what is pending).
+void refuses_pending_types(Backend& cuda, const std::filesystem::path& dir) {
+  for (DType dt : {DType::q4_0, DType::q4_k}) {
+    ftp::testing::SyntheticShape s;
+    s.n_layer = 1;
+    s.n_embd = 256;
+    s.n_ff = 256;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.dtype = dt;
+    const std::string file = (dir / (std::string("pending-") + ftp::model::dtype_name(dt) + ".gguf")).string();
+    ftp::testing::write_synthetic_gguf(file, s);
+    ftp::model::Model m = ftp::model::load_model(file);
+    WeightStore store(m);
+    std::string err;
+    try {
+      Executor gpu(store, {stage(s.n_layer, 1, {0})}, 8, 16, &cuda, 8);
+    } catch (const ftp::InputError& e) {
+      err = e.what();
+    }
+    const std::string want = std::string("tensor 'token_embd.weight' is ") + ftp::model::dtype_name(dt);
+    check(err.find(want) != std::string::npos,
+          std::string("a ") + ftp::model::dtype_name(dt) + " model on the CUDA backend is refused naming the tensor (" + err + ")");
+  }
+}
+
 /// A domain of TP 2 (both ranks on cuda:0) built while a TP 1 domain of the
 /// same weights serves: the weights are resident, only views, KV and
 /// buffers are made.
@@ -303,6 +332,40 @@ void another_gear(Backend& cuda, const std::filesystem::path& dir) {
 
 }  // namespace
 
+/// The arch-refs F32 models (llama, Llama 3 rope_freqs + tied, qwen2,
+/// qwen3) against llama.cpp on the CUDA backend, at TP 1 and the largest
+/// TP x PP (every rank on GPU 0), as tests/engine/test_arch_refs.cpp does on
+/// the CPU.
+void arch_refs(Backend& cuda) {
+  using namespace ftp::test;
+  const std::string refs_path = arch_refs_dir() + "/references.jsonl";
+  if (!std::filesystem::exists(refs_path)) {
+    std::printf("skip arch-refs: %s not found\n", refs_path.c_str());
+    return;
+  }
+  const auto refs = read_llama_refs(refs_path);
+  for (const RefModel& rm : supported_ref_models()) {
+    if (rm.weights != RefWeights::f32) continue;
+    const std::string file = arch_refs_dir() + "/" + rm.file;
+    if (!std::filesystem::exists(file)) {
+      std::printf("skip arch-refs %s: not found\n", file.c_str());
+      continue;
+    }
+    const ftp::model::Model m = ftp::model::load_model(file);
+    const WeightStore store(m);
+    const RefTolerance tol = tolerance_of(rm.weights);
+    for (const RefGear& gear : ref_gears(m.hparams))
+      for (const LlamaRef& ref : refs_of_model(refs, rm.file)) {
+        const RefOutcome o = run_llama_ref(store, gear, ref, tol, &cuda);
+        char line[160];
+        std::snprintf(line, sizeof line, "logits %.2e", o.logit_error);
+        const std::string what = "arch-refs " + std::string(rm.file) + " \"" + ref.prompt + "\" at " + gear.name + ": ";
+        check(o.logit_error < tol.logit_rel, what + line);
+        check(o.token_failure.empty(), what + "greedy tokens" + (o.token_failure.empty() ? "" : ": " + o.token_failure));
+      }
+  }
+}
+
 int main() {
   std::vector<ftp::backend::GpuInfo> gpus;
   if (int rc = ftp::test::discover_gpus_or_skip(gpus); rc != 0) return rc;
@@ -314,7 +377,9 @@ int main() {
     stories260k_goldens();
     stories260k_domain(cuda);
     synthetic_logits(cuda, dir);
+    refuses_pending_types(cuda, dir);
     another_gear(cuda, dir);
+    arch_refs(cuda);
     if (gpus.size() > 1) {
       std::vector<int> all;
       for (const auto& g : gpus) all.push_back(g.index);

@@ -207,56 +207,106 @@ void test_add_rmsnorm() {
   report_exact("add_rmsnorm_f32 n=4096: x holds the sum", bad, sum.size());
 }
 
+/// RoPE variants the kernels take: llama's adjacent pairs or NEOX halves,
+/// with or without Llama 3 frequency factors (n_rot / 2 of them).
+struct RopeMode {
+  ftp::model::RopeType type;
+  bool factors;
+  std::string name() const {
+    return std::string(type == ftp::model::RopeType::neox ? "neox" : "norm") + (factors ? "+freq_factors" : "");
+  }
+};
+const RopeMode kRopeModes[] = {{ftp::model::RopeType::norm, false},
+                               {ftp::model::RopeType::neox, false},
+                               {ftp::model::RopeType::norm, true},
+                               {ftp::model::RopeType::neox, true}};
+
+/// Llama-3-like factors: 1 for the fast pairs, up to 8 for the slow ones.
+std::vector<float> rope_factors(int n_rot) {
+  std::vector<float> f(static_cast<std::size_t>(n_rot / 2));
+  for (std::size_t i = 0; i < f.size(); ++i) f[i] = 1.0f + 7.0f * static_cast<float>(i) / static_cast<float>(f.size());
+  return f;
+}
+
 /// rope of q and k and the KV write in one launch, against ops::rope and
 /// KvStore's layout; n_rot < head_dim leaves dimensions unrotated.
 void test_rope_kv_write() {
   const int nq = 4, nkv = 2, hd = 16, n_rot = 12, B = 4, n_blocks = 6;
   std::vector<int> pos = {0, 5, 6, 300}, slots = {9, 2, 3, 20};
   const int t = static_cast<int>(pos.size());
-  auto q = randn(static_cast<std::size_t>(t) * nq * hd), kx = randn(static_cast<std::size_t>(t) * nkv * hd),
-       vx = randn(static_cast<std::size_t>(t) * nkv * hd);
-  const std::size_t page_floats = static_cast<std::size_t>(n_blocks) * nkv * B * hd;
-  Dev<float> dq(q), dk(kx), dv(vx), dkp(page_floats), dvp(page_floats);
-  Dev<int> dpos(pos), dslots(slots);
-  cu(cudaMemset(dkp.p(), 0, page_floats * 4), "memset");
-  cu(cudaMemset(dvp.p(), 0, page_floats * 4), "memset");
-  done(k::rope_kv_write_f32(dq.p(), nq, dk.p(), dv.p(), nkv, t, hd, n_rot, dpos.p(), 10000.0f, dkp.p(), dvp.p(), B,
-                            dslots.p(), nullptr),
-       "rope_kv_write_f32");
-  std::vector<float> wq = q, wk = kx, wkp(page_floats, 0.0f), wvp(page_floats, 0.0f);
-  for (int r = 0; r < t; ++r) {
-    ftp::engine::ops::rope(&wq[static_cast<std::size_t>(r) * nq * hd], nq, hd, n_rot, pos[r], 10000.0f);
-    ftp::engine::ops::rope(&wk[static_cast<std::size_t>(r) * nkv * hd], nkv, hd, n_rot, pos[r], 10000.0f);
-    const int blk = slots[r] / B, slot = slots[r] % B;
-    for (int h = 0; h < nkv; ++h)
-      for (int d = 0; d < hd; ++d) {
-        const std::size_t dst = ((static_cast<std::size_t>(blk) * nkv + h) * B + slot) * hd + d;
-        wkp[dst] = wk[(static_cast<std::size_t>(r) * nkv + h) * hd + d];
-        wvp[dst] = vx[(static_cast<std::size_t>(r) * nkv + h) * hd + d];
-      }
+  for (const RopeMode& mode : kRopeModes) {
+    auto q = randn(static_cast<std::size_t>(t) * nq * hd), kx = randn(static_cast<std::size_t>(t) * nkv * hd),
+         vx = randn(static_cast<std::size_t>(t) * nkv * hd);
+    const std::size_t page_floats = static_cast<std::size_t>(n_blocks) * nkv * B * hd;
+    const std::vector<float> ff = rope_factors(n_rot);
+    Dev<float> dq(q), dk(kx), dv(vx), dkp(page_floats), dvp(page_floats), dff(ff);
+    Dev<int> dpos(pos), dslots(slots);
+    const bool neox = mode.type == ftp::model::RopeType::neox;
+    const float* factors = mode.factors ? ff.data() : nullptr;
+    cu(cudaMemset(dkp.p(), 0, page_floats * 4), "memset");
+    cu(cudaMemset(dvp.p(), 0, page_floats * 4), "memset");
+    done(k::rope_kv_write_f32(dq.p(), nq, dk.p(), dv.p(), nkv, t, hd, n_rot, dpos.p(), 10000.0f, neox,
+                              mode.factors ? dff.p() : nullptr, dkp.p(), dvp.p(), B, dslots.p(), nullptr),
+         "rope_kv_write_f32");
+    std::vector<float> wq = q, wk = kx, wkp(page_floats, 0.0f), wvp(page_floats, 0.0f);
+    for (int r = 0; r < t; ++r) {
+      ftp::engine::ops::rope(&wq[static_cast<std::size_t>(r) * nq * hd], nq, hd, n_rot, pos[r], 10000.0f, mode.type,
+                             factors);
+      ftp::engine::ops::rope(&wk[static_cast<std::size_t>(r) * nkv * hd], nkv, hd, n_rot, pos[r], 10000.0f, mode.type,
+                             factors);
+      const int blk = slots[r] / B, slot = slots[r] % B;
+      for (int h = 0; h < nkv; ++h)
+        for (int d = 0; d < hd; ++d) {
+          const std::size_t dst = ((static_cast<std::size_t>(blk) * nkv + h) * B + slot) * hd + d;
+          wkp[dst] = wk[(static_cast<std::size_t>(r) * nkv + h) * hd + d];
+          wvp[dst] = vx[(static_cast<std::size_t>(r) * nkv + h) * hd + d];
+        }
+    }
+    const std::string m = "rope_kv_write_f32 " + mode.name();
+    report(m + ": q rotated", nmse(dq.get(), wq), 1e-6);
+    report(m + ": k rotated", nmse(dk.get(), wk), 1e-6);
+    report(m + ": K pages", nmse(dkp.get(), wkp), 1e-6);
+    std::vector<float> gv = dvp.get();
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < page_floats; ++i) bad += gv[i] != wvp[i];
+    report_exact(m + ": V pages", bad, page_floats);
   }
-  report("rope_kv_write_f32: q rotated", nmse(dq.get(), wq), 1e-6);
-  report("rope_kv_write_f32: k rotated", nmse(dk.get(), wk), 1e-6);
-  report("rope_kv_write_f32: K pages", nmse(dkp.get(), wkp), 1e-6);
-  std::vector<float> gv = dvp.get();
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < page_floats; ++i) bad += gv[i] != wvp[i];
-  report_exact("rope_kv_write_f32: V pages", bad, page_floats);
 }
 
 void test_rope() {
   const int heads = 6, hd = 16, ld = heads * hd + 8;
-  for (int n_rot : {16, 12}) {
-    std::vector<int> pos = {0, 1, 17, 1000, 4095};
-    const int t = static_cast<int>(pos.size());
-    auto v = randn(static_cast<std::size_t>(t) * ld);
-    Dev<float> dv(v);
-    Dev<int> dpos(pos);
-    done(k::rope_f32(dv.p(), ld, t, heads, hd, n_rot, dpos.p(), 10000.0f, nullptr), "rope_f32");
-    std::vector<float> want = v;
-    for (int r = 0; r < t; ++r) ftp::engine::ops::rope(&want[r * ld], heads, hd, n_rot, pos[r], 10000.0f);
-    report("rope_f32 n_rot=" + std::to_string(n_rot) + " pos<=4095", nmse(dv.get(), want), 1e-6);
-  }
+  for (const RopeMode& mode : kRopeModes)
+    for (int n_rot : {16, 12}) {
+      std::vector<int> pos = {0, 1, 17, 1000, 4095};
+      const int t = static_cast<int>(pos.size());
+      auto v = randn(static_cast<std::size_t>(t) * ld);
+      const std::vector<float> ff = rope_factors(n_rot);
+      Dev<float> dv(v), dff(ff);
+      Dev<int> dpos(pos);
+      done(k::rope_f32(dv.p(), ld, t, heads, hd, n_rot, dpos.p(), 10000.0f, mode.type == ftp::model::RopeType::neox,
+                       mode.factors ? dff.p() : nullptr, nullptr),
+           "rope_f32");
+      std::vector<float> want = v;
+      for (int r = 0; r < t; ++r)
+        ftp::engine::ops::rope(&want[r * ld], heads, hd, n_rot, pos[r], 10000.0f, mode.type,
+                               mode.factors ? ff.data() : nullptr);
+      report("rope_f32 " + mode.name() + " n_rot=" + std::to_string(n_rot) + " pos<=4095", nmse(dv.get(), want), 1e-6);
+    }
+}
+
+/// The q/k/v bias add over rows, exactly.
+void test_add_bias() {
+  const int t = 5, n = 96;
+  auto x = randn(static_cast<std::size_t>(t) * n), b = randn(static_cast<std::size_t>(n));
+  Dev<float> dx(x), db(b);
+  done(k::add_bias_f32(dx.p(), db.p(), t, n, nullptr), "add_bias_f32");
+  std::vector<float> want = x;
+  for (int r = 0; r < t; ++r)
+    for (int i = 0; i < n; ++i) want[static_cast<std::size_t>(r) * n + i] += b[static_cast<std::size_t>(i)];
+  std::vector<float> got = dx.get();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
+  report_exact("add_bias_f32", bad, want.size());
 }
 
 void test_elementwise() {
@@ -732,6 +782,7 @@ int main() {
     test_rope();
     test_add_rmsnorm();
     test_rope_kv_write();
+    test_add_bias();
     test_elementwise();
     test_matvec();
     test_matvec_multi();

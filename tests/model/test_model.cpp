@@ -646,16 +646,42 @@ TEST_F(Damaged, TensorOffsetOutOfBounds) {
 TEST_F(Damaged, UnsupportedTensorType) {
   GgufBuilder b = GgufBuilder::from(GgufFile::parse(gguf.data(), gguf.size(), "x"));
   auto& t = b.tensor("blk.0.attn_q.weight");
-  t.type = ggml_type::q4_0;
-  t.data.resize(64 * 64 / 32 * 18);
-  std::string m = load_error("q4.gguf", b.bytes());
-  EXPECT_HAS(m, "q4.gguf");
+  t.type = ggml_type::q8_1;  // a type ggml knows (and sizes) that the loader does not run
+  t.data.resize(64 * 64 / 32 * 36);
+  std::string m = load_error("q81.gguf", b.bytes());
+  EXPECT_HAS(m, "q81.gguf");
   EXPECT_HAS(m, "'blk.0.attn_q.weight'");
-  EXPECT_HAS(m, "unsupported tensor type Q4_0");
+  EXPECT_HAS(m, "unsupported tensor type Q8_1");
   t.type = 99;
   m = load_error("t99.gguf", b.bytes());
   EXPECT_HAS(m, "'blk.0.attn_q.weight'");
   EXPECT_HAS(m, "unsupported tensor type type 99");
+}
+
+TEST_F(Damaged, QuantizedRowNotAWholeNumberOfBlocks) {
+  // stories260K's attn_q has rows of 64 (a quarter of a K-quant
+  // super-block), its ffn_down rows of 172 (not a multiple of 32).
+  GgufBuilder b = GgufBuilder::from(GgufFile::parse(gguf.data(), gguf.size(), "x"));
+  auto& q = b.tensor("blk.1.attn_q.weight");
+  q.type = ggml_type::q4_k;
+  q.data.resize(q.data.size() / 4);
+  std::string m = load_error("rows.gguf", b.bytes());
+  EXPECT_HAS(m, "rows.gguf");
+  EXPECT_HAS(m, "'blk.1.attn_q.weight'");
+  EXPECT_HAS(m, "Q4_K needs rows of a multiple of 256 elements, shape is [64, 64]");
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  // Blocks of 32 fit rows of 64: the same tensor as Q4_0 loads...
+  q.type = ggml_type::q4_0;
+  q.data.resize(64 * 64 / 32 * 18);
+  std::string p = tmp.write("q40.gguf", b.bytes());
+  EXPECT_EQ(load_model(p).weights.layers[1].wq.dtype, DType::q4_0);
+  // ... but not rows of 172.
+  auto& d = b.tensor("blk.1.ffn_down.weight");
+  d.type = ggml_type::q5_1;
+  d.data.resize(172 * 64 / 32 * 24);
+  m = load_error("rows172.gguf", b.bytes());
+  EXPECT_HAS(m, "rows172.gguf");
+  EXPECT_HAS(m, "'blk.1.ffn_down.weight': Q5_1 needs rows of a multiple of 32 elements, shape is [172, 64]");
 }
 
 TEST_F(Damaged, UnsupportedArchitecture) {
@@ -673,6 +699,92 @@ TEST_F(Damaged, UnsupportedArchitecture) {
   m = load_error("arch.gguf", b.bytes());
   EXPECT_HAS(m, "unsupported architecture 'gpt\\x0aINFO: ok\\x1b[2J'");
   EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+}
+
+// The loader's architecture table: a tensor the architecture requires that
+// is missing, one it does not use, a RoPE scaling it does not apply: each
+// refused with the file and the tensor or key named, on one line.
+TEST_F(Damaged, ArchitectureTensors) {
+  GgufBuilder b = GgufBuilder::from(GgufFile::parse(gguf.data(), gguf.size(), "x"));
+  b.set_string("general.architecture", "qwen3");
+  for (const auto& kv : std::vector<GgufBuilder::KV>(b.kvs))
+    if (kv.key.rfind("llama.", 0) == 0) b.kvs.push_back({"qwen3." + kv.key.substr(6), kv.enc});
+  std::string m = load_error("q3.gguf", b.bytes());
+  EXPECT_HAS(m, "q3.gguf: tensor 'blk.0.attn_q_norm.weight': missing (architecture qwen3 requires it)");
+
+  b = GgufBuilder::from(GgufFile::parse(gguf.data(), gguf.size(), "x"));
+  GgufBuilder::T extra = b.tensor("blk.0.attn_norm.weight");
+  extra.name = "blk.0.attn_output.bias";
+  b.tensors.push_back(extra);
+  m = load_error("bo.gguf", b.bytes());
+  EXPECT_HAS(m, "bo.gguf: tensor 'blk.0.attn_output.bias': not used by architecture llama (unsupported)");
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+
+  b = GgufBuilder::from(GgufFile::parse(gguf.data(), gguf.size(), "x"));
+  b.set_string("llama.rope.scaling.type", "yarn");
+  m = load_error("yarn.gguf", b.bytes());
+  EXPECT_HAS(m, "yarn.gguf: metadata 'llama.rope.scaling.type': unsupported RoPE scaling 'yarn'");
+  b.set_string("llama.rope.scaling.type", "none");
+  EXPECT_EQ(load_model(tmp.write("none.gguf", b.bytes())).hparams.rope_type, RopeType::norm);
+}
+
+std::string arch_ref(const std::string& f) { return data_dir() + "/models/arch-refs/" + f; }
+
+TEST_F(Damaged, MissingQwen2Bias) {
+  NEED_FILE(arch_ref("qwen2-f32.gguf"));
+  const std::string q2 = read_bytes(arch_ref("qwen2-f32.gguf"));
+  GgufBuilder b = GgufBuilder::from(GgufFile::parse(q2.data(), q2.size(), "x"));
+  b.drop_tensor("blk.1.attn_k.bias");
+  std::string m = load_error("nobias.gguf", b.bytes());
+  EXPECT_HAS(m, "nobias.gguf: tensor 'blk.1.attn_k.bias': missing (architecture qwen2 requires it)");
+  // A bias of the wrong length names its expected shape.
+  b = GgufBuilder::from(GgufFile::parse(q2.data(), q2.size(), "x"));
+  b.tensor("blk.0.attn_q.bias").ne = {64};
+  b.tensor("blk.0.attn_q.bias").data.resize(64 * 4);
+  m = load_error("short.gguf", b.bytes());
+  EXPECT_HAS(m, "short.gguf: tensor 'blk.0.attn_q.bias': shape [64] does not match the metadata: expected [256]");
+}
+
+TEST(Model, ArchitecturesOfArchRefs) {
+  // What the table gives each architecture (arch-refs README): RoPE type,
+  // the optional tensors, tied output.
+  for (const char* f : {"llama-f32.gguf", "llama3-ropefreqs-f32.gguf", "qwen2-f32.gguf", "qwen3-f32.gguf"})
+    NEED_FILE(arch_ref(f));
+  Model l = load_model(arch_ref("llama-f32.gguf"));
+  EXPECT_EQ(l.hparams.rope_type, RopeType::norm);
+  EXPECT_FALSE(l.hparams.tied_output);
+  EXPECT_TRUE(l.weights.rope_freqs.empty());
+  EXPECT_TRUE(l.weights.layers[0].bq.empty());
+  EXPECT_EQ(l.weights.layers[0].tensors().size(), 9u);
+
+  Model l3 = load_model(arch_ref("llama3-ropefreqs-f32.gguf"));
+  EXPECT_EQ(l3.hparams.rope_type, RopeType::norm);
+  EXPECT_TRUE(l3.hparams.tied_output);
+  EXPECT_FLOAT_EQ(l3.hparams.rope_theta, 500000.0f);
+  ASSERT_EQ(l3.weights.rope_freqs.elements(), 16);
+  std::vector<float> ff(16);
+  to_f32(l3.weights.rope_freqs, 0, 16, ff.data());
+  EXPECT_FLOAT_EQ(ff[0], 1.0f);
+  EXPECT_NEAR(ff[8], 2.69453001f, 1e-6);
+  EXPECT_FLOAT_EQ(ff[15], 8.0f);
+
+  Model q2 = load_model(arch_ref("qwen2-f32.gguf"));
+  EXPECT_EQ(q2.hparams.rope_type, RopeType::neox);
+  EXPECT_FLOAT_EQ(q2.hparams.rms_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(q2.hparams.rope_theta, 1e6f);
+  EXPECT_EQ(q2.hparams.n_rot, 32);
+  EXPECT_EQ(q2.weights.layers[1].bq.elements(), 256);
+  EXPECT_EQ(q2.weights.layers[1].bk.elements(), 64);
+  EXPECT_EQ(q2.weights.layers[1].bv.elements(), 64);
+  EXPECT_TRUE(q2.weights.layers[1].q_norm.empty());
+
+  Model q3 = load_model(arch_ref("qwen3-f32.gguf"));
+  EXPECT_EQ(q3.hparams.rope_type, RopeType::neox);
+  EXPECT_EQ(q3.hparams.head_dim, 32);
+  EXPECT_EQ(q3.weights.layers[0].q_norm.elements(), 32);
+  EXPECT_EQ(q3.weights.layers[0].k_norm.elements(), 32);
+  EXPECT_TRUE(q3.weights.layers[0].bq.empty());
+  EXPECT_EQ(q3.weights.layers[0].tensors().size(), 11u);
 }
 
 // A vocabulary the tokenizer cannot use is refused at load, with the file

@@ -28,10 +28,44 @@ std::uint32_t ggml_type(DType t) {
   switch (t) {
     case DType::f32: return 0;
     case DType::f16: return 1;
+    case DType::q4_0: return 2;
+    case DType::q4_1: return 3;
+    case DType::q5_0: return 6;
+    case DType::q5_1: return 7;
     case DType::q8_0: return 8;
+    case DType::q2_k: return 10;
+    case DType::q3_k: return 11;
+    case DType::q4_k: return 12;
+    case DType::q5_k: return 13;
+    case DType::q6_k: return 14;
     case DType::bf16: return 30;
   }
   return 0;
+}
+
+/// Offsets of a block's f16 fields and the magnitude of (quant x sub-scale)
+/// at its largest, per ggml-common.h; mins (the second field of Q4_1, Q5_1
+/// and the K-quants but Q3_K, Q6_K) get a tenth of the scale.
+struct HalfFields {
+  int at[2];
+  int n;
+  float q_max;
+};
+HalfFields half_fields(DType t) {
+  switch (t) {
+    case DType::q8_0: return {{0, 0}, 1, 127};
+    case DType::q4_0: return {{0, 0}, 1, 8};
+    case DType::q4_1: return {{0, 2}, 2, 15};
+    case DType::q5_0: return {{0, 0}, 1, 16};
+    case DType::q5_1: return {{0, 2}, 2, 31};
+    case DType::q2_k: return {{80, 82}, 2, 3 * 15};
+    case DType::q3_k: return {{108, 0}, 1, 4 * 32};
+    case DType::q4_k: return {{0, 2}, 2, 15 * 63};
+    case DType::q5_k: return {{0, 2}, 2, 31 * 63};
+    case DType::q6_k: return {{208, 0}, 1, 32 * 128};
+    default: break;
+  }
+  throw Error(std::string("random_blocks: ") + model::dtype_name(t) + " is not a block type");
 }
 
 /// splitmix64: fast, seedable, good enough for weights.
@@ -141,7 +175,9 @@ void write_tensor_data(Writer& w, const Tensor& t, std::uint64_t seed, float std
   for (std::int64_t done = 0; done < n; done += kChunk) {
     const std::int64_t m = std::min(kChunk, n - done);
     buf.resize(model::dtype_bytes(t.dtype, m));
-    if (t.dtype == DType::q8_0) {
+    if (t.dtype != DType::q8_0 && model::dtype_block(t.dtype) > 1) {
+      random_blocks(t.dtype, buf.data(), m / model::dtype_block(t.dtype), rng.next(), a);
+    } else if (t.dtype == DType::q8_0) {
       // Random int8 quants, one f16 scale per block: a real Q8_0 layout.
       const std::uint16_t d = f32_to_f16(a / 127.0f);
       for (std::int64_t b = 0; b < m / 32; ++b) {
@@ -177,7 +213,12 @@ void write_tensor_data(Writer& w, const Tensor& t, std::uint64_t seed, float std
 std::vector<Tensor> tensors_of(const SyntheticShape& s) {
   const std::int64_t hd = s.n_embd / s.n_head, qd = hd * s.n_head, kd = hd * s.n_head_kv;
   std::vector<Tensor> ts;
-  auto mat = [&](std::string name, std::int64_t r, std::int64_t c) { ts.push_back({std::move(name), r, c, s.dtype, false}); };
+  auto mat = [&](std::string name, std::int64_t r, std::int64_t c, bool more_bits = false) {
+    ts.push_back({std::move(name), r, c, s.q4_k_m && more_bits ? DType::q6_k : s.dtype, false});
+  };
+  // llama.cpp's use_more_bits(i, n) for Q4_K_M's attn_v and ffn_down.
+  const int n = s.n_layer;
+  auto more_bits = [n](int l) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; };
   auto vec = [&](std::string name, std::int64_t c) { ts.push_back({std::move(name), 1, c, DType::f32, true}); };
   mat("token_embd.weight", s.n_vocab, s.n_embd);
   for (int l = 0; l < s.n_layer; ++l) {
@@ -185,15 +226,15 @@ std::vector<Tensor> tensors_of(const SyntheticShape& s) {
     vec(b + "attn_norm.weight", s.n_embd);
     mat(b + "attn_q.weight", qd, s.n_embd);
     mat(b + "attn_k.weight", kd, s.n_embd);
-    mat(b + "attn_v.weight", kd, s.n_embd);
+    mat(b + "attn_v.weight", kd, s.n_embd, more_bits(l));
     mat(b + "attn_output.weight", s.n_embd, qd);
     vec(b + "ffn_norm.weight", s.n_embd);
     mat(b + "ffn_gate.weight", s.n_ff, s.n_embd);
-    mat(b + "ffn_down.weight", s.n_embd, s.n_ff);
+    mat(b + "ffn_down.weight", s.n_embd, s.n_ff, more_bits(l));
     mat(b + "ffn_up.weight", s.n_ff, s.n_embd);
   }
   vec("output_norm.weight", s.n_embd);
-  if (!s.tied_output) mat("output.weight", s.n_vocab, s.n_embd);
+  if (!s.tied_output) mat("output.weight", s.n_vocab, s.n_embd, true);
   return ts;
 }
 
@@ -205,8 +246,10 @@ void check(const SyntheticShape& s) {
   if (s.n_head % s.n_head_kv != 0) fail("n_head_kv does not divide n_head");
   if ((s.n_embd / s.n_head) % 2 != 0) fail("the head dimension must be even (RoPE pairs)");
   if (s.n_vocab < 260) fail("n_vocab must be at least 260 (3 specials, 256 bytes, one piece)");
-  if (s.dtype == DType::q8_0 && (s.n_embd % 32 != 0 || s.n_ff % 32 != 0))
-    fail("Q8_0 needs n_embd and n_ff to be multiples of 32");
+  const int blk = model::dtype_block(s.dtype);
+  if (blk > 1 && (s.n_embd % blk != 0 || s.n_ff % blk != 0))
+    fail(std::string(model::dtype_name(s.dtype)) + " needs n_embd and n_ff to be multiples of " + std::to_string(blk));
+  if (s.q4_k_m && s.dtype != DType::q4_k) fail("q4_k_m is a recipe of Q4_K");
 }
 
 }  // namespace
@@ -240,6 +283,22 @@ std::uint16_t f32_to_bf16(float f) {
 }
 
 
+void random_blocks(DType t, std::uint8_t* out, std::int64_t blocks, std::uint64_t seed, float scale) {
+  const HalfFields f = half_fields(t);
+  const int bytes = static_cast<int>(model::dtype_bytes(t, model::dtype_block(t)));
+  Rng rng{seed};
+  const std::uint16_t d = f32_to_f16(scale / f.q_max), m = f32_to_f16(scale / 10 / f.q_max);
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    std::uint8_t* p = out + b * bytes;
+    for (int i = 0; i < bytes; i += 8) {
+      const std::uint64_t r = rng.next();
+      std::memcpy(p + i, &r, static_cast<std::size_t>(std::min(8, bytes - i)));
+    }
+    std::memcpy(p + f.at[0], &d, 2);
+    if (f.n == 2) std::memcpy(p + f.at[1], &m, 2);
+  }
+}
+
 std::uint64_t synthetic_weight_bytes(const SyntheticShape& shape) {
   std::uint64_t b = 0;
   for (const auto& t : tensors_of(shape)) b += tensor_bytes(t);
@@ -272,7 +331,27 @@ void write_synthetic_gguf(const std::string& path, const SyntheticShape& s) {
   kv_str("general.architecture", "llama");
   kv_str("general.name", "synthetic");
   kv_u32("general.alignment", kAlign);
-  kv_u32("general.file_type", s.dtype == DType::f32 ? 0 : s.dtype == DType::f16 ? 1 : s.dtype == DType::q8_0 ? 7 : 32);
+  // llama_ftype numbers: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8, Q5_1 9, Q2_K 10, Q3_K_M 12,
+  // Q4_K_S 14, Q4_K_M 15, Q5_K_M 17, Q6_K 18, BF16 32.
+  auto file_type = [&]() -> std::uint32_t {
+    switch (s.dtype) {
+      case DType::f32: return 0;
+      case DType::f16: return 1;
+      case DType::q4_0: return 2;
+      case DType::q4_1: return 3;
+      case DType::q8_0: return 7;
+      case DType::q5_0: return 8;
+      case DType::q5_1: return 9;
+      case DType::q2_k: return 10;
+      case DType::q3_k: return 12;
+      case DType::q4_k: return s.q4_k_m ? 15 : 14;
+      case DType::q5_k: return 17;
+      case DType::q6_k: return 18;
+      case DType::bf16: return 32;
+    }
+    return 0;
+  };
+  kv_u32("general.file_type", file_type());
   kv_u32("llama.context_length", static_cast<std::uint32_t>(s.n_ctx));
   kv_u32("llama.embedding_length", static_cast<std::uint32_t>(s.n_embd));
   kv_u32("llama.feed_forward_length", static_cast<std::uint32_t>(s.n_ff));

@@ -1,7 +1,10 @@
 #!/bin/bash
 # ftp-serve one-shot: the stories260K golden outputs, byte for byte, from the
 # GGUF and the llama2.c files, at every gear TP {1,2,4,8} x PP {1,2,5};
-# bad model files exit 2 with one line naming the problem.
+# bad model files exit 2 with one line naming the problem; the arch-refs
+# architectures (llama, Llama 3 rope_freqs, qwen2, qwen3) run, and an
+# unknown architecture or a missing bias is refused; TinyStories-656K gives
+# llama.cpp's goldens.
 set -u
 serve=$1
 data=${FTP_TEST_DATA:-}
@@ -81,6 +84,33 @@ expect_error "tokenizer with a GGUF" "is a GGUF file with its own vocabulary" -m
 expect_error "--gears in one-shot" "--gears: one-shot (--prompt) runs one gear" -m "$m/stories260K.gguf" --gears "$src/examples/gears/stories260K-cpu.json" -p x
 expect_error "--policy without --auto" "--policy: only with --auto" -m "$m/stories260K.gguf" --policy "$src/examples/policies/default.json"
 expect_error "--calibration without --engine sim" "--calibration: only with --engine sim" -m "$m/stories260K.gguf" --calibration /nonexistent
+# The architectures of arch-refs: each runs at its largest gear; an unknown
+# architecture and a missing qwen2 bias are refused with the file and the
+# key named (copies patched in place: same lengths, so the layout holds).
+refs=$data/models/arch-refs
+if [ -f "$refs/qwen2-f32.gguf" ] && [ -f "$refs/llama-f32.gguf" ]; then
+  for f in llama-f32 llama3-ropefreqs-f32 qwen2-f32 qwen3-f32; do
+    "$serve" -m "$refs/$f.gguf" --gear tp=2,pp=2 -p Zoo -n 32 >"$tmp/out" 2>"$tmp/err"
+    check "$f tp=2,pp=2: exit 0" test $? -eq 0
+  done
+  LC_ALL=C sed 's/\(general\.architecture.\{12\}\)llama/\1llamx/' "$refs/llama-f32.gguf" >"$tmp/arch.gguf"
+  expect_error "unknown architecture" "$tmp/arch.gguf: metadata 'general.architecture': unsupported architecture 'llamx' (supported: llama, qwen2, qwen3)" -m "$tmp/arch.gguf" -p x
+  LC_ALL=C sed 's/blk\.0\.attn_q\.bias/blk.0.attn_q.bixs/' "$refs/qwen2-f32.gguf" >"$tmp/nobias.gguf"
+  expect_error "missing qwen2 bias" "$tmp/nobias.gguf: tensor 'blk.0.attn_q.bias': missing (architecture qwen2 requires it)" -m "$tmp/nobias.gguf" -p x
+else
+  echo "note: $refs not found: the architecture checks are skipped"
+fi
+# TinyStories-656K (tied embeddings, another tokenizer): llama.cpp's greedy
+# goldens. Its README measured 3 of the 4 prompts matching for a float32
+# engine ("One day, a big bear" parts at a near-tie of F16 activations).
+ts=$data/models/tinystories-656k
+if [ -f "$ts/goldens-llamacpp-f16.jsonl" ]; then
+  for p in "Once upon a time" "The little dog" "Lily and Tom"; do
+    want=$(jq -r --arg p "$p" 'select(.prompt == $p) | .completion' "$ts/goldens-llamacpp-f16.jsonl")
+    got=$("$serve" -m "$ts/TinyStories-656K.f16.gguf" -p "$p" -n 64 2>/dev/null | head -c -1)
+    check "TinyStories-656K \"$p\": llama.cpp's golden" test -n "$want" -a "$got" = "$want"
+  done
+fi
 "$serve" -m "$m/stories260K.gguf" --backend tpu -p x >"$tmp/out" 2>"$tmp/err"
 check "unknown backend: exit 2" test $? -eq 2
 check "unknown backend: names the choices" grep -qF -- "--backend: tpu not in {cpu,cuda}" "$tmp/err"

@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   std::string ramp;
   auto& app = tool.app();
   app.add_option("-m,--model", d.model_path,
-                 "Model file: GGUF v3, or a llama2.c checkpoint (.bin); with --engine sim also a model-shape JSON")
+                 "Model file: GGUF v3 (llama, qwen2, qwen3), or a llama2.c checkpoint (.bin); with --engine sim also a model-shape JSON")
       ->required()
       ->option_text("PATH");
   app.add_option("--tokenizer", d.tokenizer_path,

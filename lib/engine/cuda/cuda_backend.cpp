@@ -221,6 +221,8 @@ class CudaRank final : public RankBackend {
     try {
       weights_ = cuda::DeviceWeights::get(w, device);
       weights_->ensure(spec.first_layer, spec.n_layers, spec.first_stage, spec.last_stage);
+      neox_ = hp_.rope_type == model::RopeType::neox;
+      if (w.rope_freqs()) rope_freqs_ = norm(w.rope_freqs());
       check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", where_);
       check(cublasCreate(&cublas_), "cublasCreate", where_);
       check(cublasSetStream(cublas_, stream_), "cublasSetStream", where_);
@@ -413,6 +415,16 @@ class CudaRank final : public RankBackend {
     flush();
     gemm(x, v, out, rows);
   }
+  void add_bias(float* x, const VecView& b) override {
+    flush();
+    check(kernels::add_bias_f32(x, norm(b.base) + b.first, n_rows_, static_cast<int>(b.n), stream_), "add_bias_f32",
+          where_);
+  }
+  void head_rmsnorm(float* v, const float* w, int n_heads) override {
+    flush();
+    check(kernels::rmsnorm_f32(v, norm(w), v, n_rows_ * n_heads, hp_.head_dim, hp_.rms_eps, stream_), "rmsnorm_f32 (heads)",
+          where_);
+  }
   void rope(float* v, int n_heads) override {
     // Deferred: q then k, joined by the KV write of k (rope_kv_write_f32).
     if (fuse_ && rope_n_ == 1 && rope_[0].v != v) {
@@ -429,7 +441,7 @@ class CudaRank final : public RankBackend {
   }
   void rope_now(float* v, int n_heads) {
     check(kernels::rope_f32(v, n_heads * hp_.head_dim, n_rows_, n_heads, hp_.head_dim, hp_.n_rot, pos(), hp_.rope_theta,
-                            stream_),
+                            neox_, rope_freqs_, stream_),
           "rope_f32", where_);
   }
   void kv_write(int layer, const float* k, const float* v) override {
@@ -437,7 +449,8 @@ class CudaRank final : public RankBackend {
     if (rope_n_ == 2 && rope_[1].v == k && rope_[1].n_heads == kvh_ && rope_[0].v != v && rope_[1].v != v) {
       rope_n_ = 0;
       check(kernels::rope_kv_write_f32(rope_[0].v, rope_[0].n_heads, rope_[1].v, v, kvh_, n_rows_, hp_.head_dim,
-                                       hp_.n_rot, pos(), hp_.rope_theta, kv_k_ + off, kv_v_ + off, spec_.block_tokens,
+                                       hp_.n_rot, pos(), hp_.rope_theta, neox_, rope_freqs_, kv_k_ + off, kv_v_ + off,
+                                       spec_.block_tokens,
                                        slots(), stream_),
             "rope_kv_write_f32", where_);
       return;
@@ -624,7 +637,7 @@ class CudaRank final : public RankBackend {
 
   const float* norm(const float* host) const {
     const float* d = weights_->vec(host);
-    if (!d) throw BackendError(where_ + ": a norm vector that is not resident on the device");
+    if (!d) throw BackendError(where_ + ": a weight vector (norm, bias, rope_freqs) that is not resident on the device");
     return d;
   }
 
@@ -795,6 +808,8 @@ class CudaRank final : public RankBackend {
   std::string where_;
   std::shared_ptr<StageComm> comm_;
   std::shared_ptr<cuda::DeviceWeights> weights_;
+  bool neox_ = false;                   // the model's RoPE pairs halves (qwen2, qwen3)
+  const float* rope_freqs_ = nullptr;   // device copy of WeightStore::rope_freqs, or null
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
@@ -866,6 +881,7 @@ class CudaBackend final : public Backend {
   std::vector<std::unique_ptr<RankBackend>> make_stage(const WeightStore& weights,
                                                        const std::vector<RankSpec>& specs) override {
     if (specs.empty()) throw InputError("cuda backend: a stage has at least one rank");
+    cuda::check_kernel_dtypes(weights);
     std::vector<int> devices;
     for (const RankSpec& s : specs) {
       const int d = s.gpu < 0 ? 0 : s.gpu;
@@ -893,6 +909,7 @@ class CudaBackend final : public Backend {
   }
 
   std::vector<std::uint64_t> kv_room_bytes(const WeightStore& weights, const std::vector<RankSpec>& ranks) override {
+    cuda::check_kernel_dtypes(weights);
     std::map<int, std::vector<cuda::DeviceWeights::Span>> spans;  // device -> what its ranks read
     std::map<int, int> ranks_on;
     for (const RankSpec& r : ranks) {

@@ -17,17 +17,41 @@ namespace {
 std::mutex g_registry_mu;
 std::map<std::pair<const WeightStore*, int>, std::weak_ptr<DeviceWeights>> g_registry;
 
-kernels::WeightDType kernel_dtype(model::DType d) {
+bool kernel_dtype_of(model::DType d, kernels::WeightDType& out) {
   switch (d) {
-    case model::DType::f32: return kernels::WeightDType::f32;
-    case model::DType::f16: return kernels::WeightDType::f16;
-    case model::DType::bf16: return kernels::WeightDType::bf16;
-    case model::DType::q8_0: return kernels::WeightDType::q8_0;
+    case model::DType::f32: out = kernels::WeightDType::f32; return true;
+    case model::DType::f16: out = kernels::WeightDType::f16; return true;
+    case model::DType::bf16: out = kernels::WeightDType::bf16; return true;
+    case model::DType::q8_0: out = kernels::WeightDType::q8_0; return true;
+    default: return false;
   }
-  return kernels::WeightDType::f32;
+}
+
+[[noreturn]] void refuse(const model::TensorView& t) {
+  throw InputError("cuda backend: tensor '" + t.name + "' is " + model::dtype_name(t.dtype) +
+                   ", which the CUDA kernels do not run yet (they run F32, F16, BF16 and Q8_0; the CPU backend, "
+                   "--backend cpu, runs every type of the file)");
+}
+
+kernels::WeightDType kernel_dtype(const model::TensorView& t) {
+  kernels::WeightDType d{};
+  if (!kernel_dtype_of(t.dtype, d)) refuse(t);
+  return d;
 }
 
 }  // namespace
+
+void check_kernel_dtypes(const WeightStore& w) {
+  const model::Weights& mw = w.model().weights;
+  kernels::WeightDType d{};
+  auto check = [&](const model::TensorView& t) {
+    if (!t.empty() && !kernel_dtype_of(t.dtype, d)) refuse(t);
+  };
+  check(mw.tok_embd);
+  check(mw.output);
+  for (const auto& l : mw.layers)
+    for (const model::TensorView* t : l.tensors()) check(*t);
+}
 
 std::shared_ptr<DeviceWeights> DeviceWeights::get(const WeightStore& w, int device) {
   std::lock_guard lk(g_registry_mu);
@@ -92,13 +116,18 @@ void DeviceWeights::for_each_needed(const Span& sp, Tensor&& tensor, Vec&& vec) 
   const auto E = static_cast<std::size_t>(w_.hparams().n_embd);
   for (int L = sp.first; L < sp.first + sp.n; ++L) {
     const auto& layer = m.weights.layers[static_cast<std::size_t>(L)];
-    for (const model::TensorView* t : layer.tensors())
-      if (t != &layer.attn_norm && t != &layer.ffn_norm) tensor(t);
-    // The norms as the store converted them to float32 (any tp/rank: the same vectors).
+    for (const model::TensorView* t : layer.matrices()) tensor(t);
+    // The vectors as the store converted them to float32 (tp 1: whole; every
+    // rank's VecView is a range of the same vector).
     const RankLayerView v = w_.layer(L, 1, 0);
+    const auto hd = static_cast<std::size_t>(w_.hparams().head_dim);
     vec(v.attn_norm, E, "attn_norm");
     vec(v.ffn_norm, E, "ffn_norm");
+    for (const VecView* b : {&v.bq, &v.bk, &v.bv}) vec(b->base, static_cast<std::size_t>(b->n), "attention bias");
+    vec(v.q_norm, hd, "attn_q_norm");
+    vec(v.k_norm, hd, "attn_k_norm");
   }
+  if (sp.n > 0) vec(w_.rope_freqs(), static_cast<std::size_t>(w_.hparams().n_rot / 2), "rope_freqs");
   if (sp.embedding) tensor(&m.weights.tok_embd);
   if (sp.output) {
     tensor(w_.output().t);
@@ -159,7 +188,7 @@ kernels::WeightView device_view(const DeviceWeights& dw, const MatView& m) {
   if (!d) throw BackendError("cuda backend: tensor " + (m.t ? m.t->name : std::string("?")) + " is not resident on the device");
   kernels::WeightView v;
   v.data = d;
-  v.dtype = kernel_dtype(m.t->dtype);
+  v.dtype = kernel_dtype(*m.t);
   v.ld = m.t->cols;
   v.r0 = m.r0;
   v.rows = m.rows;

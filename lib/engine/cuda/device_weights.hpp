@@ -66,6 +66,11 @@ class DeviceWeights {
   double upload_s_ = 0;
 };
 
+/// Refuses a model with a matrix of a type the CUDA kernels do not run
+/// (they run F32, F16, BF16 and Q8_0; the CPU backend runs Q4_0..Q6_K too):
+/// an ftp::InputError naming the tensor and its type, before any upload.
+void check_kernel_dtypes(const WeightStore& w);
+
 /// A MatView of the store as a view of the device copy (its tensor must be
 /// resident: ensure()). Throws ftp::BackendError otherwise.
 kernels::WeightView device_view(const DeviceWeights& dw, const MatView& m);
