@@ -46,7 +46,7 @@ engine::GenerationRequest OutputProcessor::prepare(const CompletionRequest& r, s
     auto ms_since = [t_us](std::int64_t us) { return static_cast<double>(t_us - us) / 1000.0; };
     if (e.token >= 0) {
       ++tr->tokens;
-      telemetry_.token();
+      telemetry_.token(t);
       if (tr->first_us < 0) {
         tr->first_us = t_us;
         telemetry_.first_token(t, ms_since(tr->arrival_us));

@@ -70,11 +70,21 @@ void Telemetry::observe_ms(Histogram& h, double ms) {
 void Telemetry::request_accepted(std::int64_t t_ms, int prompt_tokens) {
   {
     std::lock_guard lk(mu_);
-    arrivals_.push_back(t_ms);
-    while (!arrivals_.empty() && arrivals_.front() < t_ms - 60000) arrivals_.pop_front();
+    arrivals_.emplace_back(t_ms, prompt_tokens);
+    while (!arrivals_.empty() && arrivals_.front().first < t_ms - 60000) arrivals_.pop_front();
   }
   ++requests_total_;
   tokens_in_ += static_cast<std::uint64_t>(prompt_tokens);
+}
+
+void Telemetry::token(std::int64_t t_ms) {
+  ++tokens_out_;
+  // Counted per second of the clock: one entry a second, not one a token.
+  const std::int64_t second = t_ms / 1000;
+  std::lock_guard lk(mu_);
+  if (decoded_.empty() || decoded_.back().first < second) decoded_.emplace_back(second, 0);
+  ++decoded_.back().second;
+  while (decoded_.size() > 1 && decoded_.front().first < second - 11) decoded_.pop_front();
 }
 
 void Telemetry::first_token(std::int64_t t_ms, double ttft_ms) {
@@ -120,8 +130,20 @@ doc::Observation Telemetry::observe(std::int64_t t_ms, const std::string& gear, 
     o.domains.push_back(d.view);
   }
   std::lock_guard lk(mu_);
-  std::size_t recent = std::count_if(arrivals_.begin(), arrivals_.end(), [&](auto t) { return t >= t_ms - 10000; });
+  std::size_t recent = 0;
+  double prompt_tokens = 0;
+  for (const auto& [t, p] : arrivals_)
+    if (t >= t_ms - 10000) {
+      ++recent;
+      prompt_tokens += p;
+    }
   o.request_rate = static_cast<double>(recent) / 10.0;
+  o.prompt_token_rate = prompt_tokens / 10.0;
+  // The generated tokens of the last ten whole seconds and this one's part.
+  double decoded = 0;
+  for (const auto& [s, n] : decoded_)
+    if (s * 1000 >= t_ms - 10000) decoded += n;
+  o.decode_token_rate = decoded / 10.0;
   depth_samples_.emplace_back(t_ms, o.queue_depth);
   while (!depth_samples_.empty() && depth_samples_.front().first < t_ms - 30000) depth_samples_.pop_front();
   double sum = 0;

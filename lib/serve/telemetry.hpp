@@ -40,8 +40,8 @@ class Telemetry {
   void request_accepted(std::int64_t t_ms, int prompt_tokens);
   /// Its first token came `ttft_ms` after its arrival.
   void first_token(std::int64_t t_ms, double ttft_ms);
-  /// One generated token.
-  void token() noexcept { ++tokens_out_; }
+  /// One generated token at `t_ms`.
+  void token(std::int64_t t_ms);
   /// It finished at `t_ms`: `e2e_ms` after its arrival, `tpot_ms` per token
   /// after the first (none with fewer than two tokens).
   void request_finished(std::int64_t t_ms, int prompt_tokens, int output_tokens, double e2e_ms,
@@ -56,7 +56,8 @@ class Telemetry {
 
   /// The observation at `t_ms` (ARCHITECTURE.md section 4's signals): queue
   /// depth (now and its 30 s mean), estimated queue time (median E2E x
-  /// queue length), request rate (last 10 s), mean prompt and output tokens
+  /// queue length), request rate, the arrivals' prompt tokens per second and
+  /// the generated tokens per second (last 10 s), mean prompt and output tokens
   /// (last 60 s), bubble ratio of pipelined domains, contention index
   /// (share of CPU time taken by other processes and steal over the last
   /// 5 min, from /proc), KV watermark, TTFT/TPOT/E2E P50/P99 (last 30 s),
@@ -85,7 +86,8 @@ class Telemetry {
   mutable std::mutex mu_;  // everything below
   Histogram hist_[3];      // ttft, tpot, e2e (ms)
   std::map<doc::ShiftOutcome, std::uint64_t> shifts_by_outcome_;
-  std::deque<std::int64_t> arrivals_;                                         // arrival times (ms), last 60 s
+  std::deque<std::pair<std::int64_t, int>> arrivals_;                        // (arrival ms, prompt tokens), last 60 s
+  std::deque<std::pair<std::int64_t, std::uint32_t>> decoded_;              // (second, tokens generated in it), last 10 s
   std::deque<std::tuple<std::int64_t, int, int>> finished_;                  // (t, prompt, output tokens), last 60 s
   mutable std::deque<std::pair<std::int64_t, double>> depth_samples_;        // (t, queue depth), last 30 s
   mutable std::map<std::string, std::pair<std::int64_t, double>> busy_seen_;  // domain -> (t, busy s)
