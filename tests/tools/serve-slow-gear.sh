@@ -15,7 +15,7 @@ daemon_sandbox
 model=$src/examples/models/stories260K.json
 
 # Two fast devices (A100-like) and a slow one: a decode step of stories260K
-# (1 MB of weights) takes about 75 ms there, against microseconds.
+# (1 MB of weights) takes about 150 ms there, against microseconds.
 cat >"$tmp/cluster.json" <<'EOF'
 {
   "kind": "ftp.cluster/v1",
@@ -27,7 +27,7 @@ cat >"$tmp/cluster.json" <<'EOF'
        {"id": "fast", "count": 2, "type": "gpu", "name": "fast", "memory_gib": 40,
         "tflop_s": 300, "dtype": "f32", "memory_bandwidth_gb_s": 1500},
        {"id": "slow", "type": "gpu", "name": "slow", "memory_gib": 40,
-        "tflop_s": 0.005, "dtype": "f32", "memory_bandwidth_gb_s": 0.02}
+        "tflop_s": 0.0025, "dtype": "f32", "memory_bandwidth_gb_s": 0.01}
      ]}
   ],
   "fabrics": [{"id": "link", "type": "nvlink", "nodes": ["n0"], "bandwidth_gb_s": 200, "latency_us": 2}]
@@ -59,13 +59,14 @@ state_of() { watch | jq -r --arg g "$1" '[.domains[] | select(.gear == $g) | .st
 mkdir -p "$tmp/load"
 clients=()
 for c in $(seq 1 8); do
-  ( i=0; while [ ! -f "$tmp/stop" ]; do i=$((i+1)); complete "client $c" 8 >"$tmp/load/$c-$i.json"; done ) &
+  ( i=0; while [ ! -f "$tmp/stop" ]; do i=$((i+1)); complete "client $c" 4 >"$tmp/load/$c-$i.json"; done ) &
   clients+=($!)
 done
 # A baseline first: completions on the fast gear.
 for _ in $(seq 1 200); do [ "$(ls "$tmp/load" | wc -l)" -ge 60 ] && break; sleep 0.05; done
-# Half the traffic on the slow gear for 3 s: the check needs 20 samples there.
-"$tools/ftp-shift" --to slow --ramp 0.5,1 --step-interval 3000 >"$tmp/rb.json"; rc=$?
+# Half the traffic on the slow gear for 6 s: the check needs 20 samples
+# there (8 clients, under a second per request).
+"$tools/ftp-shift" --to slow --ramp 0.5,1 --step-interval 6000 >"$tmp/rb.json"; rc=$?
 touch "$tmp/stop"; wait "${clients[@]}"; rm -f "$tmp/stop"
 check "slower gear: ftp-shift exits 6" test $rc -eq 6
 check "slower gear: rolled back" jq -e '.outcome == "rolled-back" and .from == "fast" and .to == "slow"' "$tmp/rb.json"
@@ -77,18 +78,18 @@ check "slower gear: still on the fast gear" test "$(state_of fast)" = serving
 # requests; one still running keeps it draining, without traffic.
 check "slower gear: the slow domain takes no new requests" bash -c "[[ '$(state_of slow)' =~ ^(draining)?$ ]]"
 n=$(ls "$tmp/load" | wc -l)
-check "slower gear: every completion under load has its 8 tokens ($n)" \
-  jq -se 'length > 60 and all(.[]; .usage.completion_tokens == 8 and .choices[0].finish_reason == "length")' "$tmp"/load/*.json
+check "slower gear: every completion under load has its 4 tokens ($n)" \
+  jq -se 'length > 60 and all(.[]; .usage.completion_tokens == 4 and .choices[0].finish_reason == "length")' "$tmp"/load/*.json
 check "slower gear: no failed request" bash -c "curl -s http://127.0.0.1:$port/metrics | grep -qx 'ftp_requests_failed_total 0'"
 
 # The full text of the long request, done alone.
-full=$(complete "the long one" 100 | jq -r '.choices[0].text')
-check "reference: 100 characters of stand-in text" test ${#full} -eq 100
+full=$(complete "the long one" 50 | jq -r '.choices[0].text')
+check "reference: 50 characters of stand-in text" test ${#full} -eq 50
 
 # ---- A domain holding a request stays draining through the next shift.
 "$tools/ftp-shift" --to slow >/dev/null
 check "retire: on the slow gear" test "$(state_of slow)" = serving
-complete "the long one" 100 >"$tmp/long.json" &   # 100 steps of ~75 ms
+complete "the long one" 50 >"$tmp/long.json" &   # 50 steps of ~150 ms
 long=$!
 sleep 0.5
 # The drain timeout (300 ms) passes: the shift commits, the old domain drains on.
@@ -102,15 +103,15 @@ check "retire: the request is still running after the second shift" kill -0 $lon
 check "retire: the slow domain still drains after the second shift" test "$(state_of slow)" = draining
 wait $long
 check "retire: the request finished with its full text" \
-  jq -e --arg t "$full" '.usage.completion_tokens == 100 and .choices[0].finish_reason == "length" and .choices[0].text == $t' "$tmp/long.json"
+  jq -e --arg t "$full" '.usage.completion_tokens == 50 and .choices[0].finish_reason == "length" and .choices[0].text == $t' "$tmp/long.json"
 "$tools/ftp-shift" --to fast >/dev/null
 check "retire: idle, the slow domain is retired at the next shift" test -z "$(state_of slow)"
 
 # ---- ftp-drain waits for the request on the domain it drains.
 "$tools/ftp-shift" --to mixed >/dev/null   # replicas on n0.slow and n0.fast1
-complete "the long one" 100 >"$tmp/d1.json" &   # one on each replica
+complete "the long one" 50 >"$tmp/d1.json" &   # one on each replica
 d1=$!
-complete "the long one" 100 >"$tmp/d2.json" &
+complete "the long one" 50 >"$tmp/d2.json" &
 d2=$!
 sleep 0.5
 "$tools/ftp-drain" --devices n0.slow --follow >"$tmp/drain.jsonl" &
@@ -126,14 +127,14 @@ check "drain: retired after it waited for one request" \
   jq -se 'any(.[]; .state == "draining" and .inflight == 1) and any(.[]; .state == "retired") and .[-1].waited == 1' \
   "$tmp/drain.jsonl"
 check "drain: both requests finished with their full text" \
-  jq -se --arg t "$full" 'all(.[]; .usage.completion_tokens == 100 and .choices[0].text == $t)' "$tmp/d1.json" "$tmp/d2.json"
+  jq -se --arg t "$full" 'all(.[]; .usage.completion_tokens == 50 and .choices[0].text == $t)' "$tmp/d1.json" "$tmp/d2.json"
 check "drain: only the fast replica is left" test "$(watch | jq -c '[.domains[].devices[]]')" = '["n0.fast1"]'
 
 # ---- SIGTERM waits for the request in flight (the drain timeout is SIGTERM's too: a longer one).
 kill -TERM $daemon; wait $daemon; daemon=
 start_daemon_with "$tools/ftp-serve" "$tmp/serve2.log" --engine sim -m "$model" --topology "$tmp/cluster.json" \
   --gears "$tmp/gears.json" --start-gear slow --drain-timeout-ms 60000
-complete "the long one" 100 >"$tmp/last.json" &
+complete "the long one" 50 >"$tmp/last.json" &
 last=$!
 sleep 0.5
 kill -TERM $daemon
@@ -142,5 +143,5 @@ wait $daemon; rc=$?; daemon=
 wait $last
 check "SIGTERM: exit 0" test $rc -eq 0
 check "SIGTERM: the request in flight finished with its full text" \
-  jq -e --arg t "$full" '.usage.completion_tokens == 100 and .choices[0].text == $t' "$tmp/last.json"
+  jq -e --arg t "$full" '.usage.completion_tokens == 50 and .choices[0].text == $t' "$tmp/last.json"
 finish
