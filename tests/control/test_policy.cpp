@@ -86,6 +86,32 @@ TEST(Predictor, AlphaWeighsTheNewestSample) {
   EXPECT_NEAR(p.level(), 150, 1e-9);
 }
 
+// At alpha 0.5 swapping alpha and 1 - alpha changes nothing; at 0.25 the
+// newest sample weighs 0.25 and the projected level 0.75, by hand:
+//   t = 0 s:  level 10 (the first sample), trend 0
+//   t = 1 s:  level = 0.25 x 20 + 0.75 x (10 + 0 x 1) = 12.5
+//             trend = 0.25 x (12.5 - 10) / 1 + 0.75 x 0 = 0.625
+//   t = 3 s:  level = 0.25 x 20 + 0.75 x (12.5 + 0.625 x 2) = 15.3125
+//             trend = 0.25 x (15.3125 - 12.5) / 2 + 0.75 x 0.625 = 0.8203125
+TEST(Predictor, AlphaOfAQuarterFixesTheNewestSamplesWeight) {
+  Predictor p(PredictorConfig{0.25, 10, 0});
+  p.observe(0, 10);
+  EXPECT_DOUBLE_EQ(p.level(), 10);
+  EXPECT_DOUBLE_EQ(p.trend(), 0);
+  p.observe(1000, 20);
+  EXPECT_DOUBLE_EQ(p.level(), 12.5);  // 17.5 with the weights swapped
+  EXPECT_DOUBLE_EQ(p.trend(), 0.625);
+  p.observe(3000, 20);
+  EXPECT_DOUBLE_EQ(p.level(), 15.3125);
+  EXPECT_DOUBLE_EQ(p.trend(), 0.8203125);
+  // The forecast 10 s ahead: level + trend x 10.
+  EXPECT_DOUBLE_EQ(p.forecast(), 15.3125 + 8.203125);
+  // A sample at the same time updates the level only: 0.25 x 4 + 0.75 x 15.3125.
+  p.observe(3000, 4);
+  EXPECT_DOUBLE_EQ(p.level(), 12.484375);
+  EXPECT_DOUBLE_EQ(p.trend(), 0.8203125);
+}
+
 TEST(Predictor, RecentPeakIsRememberedForItsWindowThenForgotten) {
   Predictor p(PredictorConfig{0.25, 0, 60});
   for (int t = 0; t <= 60; t += 10) p.observe(t * 1000, t < 30 ? 100 : 600);

@@ -601,6 +601,86 @@ void test_argmax_and_sampling() {
   report_exact("sample_top_p n=4096 (temperature x top_p x u)", bad, rows);
 }
 
+/// sample_top_p against answers computed by hand (tests/engine/test_sampler.cpp
+/// has the same cases for the CPU): a few logits with known draws, and the
+/// frequencies of 10000 evenly spread draws against the renormalized
+/// distribution (each within 2/10000: a draw u picks token i exactly when u
+/// falls in i's interval of the cumulative mass).
+void test_sampling_by_hand() {
+  struct Case {
+    std::vector<double> probs;  // softmax at temperature 1 (logits = log)
+    float temperature, top_p;
+    float u;
+    int want;
+  };
+  const std::vector<double> p3 = {0.5, 0.3, 0.2, 1e-30}, p4 = {0.4, 0.3, 0.2, 0.1};
+  const std::vector<Case> cases = {
+      // Temperature 1: cumulative 0.5, 0.8, 1.
+      {p3, 1.0f, 1.0f, 0.49f, 0}, {p3, 1.0f, 1.0f, 0.51f, 1}, {p3, 1.0f, 1.0f, 0.81f, 2},
+      // Temperature 2: 0.41545, 0.32180, 0.26275 (square roots, renormalized).
+      {p3, 2.0f, 1.0f, 0.42f, 1}, {p3, 2.0f, 1.0f, 0.74f, 2},
+      // Temperature 0.5: 0.65789, 0.23684, 0.10526 (squares, renormalized).
+      {p3, 0.5f, 1.0f, 0.65f, 0}, {p3, 0.5f, 1.0f, 0.66f, 1}, {p3, 0.5f, 1.0f, 0.90f, 2},
+      // Top-p 0.9 keeps all three (0.5, 0.8 fall short).
+      {p3, 1.0f, 0.9f, 0.85f, 2},
+      // Top-p 0.7 keeps two: 0.625, 0.375.
+      {p3, 1.0f, 0.7f, 0.62f, 0}, {p3, 1.0f, 0.7f, 0.63f, 1}, {p3, 1.0f, 0.7f, 0.99f, 1},
+      // Top-p 0.4 keeps one.
+      {p3, 1.0f, 0.4f, 0.99f, 0},
+      // 0.4 / 0.3 / 0.2 / 0.1, top-p 0.85 keeps three: 0.44444, 0.33333, 0.22222.
+      {p4, 1.0f, 0.85f, 0.44f, 0}, {p4, 1.0f, 0.85f, 0.45f, 1}, {p4, 1.0f, 0.85f, 0.78f, 2}, {p4, 1.0f, 0.85f, 0.999f, 2},
+      // Temperature 2 then top-p 0.7: two, 0.56351 and 0.43649.
+      {p3, 2.0f, 0.7f, 0.56f, 0}, {p3, 2.0f, 0.7f, 0.57f, 1}, {p3, 2.0f, 0.7f, 0.99f, 1},
+      // Temperature 0: greedy.
+      {p3, 0.0f, 1.0f, 0.99f, 0},
+  };
+  const int n = 4, rows = static_cast<int>(cases.size());
+  std::vector<float> logits, temp, top, u;
+  for (const auto& c : cases) {
+    for (double p : c.probs) logits.push_back(static_cast<float>(std::log(p)));
+    temp.push_back(c.temperature);
+    top.push_back(c.top_p);
+    u.push_back(c.u);
+  }
+  Dev<float> dl(logits), dt(temp), dp(top), du(u);
+  Dev<int> dtok(rows);
+  done(k::sample_top_p(dl.p(), n, rows, n, dt.p(), dp.p(), du.p(), dtok.p(), nullptr), "sample_top_p");
+  std::vector<int> tok = dtok.get();
+  std::size_t bad = 0;
+  for (int r = 0; r < rows; ++r)
+    if (tok[r] != cases[r].want) {
+      std::printf("     by hand row %d (T=%.1f top_p=%.2f u=%.3f): gpu %d, want %d\n", r, cases[r].temperature,
+                  cases[r].top_p, cases[r].u, tok[r], cases[r].want);
+      ++bad;
+    }
+  report_exact("sample_top_p by hand (temperature, top-p, draws)", bad, rows);
+
+  // Frequencies: 0.4 / 0.25 / 0.15 / 0.1 / 0.06 / 0.04 at top-p 0.75 keep
+  // three, 0.5 / 0.3125 / 0.1875.
+  const int m = 6, draws = 10000;
+  const std::vector<double> probs = {0.4, 0.25, 0.15, 0.1, 0.06, 0.04};
+  std::vector<float> fl, ft(draws, 1.0f), fp(draws, 0.75f), fu(draws);
+  for (int i = 0; i < draws; ++i) {
+    for (double p : probs) fl.push_back(static_cast<float>(std::log(p)));
+    fu[i] = (static_cast<float>(i) + 0.5f) / draws;
+  }
+  Dev<float> gl(fl), gt(ft), gp(fp), gu(fu);
+  Dev<int> gtok(draws);
+  done(k::sample_top_p(gl.p(), m, draws, m, gt.p(), gp.p(), gu.p(), gtok.p(), nullptr), "sample_top_p");
+  std::vector<int> picks = gtok.get();
+  std::vector<double> freq(m, 0.0);
+  for (int t : picks)
+    if (t >= 0 && t < m) freq[t] += 1.0 / draws;
+  const std::vector<double> want = {0.5, 0.3125, 0.1875, 0, 0, 0};
+  bad = 0;
+  for (int i = 0; i < m; ++i)
+    if (std::fabs(freq[i] - want[i]) > 2.0 / draws) {
+      std::printf("     token %d: frequency %.4f, want %.4f\n", i, freq[i], want[i]);
+      ++bad;
+    }
+  report_exact("sample_top_p frequencies of 10000 spread draws (top-p 0.75)", bad, m);
+}
+
 /// KV write, then decode and prefill attention over the pages, against the
 /// executor's attention loop on a KvStore with the same layout. A rank of
 /// TP 2 of a model with 8 query heads and 4 KV heads: query heads 4..7,
@@ -789,6 +869,7 @@ int main() {
     test_matvec_configs();
     test_dequant();
     test_argmax_and_sampling();
+    test_sampling_by_hand();
     for (int hd : {6, 8, 64, 80, 128, 256}) test_attention(hd);
     report_matvec_bandwidth();
   } catch (const std::exception& e) {

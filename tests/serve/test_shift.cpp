@@ -763,3 +763,310 @@ TEST_F(ShiftFixture, ControlParamsOutOfRangeAreInvalidParams) {
   EXPECT_EQ(err("shift", Json{{"to", "standard"}, {"ramp", Json::array({0.5, 1.0})}, {"step_interval_ms", 0}}), "<none>");
   cp.stop();
 }
+
+namespace {
+
+/// The devices of a replica, stage by stage.
+std::vector<std::string> devices_of(const ftp::doc::Replica& rep) {
+  std::vector<std::string> out;
+  for (const auto& st : rep.stages) out.insert(out.end(), st.devices.begin(), st.devices.end());
+  return out;
+}
+
+/// A service whose domains on exactly one of `slow` (device lists) run
+/// PacedEngines paused by `slow_ms`, and every other domain the real engine
+/// at its own speed: a gear that is really slower, not a failed check.
+ServiceConfig slow_on(ServiceConfig c, const ftp::engine::WeightStore& store, std::set<std::vector<std::string>> slow,
+                      std::shared_ptr<std::atomic<int>> slow_ms) {
+  auto none = std::make_shared<std::atomic<int>>(0);
+  c.engine_factory = [&store, slow, slow_ms, none](const ftp::doc::Replica& rep, const ftp::engine::DomainConfig& dc) {
+    return std::make_unique<PacedEngine>(ftp::engine::Domain::real_engine(store)(dc), slow.count(devices_of(rep)) ? slow_ms : none);
+  };
+  return c;
+}
+
+/// Holds the steps of the engines it gates while closed: a request on a
+/// gated domain is certain to be in flight until the test opens the gate,
+/// whatever the machine's speed.
+class Gate {
+ public:
+  void close() {
+    std::lock_guard lk(mu_);
+    open_ = false;
+  }
+  void open() {
+    {
+      std::lock_guard lk(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void pass() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [this] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+};
+
+/// Opens the gate when the test leaves (also on a failed assertion), before
+/// the service it is declared after stops its domains.
+struct OpenOnExit {
+  std::shared_ptr<Gate> gate;
+  ~OpenOnExit() { gate->open(); }
+};
+
+/// The real engine, each step waiting at the gate first.
+class GatedEngine final : public ftp::engine::Engine {
+ public:
+  GatedEngine(std::unique_ptr<ftp::engine::Engine> inner, std::shared_ptr<Gate> gate)
+      : inner_(std::move(inner)), gate_(std::move(gate)) {}
+  const ftp::model::HParams& hparams() const override { return inner_->hparams(); }
+  int block_tokens() const override { return inner_->block_tokens(); }
+  std::uint64_t kv_bytes() const override { return inner_->kv_bytes(); }
+  std::vector<std::vector<float>> forward(const std::vector<ftp::engine::SeqChunk>& c, int mb) override {
+    gate_->pass();
+    return inner_->forward(c, mb);
+  }
+  void recycle(std::vector<std::vector<float>>&& logits) override { inner_->recycle(std::move(logits)); }
+  std::vector<int> forward_choose(const std::vector<ftp::engine::SeqChunk>& c, int mb,
+                                  const std::vector<ftp::engine::TokenChoice>& choices) override {
+    gate_->pass();
+    return inner_->forward_choose(c, mb, choices);
+  }
+  const std::vector<double>& stage_busy_s() const override { return inner_->stage_busy_s(); }
+  void set_background() override { inner_->set_background(); }
+  std::string failure() const override { return inner_->failure(); }
+
+ private:
+  std::unique_ptr<ftp::engine::Engine> inner_;
+  std::shared_ptr<Gate> gate_;
+};
+
+/// A service whose domains on exactly `devices` step through `gate`; the others run freely.
+ServiceConfig gated_on(ServiceConfig c, const ftp::engine::WeightStore& store, std::vector<std::string> devices,
+                       std::shared_ptr<Gate> gate) {
+  c.engine_factory = [&store, devices, gate](const ftp::doc::Replica& rep,
+                                             const ftp::engine::DomainConfig& dc) -> std::unique_ptr<ftp::engine::Engine> {
+    auto real = ftp::engine::Domain::real_engine(store)(dc);
+    if (devices_of(rep) != devices) return real;
+    return std::make_unique<GatedEngine>(std::move(real), gate);
+  };
+  return c;
+}
+
+/// Sends the 40-token "Zoo" request and closes the gate at its first token
+/// (on the domain's thread, before its next step): it stays in flight until
+/// the gate opens. Returns once the gate is closed.
+std::future<Result> held(Service& svc, const std::string& id, const std::shared_ptr<Gate>& gate) {
+  auto first = std::make_shared<std::promise<void>>();
+  auto fut = send(svc, id, "Zoo", 40, [gate, first] {
+    gate->close();
+    first->set_value();
+  });
+  first->get_future().wait();
+  return fut;
+}
+
+/// The state of domain `id` in the status ("<gone>" once retired and removed).
+std::string state_of(const Service& svc, const std::string& id) {
+  const auto st = svc.status();
+  for (const auto& d : st["domains"])
+    if (d["id"] == id) return d["state"].get<std::string>();
+  return "<gone>";
+}
+
+/// A bound on how long a control call may take here: far longer than any
+/// shift or drain of these tests, so that only one that waits for a held
+/// request reaches it (a hang guard, not a timing).
+constexpr auto kNoWait = std::chrono::seconds(30);
+
+}  // namespace
+
+// The new gear is really slower (its two TP-1 domains pause 40 ms before
+// each step: a 40-token request takes over 1.6 s, against tens of ms on the
+// old one): the ramp's check sees their P99 E2E above 1.5 x the baseline
+// and rolls back, with no fault injected, and no request fails or changes.
+// (TP-1 domains: four TP ranks on two busy cores are slow enough to give
+// no sample at all within the step.)
+TEST_F(ShiftFixture, ASlowerNewGearRollsBackOnItsP99) {
+  ftp::engine::WeightStore store(*model);
+  auto slow_ms = std::make_shared<std::atomic<int>>(40);
+  Service svc(*model, slow_on(config(), store, {{"vd2"}, {"vd3"}}, slow_ms));  // replicated
+  svc.start();
+  std::atomic<bool> stop{false};
+  std::atomic<int> completed{0}, failed{0}, mismatched{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 16; ++c)
+    clients.emplace_back([&, c] {
+      for (int i = 0; !stop.load(); ++i) {
+        const std::string& p = kPrompts[static_cast<std::size_t>((c + i) % kPrompts.size())];
+        const Result r = complete(svc, "c" + std::to_string(c) + "-" + std::to_string(i), p, 40);
+        if (r.finish_reason == ftp::engine::FinishReason::error) ++failed;
+        if (r.text != reference[p]) ++mismatched;
+        ++completed;
+      }
+    });
+  // A baseline: completions on the economy domain before the shift.
+  while (completed.load() < 64) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  Service::ShiftOptions o;
+  o.to = "replicated";
+  o.ramp = {0.5, 1.0};
+  // Long enough for the 20 samples the check needs from the slow domains
+  // (16 clients, under 2 s per request there, every second request).
+  o.step_interval_ms = 5000;
+  std::vector<std::string> phases;
+  const auto rec = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) { phases.emplace_back(ftp::doc::to_string(e.phase)); });
+  stop = true;
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(rec.outcome, ftp::doc::ShiftOutcome::rolled_back) << rec.message;
+  EXPECT_NE(rec.message.find("P99 E2E"), std::string::npos) << rec.message;
+  EXPECT_NE(rec.message.find("x baseline"), std::string::npos) << rec.message;
+  EXPECT_NE(std::find(phases.begin(), phases.end(), "rollback"), phases.end()) << ::testing::PrintToString(phases);
+  EXPECT_EQ(svc.current_gear(), "economy");
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(mismatched.load(), 0);
+  EXPECT_EQ(svc.status()["requests_failed"], 0);
+  EXPECT_EQ(states(svc), std::vector<std::string>{"serving"}) << svc.status()["domains"].dump();
+}
+
+// A request still running on a draining domain keeps it draining through
+// the next shift: the domain retires only once the request has ended, with
+// its full text.
+TEST_F(ShiftFixture, ADomainHoldingARequestStaysDrainingThroughTheNextShift) {
+  ftp::engine::WeightStore store(*model);
+  auto gate = std::make_shared<Gate>();
+  ServiceConfig c = gated_on(config(), store, {"vd0"}, gate);  // economy
+  c.drain_timeout_ms = 50;
+  c.step_interval_ms = 0;
+  Service svc(*model, c);
+  OpenOnExit opener{gate};
+  svc.start();
+  const std::string old_id = svc.status()["domains"][0]["id"];
+  auto busy = held(svc, "long", gate);
+  Service::ShiftOptions o;
+  o.to = "replicated";
+  const auto first = svc.shift(o, nullptr);
+  EXPECT_EQ(first.outcome, ftp::doc::ShiftOutcome::committed) << first.message;
+  EXPECT_EQ(state_of(svc, old_id), "draining");
+  // The second shift, while the request is held on the old domain.
+  auto second = std::async(std::launch::async, [&] {
+    o.to = "standard";
+    return svc.shift(o, nullptr);
+  });
+  if (second.wait_for(kNoWait) != std::future_status::ready) {
+    gate->open();  // before the future's end waits for the shift
+    FAIL() << "the second shift waited for the draining domain's request: it retired a domain that holds one";
+  }
+  EXPECT_EQ(second.get().outcome, ftp::doc::ShiftOutcome::committed);
+  EXPECT_EQ(state_of(svc, old_id), "draining") << svc.status()["domains"].dump();
+  EXPECT_EQ(busy.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  gate->open();
+  const Result r = busy.get();
+  EXPECT_EQ(r.finish_reason, ftp::engine::FinishReason::length) << r.error;
+  EXPECT_EQ(r.text, reference["Zoo"]);
+  EXPECT_EQ(r.domains, std::set<std::string>{old_id});
+  // Idle now, it retires at the next shift; the replicated domains retired at the second.
+  o.to = "economy";
+  EXPECT_EQ(svc.shift(o, nullptr).outcome, ftp::doc::ShiftOutcome::committed);
+  EXPECT_EQ(state_of(svc, old_id), "<gone>");
+  EXPECT_EQ(states(svc), std::vector<std::string>{"serving"}) << svc.status()["domains"].dump();
+}
+
+// ftp-drain: a drain waits for the domain's request, which ends with its
+// full text, and only then retires the domain; a drain that times out
+// leaves it draining, and another drain while its request runs does not
+// retire it.
+TEST_F(ShiftFixture, ADrainRetiresItsDomainOnlyAfterItsRequestEnds) {
+  ftp::engine::WeightStore store(*model);
+  auto gate = std::make_shared<Gate>();
+  ServiceConfig c = gated_on(config(), store, {"vd3"}, gate);
+  c.start_gear = "replicated";  // dp 2: vd2, vd3
+  Service svc(*model, c);
+  OpenOnExit opener{gate};
+  svc.start();
+  const std::string gated = svc.domains_on_devices({"vd3"}).at(0), other = svc.domains_on_devices({"vd2"}).at(0);
+  // The router alternates between the two equal replicas: one request, and
+  // the next goes to the other.
+  auto on_gated_next = [&] {
+    if (*complete(svc, "probe", "Zoo", 1).domains.begin() != gated) return;
+    complete(svc, "probe2", "Zoo", 1);
+  };
+
+  // A drain that waits: the domain stays draining while its request runs.
+  on_gated_next();
+  auto a = held(svc, "a", gate);
+  auto drain = std::async(std::launch::async, [&] { return svc.drain_domain(gated, false, 600000, nullptr); });
+  while (state_of(svc, gated) == "serving") std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(state_of(svc, gated), "draining");
+  EXPECT_EQ(drain.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout) << "the drain did not wait";
+  gate->open();
+  const Result ra = a.get();
+  EXPECT_EQ(ra.finish_reason, ftp::engine::FinishReason::length) << ra.error;
+  EXPECT_EQ(ra.text, reference["Zoo"]);
+  EXPECT_EQ(ra.domains, std::set<std::string>{gated});
+  EXPECT_EQ(drain.get(), 1);
+  EXPECT_EQ(state_of(svc, gated), "<gone>");
+
+  // Back to two replicas, the gated one again on vd3.
+  Service::ShiftOptions o;
+  o.to = "economy";
+  ASSERT_EQ(svc.shift(o, nullptr).outcome, ftp::doc::ShiftOutcome::committed);
+  o.to = "replicated";
+  ASSERT_EQ(svc.shift(o, nullptr).outcome, ftp::doc::ShiftOutcome::committed);
+  const std::string gated2 = svc.domains_on_devices({"vd3"}).at(0), other2 = svc.domains_on_devices({"vd2"}).at(0);
+  auto retry = [&] {
+    if (*complete(svc, "probe3", "Zoo", 1).domains.begin() != gated2) return;
+    complete(svc, "probe4", "Zoo", 1);
+  };
+  retry();
+  auto b = held(svc, "b", gate);
+  // A drain that times out: the domain stays draining.
+  EXPECT_EQ(refusal([&] { svc.drain_domain(gated2, false, 0, nullptr); }), "ftp.DrainTimeout");
+  EXPECT_EQ(state_of(svc, gated2), "draining");
+  // Another drain while its request runs (refused: the other is the last
+  // serving domain) leaves it draining.
+  auto again = std::async(std::launch::async, [&] { return refusal([&] { svc.drain_domain(other2, false, 1000, nullptr); }); });
+  if (again.wait_for(kNoWait) != std::future_status::ready) {
+    gate->open();  // before the future's end waits for the drain
+    FAIL() << "the second drain waited for the draining domain's request: it retired a domain that holds one";
+  }
+  EXPECT_EQ(again.get(), "ftp.LastDomain");
+  EXPECT_EQ(state_of(svc, gated2), "draining") << svc.status()["domains"].dump();
+  gate->open();
+  const Result rb = b.get();
+  EXPECT_EQ(rb.finish_reason, ftp::engine::FinishReason::length) << rb.error;
+  EXPECT_EQ(rb.text, reference["Zoo"]);
+  // Idle now: the next drain retires it.
+  EXPECT_EQ(refusal([&] { svc.drain_domain(other2, false, 1000, nullptr); }), "ftp.LastDomain");
+  EXPECT_EQ(state_of(svc, gated2), "<gone>");
+  (void)other;
+}
+
+// SIGTERM (drain_and_stop): new requests are refused at once, the domain
+// drains while its request runs, the request ends with its full text, and
+// only then do the domains stop and retire.
+TEST_F(ShiftFixture, StoppingWaitsForTheRequestInFlightThenRetires) {
+  ftp::engine::WeightStore store(*model);
+  auto gate = std::make_shared<Gate>();
+  Service svc(*model, gated_on(config(), store, {"vd0"}, gate));
+  OpenOnExit opener{gate};
+  svc.start();
+  const std::string id = svc.status()["domains"][0]["id"];
+  auto busy = held(svc, "long", gate);
+  auto stopping = std::async(std::launch::async, [&] { svc.drain_and_stop(); });
+  while (svc.accepting()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_THROW(complete(svc, "late", "Zoo", 4), RequestError);
+  while (state_of(svc, id) == "serving") std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(state_of(svc, id), "draining");
+  EXPECT_EQ(stopping.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout) << "stopped without waiting";
+  gate->open();
+  const Result r = busy.get();
+  EXPECT_EQ(r.finish_reason, ftp::engine::FinishReason::length) << r.error;
+  EXPECT_EQ(r.text, reference["Zoo"]);
+  stopping.get();
+  EXPECT_EQ(state_of(svc, id), "<gone>");
+}

@@ -192,6 +192,21 @@ TEST(Planner, TensorParallelNeverCrossesIslands) {
   }
 }
 
+// A TP degree must split the KV heads evenly (or replicate them evenly):
+// with 12 query heads and 4 KV heads on 8 devices, TP 3 and 6 divide the
+// query heads but not the KV heads, so only TP 1, 2 and 4 are candidates.
+TEST(Planner, TensorParallelSplitsTheKvHeadsEvenly) {
+  Json j = stories_json();
+  j["n_heads"] = 12;
+  j["n_kv_heads"] = 4;
+  j["hidden_size"] = 96;
+  const ModelShape m = model_shape_from_json(j);
+  Plan p = plan(cluster("a100-8x-nvlink"), m, PlanOptions{});
+  std::set<int> tps;
+  for (const auto& cand : p.candidates) tps.insert(cand.gear.tp);
+  EXPECT_EQ(tps, (std::set<int>{1, 2, 4}));
+}
+
 TEST(Planner, TableIsOrderedAndValidates) {
   ftp::doc::Topology t = cluster("a100-8x-nvlink");
   for (const char* name : {"llama-7b", "llama-70b"}) {
