@@ -10,7 +10,7 @@
 
 #include "ftp_config.h"
 #include "control/policy.hpp"
-#include "serve/control.hpp"
+#include "serve/control_socket.hpp"
 #include "sim/serving.hpp"
 
 #if FTP_HAVE_SYSTEMD
@@ -29,8 +29,8 @@ void notify_systemd([[maybe_unused]] const std::string& state) {
 
 /// The control socket's options: reload below --config-dir, else the gear
 /// table's directory; the test hooks as asked.
-ControlOptions control_options(const DaemonOptions& o) {
-  ControlOptions c;
+ControlSocketOptions control_options(const DaemonOptions& o) {
+  ControlSocketOptions c;
   c.gear_table_path = o.gears_path;
   c.config_dir = o.config_dir;
   if (c.config_dir.empty() && !o.gears_path.empty())
@@ -207,7 +207,7 @@ int run_daemon(DaemonOptions o) {
   ipc::ServerOptions so;
   so.socket_path = o.socket_path;
   so.log = [&](ipc::LogLevel, std::string_view line) { log("control: " + std::string(line)); };
-  ControlPlane control(svc, so, control_options(o));
+  ControlSocket control(svc, so, control_options(o));
   control.start();
   log("control socket: " + control.socket_path());
 

@@ -25,7 +25,7 @@
 #include "engine/domain.hpp"
 #include "engine/weight_store.hpp"
 #include "ipc/client.hpp"
-#include "serve/control.hpp"
+#include "serve/control_socket.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
 #include "serve/remote.hpp"
@@ -724,7 +724,7 @@ TEST_F(ShiftFixture, ControlParamsOutOfRangeAreInvalidParams) {
   svc.start();
   ftp::ipc::ServerOptions so;
   so.socket_path = (std::filesystem::temp_directory_path() / ("ftp-test-control-" + std::to_string(::getpid()))).string();
-  ControlPlane cp(svc, so, ControlOptions{"", "/dev", false});
+  ControlSocket cp(svc, so, ControlSocketOptions{"", "/dev", false});
   cp.start();
   ftp::ipc::Client cl(cp.socket_path());
   auto err = [&](const std::string& method, const ftp::json::Json& params) {

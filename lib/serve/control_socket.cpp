@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "serve/control.hpp"
+#include "serve/control_socket.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -21,7 +21,7 @@ int control_error_code(const std::string& name) {
   return -32000;
 }
 
-ControlPlane::ControlPlane(Service& service, ipc::ServerOptions options, ControlOptions control)
+ControlSocket::ControlSocket(Service& service, ipc::ServerOptions options, ControlSocketOptions control)
     : svc_(service), path_(options.socket_path.empty() ? ipc::default_socket_path() : options.socket_path),
       opt_(std::move(control)) {
   options.socket_path = path_;
@@ -29,11 +29,11 @@ ControlPlane::ControlPlane(Service& service, ipc::ServerOptions options, Control
   server_ = std::make_unique<ipc::Server>(std::move(options), methods());
 }
 
-ControlPlane::~ControlPlane() { stop(); }
+ControlSocket::~ControlSocket() { stop(); }
 
-void ControlPlane::start() { server_->start(); }
+void ControlSocket::start() { server_->start(); }
 
-void ControlPlane::stop() {
+void ControlSocket::stop() {
   {
     std::lock_guard lk(mu_);
     if (stopping_) return;
@@ -49,7 +49,7 @@ void ControlPlane::stop() {
     if (t.thread.joinable()) t.thread.join();
 }
 
-void ControlPlane::spawn(std::function<void()> fn) {
+void ControlSocket::spawn(std::function<void()> fn) {
   std::lock_guard lk(mu_);
   // Join the workers that have ended, so that a long-lived daemon does not
   // keep a thread per stream it ever served.
@@ -137,7 +137,7 @@ std::string parse_failure(const json::ParseError& e) {
 
 }  // namespace
 
-std::vector<ipc::Method> ControlPlane::methods() {
+std::vector<ipc::Method> ControlSocket::methods() {
   std::vector<ipc::Method> m;
   m.push_back({"status", "The current gear, its domains (state, devices, traffic share, load) and counters.", {},
                "ftp.status/v1", false, [this](ipc::Call& c) { c.reply(svc_.status()); }});

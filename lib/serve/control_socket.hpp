@@ -33,7 +33,7 @@ inline constexpr ControlErrorCode kControlErrors[] = {
 int control_error_code(const std::string& name);
 
 /// What the control socket's methods may do beyond the service's own calls.
-struct ControlOptions {
+struct ControlSocketOptions {
   /// What reload reads when called without a path.
   std::string gear_table_path;
   /// reload reads a given path only below this directory (after symlinks);
@@ -46,10 +46,10 @@ struct ControlOptions {
 /// The control socket of a running Service: status, gears, shift, drain,
 /// records, watch, reload (plus introspect), on an ipc::Server. Long calls
 /// (shift, drain, watch) run on worker threads joined by stop().
-class ControlPlane {
+class ControlSocket {
  public:
-  ControlPlane(Service& service, ipc::ServerOptions options, ControlOptions control);
-  ~ControlPlane();
+  ControlSocket(Service& service, ipc::ServerOptions options, ControlSocketOptions control);
+  ~ControlSocket();
   void start();
   void stop();
   const std::string& socket_path() const noexcept { return path_; }
@@ -59,7 +59,7 @@ class ControlPlane {
   void spawn(std::function<void()> fn);
   Service& svc_;
   std::string path_;
-  ControlOptions opt_;
+  ControlSocketOptions opt_;
   std::unique_ptr<ipc::Server> server_;
   std::mutex mu_;
   struct Worker {
