@@ -403,7 +403,7 @@ Json Service::status() const {
               {"model", cfg_.model_name},
               {"gear", current_gear()},
               {"shifting", shifter_->shifting()},
-              {"ready", ready_.load()},
+              {"ready", ready()},  // as /ready answers: no serving domain is not ready
               {"accepting", accepting_.load()},
               {"requests_total", telemetry_.requests_total()},
               {"requests_failed", telemetry_.requests_failed()},

@@ -557,6 +557,7 @@ TEST_F(ShiftFixture, AfterAForcedDrainOfTheLastDomainAShiftBringsTheGearBack) {
   std::string last = svc.status()["domains"][0]["id"];
   svc.drain_domain(last, true, 60000, nullptr);
   EXPECT_FALSE(svc.ready());
+  EXPECT_EQ(svc.status()["ready"], false);  // status agrees with /ready (503)
   EXPECT_EQ(svc.serving_domains(), 0);
   try {
     complete(svc, "none", "Zoo", 4);
@@ -568,6 +569,7 @@ TEST_F(ShiftFixture, AfterAForcedDrainOfTheLastDomainAShiftBringsTheGearBack) {
   o.to = svc.current_gear();  // the same gear: nothing serves it any more
   EXPECT_EQ(svc.shift(o, nullptr).outcome, ftp::doc::ShiftOutcome::committed);
   EXPECT_TRUE(svc.ready());
+  EXPECT_EQ(svc.status()["ready"], true);
   EXPECT_EQ(complete(svc, "back", "Zoo", 40).text, reference["Zoo"]);
 }
 
