@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "core/number.hpp"
 #include "serve/service.hpp"
 
 #include <algorithm>
@@ -14,12 +15,6 @@ namespace ftp::serve {
 namespace {
 
 using json::Json;
-
-std::string fmt(double v) {
-  std::ostringstream o;
-  o << v;
-  return o.str();
-}
 
 DevicePool::Kind pool_kind(const ServiceConfig& c) {
   if (c.engine_factory) return DevicePool::Kind::named;
@@ -39,7 +34,6 @@ Service::Service(const model::Model& model, ServiceConfig config)
   if (!cfg_.gears.find(cfg_.start_gear))
     throw ControlError("ftp.NoSuchGear", "--start-gear: no gear \"" + cfg_.start_gear + "\" in the gear table",
                        Exit::usage);
-  check_ramp(cfg_.ramp, "ramp");
   if (!cfg_.engine_factory) {
     // Fails here, before anything is served, where the backend cannot run
     // (a build without CUDA, no GPU): a BackendError naming why.
@@ -118,7 +112,7 @@ int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const
         std::min(gear.kv_cache_cap * static_cast<double>(room) / static_cast<double>(per), static_cast<double>(blocks)));
     if (fit < one_request)
       throw InputError("gear " + gear.name + ": device " + device + " has " + std::to_string(room) + " " + what +
-                       "; its KV pool at kv_cache_cap " + fmt(gear.kv_cache_cap) + " holds " + std::to_string(fit) +
+                       "; its KV pool at kv_cache_cap " + number_text(gear.kv_cache_cap) + " holds " + std::to_string(fit) +
                        " pages of " + std::to_string(bt) + " tokens, fewer than one request of the full context needs (" +
                        std::to_string(one_request) + ")");
     blocks = std::min(blocks, fit);

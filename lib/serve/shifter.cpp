@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "core/number.hpp"
 #include "serve/shifter.hpp"
 
 #include <algorithm>
@@ -13,12 +14,6 @@ using doc::ShiftOutcome;
 using doc::ShiftPhase;
 
 namespace {
-
-std::string fmt(double v) {
-  std::ostringstream o;
-  o << v;
-  return o.str();
-}
 
 /// Calls fn(first layer, layers, tp, rank) for each rank of the gear on a
 /// device that `want` accepts; returns the sum of what it returned (bytes).
@@ -38,13 +33,13 @@ std::uint64_t for_each_rank(const doc::Gear& g, const std::function<bool(const s
 void check_ramp(const std::vector<double>& shares, const std::string& what) {
   auto list = [&] {
     std::string t;
-    for (double v : shares) t += (t.empty() ? "" : ",") + fmt(v);
+    for (double v : shares) t += (t.empty() ? "" : ",") + number_text(v);
     return t;
   };
   if (shares.empty()) throw InputError(what + ": no shares; a ramp ends at 1.0 (100 %)");
   for (std::size_t i = 0; i < shares.size(); ++i) {
     if (!(shares[i] > 0 && shares[i] <= 1))
-      throw InputError(what + ": share " + fmt(shares[i]) + " is not in (0, 1]");
+      throw InputError(what + ": share " + number_text(shares[i]) + " is not in (0, 1]");
     if (i > 0 && shares[i] <= shares[i - 1]) throw InputError(what + ": shares must increase, got " + list());
   }
   if (shares.back() != 1.0) throw InputError(what + ": the last share must be 1.0 (100 %), got " + list());
@@ -233,9 +228,9 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     else if (errs > 0)
       why = std::to_string(errs) + " request(s) failed on the new domains";
     else if (samples >= 20 && before.p99 > 0 && p99 > cfg_.rollback_p99_factor * before.p99)
-      why = "P99 E2E " + fmt(p99) + " ms > " + fmt(cfg_.rollback_p99_factor) + " x baseline " + fmt(before.p99) + " ms";
+      why = "P99 E2E " + number_text(p99) + " ms > " + number_text(cfg_.rollback_p99_factor) + " x baseline " + number_text(before.p99) + " ms";
     if (!why.empty()) return rollback(why);
-    emit(ShiftPhase::ramp, share, "check passed (" + std::to_string(samples) + " samples, P99 " + fmt(p99) + " ms)");
+    emit(ShiftPhase::ramp, share, "check passed (" + std::to_string(samples) + " samples, P99 " + number_text(p99) + " ms)");
   }
 
   for (auto& d : old) {

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "core/number.hpp"
 #include "serve/telemetry.hpp"
 
 #include <algorithm>
@@ -15,12 +16,6 @@ namespace {
 
 /// Histogram bucket bounds, ms (Prometheus "le").
 const std::vector<double> kBoundsMs = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000};
-
-std::string fmt(double v) {
-  std::ostringstream o;
-  o << v;
-  return o.str();
-}
 
 /// A sample value of the Prometheus text format at full precision: a
 /// histogram's _sum grows for as long as the daemon runs.
@@ -248,7 +243,7 @@ std::string Telemetry::prometheus(const std::string& gear, const std::vector<Dom
     std::uint64_t acc = 0;
     for (std::size_t b = 0; b < kBoundsMs.size(); ++b) {
       acc += h.counts[b];
-      m << names[i] << "_bucket{le=\"" << fmt(kBoundsMs[b] / 1000.0) << "\"} " << acc << "\n";
+      m << names[i] << "_bucket{le=\"" << number_text(kBoundsMs[b] / 1000.0) << "\"} " << acc << "\n";
     }
     acc += h.counts.back();
     m << names[i] << "_bucket{le=\"+Inf\"} " << acc << "\n";
