@@ -110,3 +110,12 @@ std::vector<int> Engine::forward_choose(const std::vector<SeqChunk>& chunks, int
 }
 
 }  // namespace ftp::engine
+
+namespace ftp::engine {
+
+std::vector<std::unique_ptr<RankBackend>> Backend::make_stage_ranks(const WeightStore&, const std::vector<RankSpec>&,
+                                                                    std::shared_ptr<comm::Collective>) {
+  throw BackendError("backend " + name() + ": cannot run a stage whose ranks are in other processes");
+}
+
+}  // namespace ftp::engine

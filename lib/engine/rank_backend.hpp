@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/collective.hpp"
 #include "engine/engine.hpp"
 #include "engine/sampler.hpp"
 #include "engine/weight_store.hpp"
@@ -171,6 +172,13 @@ class Backend {
   /// communicator; KV pages are allocated (and reserved on the device).
   virtual std::vector<std::unique_ptr<RankBackend>> make_stage(const WeightStore& weights,
                                                                const std::vector<RankSpec>& specs) = 0;
+  /// Some ranks of a stage whose other ranks run in other processes
+  /// (specs[i].rank: each one's rank in the stage, specs[i].tp the stage's
+  /// degree), meeting them through `comm` (comm::GlooCommunicator). Default:
+  /// ftp::BackendError, the backend cannot split a stage across processes.
+  virtual std::vector<std::unique_ptr<RankBackend>> make_stage_ranks(const WeightStore& weights,
+                                                                     const std::vector<RankSpec>& specs,
+                                                                     std::shared_ptr<comm::Collective> comm);
   /// For the ranks of a domain about to be made (every stage): bytes each
   /// rank's device has free for KV pages now, less the weights those ranks
   /// read that are not resident there yet, shared out evenly among the

@@ -546,7 +546,9 @@ void HttpServer::Impl::routes() {
   svr.Get("/ready", [this](const httplib::Request&, httplib::Response& res) {
     bool ok = service.ready() && service.accepting();
     res.status = ok ? 200 : 503;
-    res.set_content(dumps(Json{{"status", ok ? "ready" : "unavailable"}}), "application/json");
+    Json body{{"status", ok ? "ready" : "unavailable"}};
+    if (auto lost = service.device_pool().lost(); !lost.empty()) body["lost_devices"] = lost;  // issue 16
+    res.set_content(dumps(body), "application/json");
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(service.prometheus(), "text/plain; version=0.0.4; charset=utf-8");
