@@ -96,9 +96,11 @@ check "shift to a gear on the returned n2: committed" jq -e '.outcome=="committe
 check "then golden" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
 
 # Drain a member's devices, then stop it: the service serves on.
-"$shift_tool" --to tp2-across >/dev/null 2>&1
+"$shift_tool" --to local-and-across >"$tmp/shift-dp.json" 2>&1
+check "shift to a dp 2 gear, one replica across n1 and n2: committed" jq -e '.outcome=="committed"' "$tmp/shift-dp.json"
 "$drain" --devices n2/vd1 >"$tmp/drain.json" 2>&1; rc=$?
-check "ftp-drain --devices n2/vd1 (nothing on it): exit 0" test $rc -eq 0
+check "ftp-drain --devices n2/vd1: exit 0" test $rc -eq 0
+check "ftp-drain: the replica on n2 retired" test "$(device_state n2/vd1)" = free
 kill "$pid_n2"; wait "$pid_n2" 2>/dev/null
 check "n2 stopped: its devices lost" wait_state n2/vd1 lost
 check "still serving after n2 stopped" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
