@@ -84,3 +84,32 @@ TEST(TextStream, StreamedTextIsEveryPieceForEveryVocab) {
   }
   EXPECT_GT(checked, 0);
 }
+
+// include_stop_str_in_output keeps the stop string; min_tokens ignores a stop
+// string that is complete before more than min_tokens tokens were pushed
+// (vLLM's rule), and looks for one only in the text released after.
+TEST(TextStream, IncludeStopAndMinTokens) {
+  const std::string path = ftp::test::data_dir() + "/models/llama.cpp-vocab/ggml-vocab-gpt-2.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << "test data not found: " << path << " (set FTP_TEST_DATA)";
+  const Tokenizer tok = vocab("ggml-vocab-gpt-2.gguf");
+  auto id = [&](const char* piece) { return tok.encode(piece, false).at(0); };
+  const std::vector<int> prompt = tok.encode("Say:", false);
+  const std::vector<int> out = {id("Hello"), id(" world"), id(" and"), id(" world"), id(" again")};
+  auto run = [&](bool include, int min_tokens) {
+    TextStream ts(tok, prompt, {" world"}, include, min_tokens);
+    std::string text;
+    for (int t : out) {
+      ts.feed(t);
+      text += ts.take();
+      if (ts.stopped()) return text;
+    }
+    return text + ts.finish();
+  };
+  EXPECT_EQ(run(false, 0), "Hello");
+  EXPECT_EQ(run(true, 0), "Hello world");
+  // The first " world" is token 2 of 5: with min_tokens 2 it does not count;
+  // the second (token 4) does.
+  EXPECT_EQ(run(false, 2), "Hello world and");
+  EXPECT_EQ(run(true, 2), "Hello world and world");
+  EXPECT_EQ(run(false, 5), "Hello world and world again");  // never more than 5 tokens: no stop
+}
