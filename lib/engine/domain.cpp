@@ -117,7 +117,8 @@ void Domain::submit(GenerationRequest r) {
   const std::int64_t shared_pages = r.n > 1 ? shared / cfg_.block_tokens : 0;
   const std::int64_t pages = shared_pages + static_cast<std::int64_t>(r.n) * (kv_pages(held, cfg_.block_tokens) - shared_pages);
   if (pages > cfg_.kv_blocks)
-    throw InputError(who + std::to_string(r.n) + " x " + std::to_string(held) + " tokens need " + std::to_string(pages) +
+    throw InputError(who + (r.n > 1 ? std::to_string(r.n) + " choices of " : std::string()) + std::to_string(held) +
+                     " tokens need " + std::to_string(pages) +
                      " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));
   std::lock_guard lk(mu_);
   cancelled_.erase(r.id);  // an earlier cancel of a request of the same id is not for this one

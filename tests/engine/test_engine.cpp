@@ -856,3 +856,25 @@ TEST_F(Fixture, MinTokensMasksTheStopTokensUntilReached) {
   }
   if (out.size() < 60u) EXPECT_TRUE(out.back() == golden[5] || out.back() == 1);
 }
+
+TEST_F(Fixture, ChoicesThatCanNeverFitAreRefused) {
+  // 3 choices of a 40-token prompt, 8 tokens each (47 positions, 3 pages):
+  // 2 shared pages + 3 x 1 = 5 pages, 1 over a pool of 4; 2 choices take 4.
+  DomainConfig cfg;
+  cfg.kv_blocks = 4;
+  Domain d(*store, cfg);
+  std::vector<int> prompt(40, 300);
+  prompt[0] = 1;
+  auto r = greedy("n3", prompt, 8);
+  r.n = 3;
+  try {
+    d.submit(r);
+    ADD_FAILURE() << "accepted";
+  } catch (const ftp::InputError& e) {
+    EXPECT_STREQ(e.what(), "request n3: 3 choices of 47 tokens need 5 KV pages, domain d0 has 4");
+  }
+  r.n = 2;
+  auto out = run_choices(d, r);
+  EXPECT_EQ(out.finished, (std::vector<int>{1, 1}));
+  EXPECT_EQ(out.tokens[0].size(), 8u);
+}
