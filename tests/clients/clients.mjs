@@ -6,7 +6,10 @@
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 
-const [npmDir, baseURL, apiKey, golden] = process.argv.slice(2);
+const [npmDir, baseURL, apiKey, golden, pendingList = ''] = process.argv.slice(2);
+// Checks named in PENDING (comma-separated) wait for another part of issue
+// 20: a failure prints PENDING and is not counted; a pass says to drop it.
+const pending = new Set(pendingList.split(',').filter(Boolean));
 const need = createRequire(npmDir + '/package.json');
 const load = async (name) => import(pathToFileURL(need.resolve(name)).href);
 const { default: OpenAI } = await load('openai');
@@ -14,7 +17,9 @@ const { ChatOpenAI } = await load('@langchain/openai');
 
 let failed = 0;
 const check = (name, cond, detail = '') => {
-  if (cond) console.log(`ok: ${name}`);
+  const key = [...pending].find((p) => name.startsWith(p));
+  if (cond) console.log(`ok: ${name}${key ? ` (listed as pending: drop '${key}' from tests/meson.build)` : ''}`);
+  else if (key) console.log(`PENDING: ${name}${detail ? ': ' + detail : ''}`);
   else {
     failed++;
     console.log(`FAIL: ${name}${detail ? ': ' + detail : ''}`);
@@ -119,17 +124,33 @@ await attempt('seed', async () => {
   check('seed: same seed, same text', one.choices[0].text === two.choices[0].text);
 });
 
+/// Requests running, from /metrics (vLLM's name or flextp's), once it is 0
+/// or after 2 s: an aborted request must have left its domain's batch.
+async function running_after_abort() {
+  let running = -1;
+  for (let i = 0; i < 20; i++) {
+    const m = await (await fetch(baseURL + '/metrics')).text();
+    const line = m.match(/^(?:vllm:num_requests_running|ftp_requests_running)(?:\{[^}]*\})?\s+(\S+)/m);
+    running = line ? Number(line[1]) : -1;
+    if (running === 0) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return running;
+}
+
 await attempt('stream abort', async () => {
   const ac = new AbortController();
   const s = await client.completions.create(
     { model, prompt: 'Zoo', max_tokens: 400, temperature: 0, stream: true }, { signal: ac.signal });
-  let n = 0, aborted = false;
+  let n = 0, ended = false;
   try {
     for await (const _ of s) if (++n === 3) ac.abort();
+    ended = true;  // the SDK's stream ends quietly on an abort
   } catch (e) {
-    aborted = e.name === 'AbortError' || e.constructor.name === 'APIUserAbortError';
+    ended = e.name === 'AbortError' || e.constructor.name === 'APIUserAbortError';
   }
-  check('stream abort: the SDK raises its abort error', aborted);
+  check('stream abort: the stream ends early', ended && n < 400, `${n} chunks`);
+  check('stream abort: no request left running', (await running_after_abort()) === 0);
   // The server serves on.
   const r = await client.completions.create({ model, prompt: 'Zoo', max_tokens: 3, temperature: 0 });
   check('after an abort: served', r.choices[0].text.length > 0);
@@ -145,14 +166,7 @@ await attempt('whole abort', async () => {
   ac.abort();
   const e = await p;
   check('whole abort: the SDK raises its abort error', e?.constructor?.name === 'APIUserAbortError', e?.constructor?.name);
-  let running = -1;
-  for (let i = 0; i < 20; i++) {
-    const m = await (await fetch(baseURL + '/metrics')).text();
-    const line = m.match(/^(?:vllm:num_requests_running|ftp_requests_running)(?:\{[^}]*\})?\s+(\S+)/m);
-    running = line ? Number(line[1]) : -1;
-    if (running === 0) break;
-    await new Promise((r) => setTimeout(r, 100));
-  }
+  const running = await running_after_abort();
   check('whole abort: no request left running (its KV freed)', running === 0, `running ${running}`);
 });
 

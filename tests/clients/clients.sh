@@ -4,7 +4,7 @@
 # come from shell/setup's npm cache (outside the repository); without node,
 # npm or that cache the test skips with a message.
 set -u
-serve=$1; src=$2
+serve=$1; src=$2; pending=${3:-}  # checks waiting for another part (clients.mjs)
 data=${FTP_TEST_DATA:-}
 m=$data/models/stories260K/stories260K.gguf
 if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
@@ -19,6 +19,6 @@ source "$src/tests/tools/common.sh"
 daemon_sandbox
 start_daemon_with "$serve" "$tmp/serve.log" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --api-key test-key
 golden=$(tail -c +4 "$data/models/stories260K/golden_greedy_t0_prompt_Zoo_steps60.txt")
-node "$src/tests/clients/clients.mjs" "$npm_dir" "http://127.0.0.1:$port" test-key "$golden"; rc=$?
+node "$src/tests/clients/clients.mjs" "$npm_dir" "http://127.0.0.1:$port" test-key "$golden" "$pending"; rc=$?
 [ $rc -eq 0 ] || { echo "--- daemon log (tail)"; tail -20 "$tmp/serve.log"; }
 exit $rc
