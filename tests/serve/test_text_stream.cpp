@@ -25,8 +25,8 @@ Tokenizer vocab(const std::string& name) {
 
 /// Streams `out` after `prompt` one token at a time, as a domain does.
 std::string stream(const Tokenizer& tok, const std::vector<int>& prompt, const std::vector<int>& out,
-                   std::vector<std::string> stop = {}) {
-  TextStream ts(tok, prompt, std::move(stop));
+                   std::vector<std::string> stop = {}, bool include_stop = false, int min_tokens = 0) {
+  TextStream ts(tok, prompt, std::move(stop), include_stop, min_tokens);
   std::string text;
   for (int t : out) {
     ts.feed(t);
@@ -95,16 +95,7 @@ TEST(TextStream, IncludeStopAndMinTokens) {
   auto id = [&](const char* piece) { return tok.encode(piece, false).at(0); };
   const std::vector<int> prompt = tok.encode("Say:", false);
   const std::vector<int> out = {id("Hello"), id(" world"), id(" and"), id(" world"), id(" again")};
-  auto run = [&](bool include, int min_tokens) {
-    TextStream ts(tok, prompt, {" world"}, include, min_tokens);
-    std::string text;
-    for (int t : out) {
-      ts.feed(t);
-      text += ts.take();
-      if (ts.stopped()) return text;
-    }
-    return text + ts.finish();
-  };
+  auto run = [&](bool include, int min_tokens) { return stream(tok, prompt, out, {" world"}, include, min_tokens); };
   EXPECT_EQ(run(false, 0), "Hello");
   EXPECT_EQ(run(true, 0), "Hello world");
   // The first " world" is token 2 of 5: with min_tokens 2 it does not count;
