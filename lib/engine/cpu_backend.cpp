@@ -56,9 +56,12 @@ class CpuRank final : public RankBackend {
     if (host != dev) std::memcpy(host, dev, n * sizeof(float));
   }
   void choose_tokens(const float* logits, std::size_t n_vocab, std::size_t n_rows, const TokenChoice* choices,
-                     int* out) override {
+                     int* out, TokenLogprobs* lp) override {
     // The logits are host memory already: chosen in place, not copied.
-    for (std::size_t i = 0; i < n_rows; ++i) out[i] = choose_token(logits + i * n_vocab, n_vocab, choices[i]);
+    for (std::size_t i = 0; i < n_rows; ++i) {
+      out[i] = choose_token(logits + i * n_vocab, n_vocab, choices[i]);
+      if (lp && choices[i].logprobs >= 0) lp[i] = token_logprobs(logits + i * n_vocab, n_vocab, out[i], choices[i].logprobs);
+    }
   }
 
   void embed(float* x) override {

@@ -226,7 +226,7 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   be.rmsnorm(lin, w_.output_norm(), xn, static_cast<int>(nl));
   be.matmul(xn, w_.output(), logits, static_cast<int>(nl));
   if (mb.tokens)
-    be.choose_tokens(logits, static_cast<std::size_t>(hp_.n_vocab), nl, mb.choices, mb.tokens);
+    be.choose_tokens(logits, static_cast<std::size_t>(hp_.n_vocab), nl, mb.choices, mb.tokens, mb.logprobs);
   else
     be.download_rows(logits, static_cast<std::size_t>(hp_.n_vocab), mb.logits.data(), nl);
 }
@@ -291,14 +291,27 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
 
 std::vector<int> Executor::forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
                                           const std::vector<TokenChoice>& choices) {
+  return choose(chunks, micro_batches, choices, nullptr);
+}
+
+std::vector<int> Executor::forward_choose_logprobs(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                                   const std::vector<TokenChoice>& choices,
+                                                   std::vector<TokenLogprobs>& logprobs) {
+  return choose(chunks, micro_batches, choices, &logprobs);
+}
+
+std::vector<int> Executor::choose(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                  const std::vector<TokenChoice>& choices, std::vector<TokenLogprobs>* logprobs) {
   std::size_t rows = 0;
   auto mbs = plan_micro_batches(chunks, micro_batches, rows);
   check_choices(choices.size(), rows, "executor: forward_choose");
   std::vector<int> tokens(rows);
+  if (logprobs) logprobs->assign(rows, TokenLogprobs{});
   std::size_t next_row = 0;
   for (auto& mb : mbs) {
     mb.choices = choices.data() + next_row;
     mb.tokens = tokens.data() + next_row;
+    if (logprobs) mb.logprobs = logprobs->data() + next_row;
     next_row += mb.layout.logit_rows.size();
   }
   if (placement_) {

@@ -71,6 +71,11 @@ class Executor final : public Engine {
   /// (RankBackend::choose_tokens): the CUDA backend sends back ids only.
   std::vector<int> forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
                                   const std::vector<TokenChoice>& choices) override;
+  /// forward_choose with log-probabilities computed by the backend where
+  /// the logits are (RankBackend::choose_tokens with `lp`).
+  std::vector<int> forward_choose_logprobs(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                           const std::vector<TokenChoice>& choices,
+                                           std::vector<TokenLogprobs>& logprobs) override;
 
   /// A worker's share of a step the leader planned (Placement::recv_plan):
   /// its ranks' part, the activations to the next stage's processes and,
@@ -105,12 +110,16 @@ class Executor final : public Engine {
     std::vector<float*> logits;          // [logit rows]: where the last stage puts each row's n_vocab logits
     const TokenChoice* choices = nullptr;  // or, with forward_choose: the rows' choices
     int* tokens = nullptr;                 // and where the chosen ids go
+    TokenLogprobs* logprobs = nullptr;     // and, with forward_choose_logprobs, their log-probabilities
     int n_tokens = 0;
   };
 
   /// One rank's share of one stage for one micro-batch; rank 0 hands the
   /// activations (or, on the last stage, the logits) back to the host.
   void run_stage_rank(Stage& st, int rank, MicroBatch& mb);
+  /// forward_choose and forward_choose_logprobs (`logprobs` null: none).
+  std::vector<int> choose(const std::vector<SeqChunk>& chunks, int micro_batches, const std::vector<TokenChoice>& choices,
+                          std::vector<TokenLogprobs>* logprobs);
   /// The pipeline over micro-batches (forward and forward_choose: their
   /// micro-batches say where the results go).
   void run_micro_batches(std::vector<MicroBatch>& mbs);

@@ -98,13 +98,17 @@ class RankBackend {
   }
   /// out[i] = choose_token(row i of n_rows rows of n_vocab logits at
   /// `logits`, choices[i]) (engine/sampler.hpp); returns when the ids are
-  /// on the host. Default: each row downloaded and chosen on the host.
+  /// on the host. With `lp`, lp[i] = token_logprobs(row i, out[i],
+  /// choices[i].logprobs) for each row whose choices[i].logprobs >= 0 (the
+  /// others are left as they are). Default: each row downloaded and chosen
+  /// on the host.
   virtual void choose_tokens(const float* logits, std::size_t n_vocab, std::size_t n_rows, const TokenChoice* choices,
-                             int* out) {
+                             int* out, TokenLogprobs* lp = nullptr) {
     std::vector<float> row(n_vocab);
     for (std::size_t i = 0; i < n_rows; ++i) {
       download(logits + i * n_vocab, row.data(), n_vocab);
       out[i] = choose_token(row.data(), n_vocab, choices[i]);
+      if (lp && choices[i].logprobs >= 0) lp[i] = token_logprobs(row.data(), n_vocab, out[i], choices[i].logprobs);
     }
   }
 

@@ -308,6 +308,27 @@ void Service::check_prompt_bytes(std::size_t bytes) const {
                        "context_length_exceeded");
 }
 
+void Service::check_generation_fields(const CompletionRequest& r) const {
+  auto bad = [](const char* param, const std::string& msg) {
+    throw RequestError(400, "invalid_request_error", param, std::string(param) + ": " + msg);
+  };
+  if (r.n < 1 || r.n > cfg_.max_running)
+    bad("n", "must be between 1 and " + std::to_string(cfg_.max_running) + " (--max-running), got " + std::to_string(r.n));
+  if (r.min_tokens < 0 || r.min_tokens > r.max_tokens)
+    bad("min_tokens", "must be between 0 and max_tokens (" + std::to_string(r.max_tokens) + "), got " +
+                          std::to_string(r.min_tokens));
+  if (r.logprobs < -1 || r.logprobs > engine::kMaxTopLogprobs)
+    bad("logprobs", "must be between 0 and " + std::to_string(engine::kMaxTopLogprobs) + ", got " + std::to_string(r.logprobs));
+  const int vocab = model_.hparams.n_vocab;
+  for (std::size_t i = 0; i < r.stop_token_ids.size(); ++i)
+    if (r.stop_token_ids[i] < 0 || r.stop_token_ids[i] >= vocab)
+      throw RequestError(400, "invalid_request_error", "stop_token_ids",
+                         "stop_token_ids[" + std::to_string(i) + "]: token id " + std::to_string(r.stop_token_ids[i]) +
+                             " outside the vocabulary (0.." + std::to_string(vocab - 1) + ")");
+  if (!(r.sampling.repetition_penalty > 0.0f))
+    bad("repetition_penalty", "must be greater than 0, got " + std::to_string(r.sampling.repetition_penalty));
+}
+
 void Service::submit(CompletionRequest r) {
   if (!accepting_) throw RequestError(503, "unavailable_error", "", "the service is draining and accepts no new requests");
   std::vector<int> prompt = r.prompt_tokens;
@@ -338,6 +359,7 @@ void Service::submit(CompletionRequest r) {
                        "this model's maximum context length is " + std::to_string(ctx) + " tokens; the prompt (" +
                            std::to_string(n) + ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it",
                        "context_length_exceeded");
+  check_generation_fields(r);
 
   // The domain that takes the request, set before it is queued there (the
   // events come after).

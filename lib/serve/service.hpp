@@ -179,6 +179,9 @@ class Service {
   const DevicePool& device_pool() const noexcept { return *pool_; }
 
  private:
+  /// The fields of generation (n, min_tokens, logprobs, stop_token_ids,
+  /// penalties) against this model and config; RequestError naming the field.
+  void check_generation_fields(const CompletionRequest& r) const;
   /// The gear table's model shapes against the loaded model; InputError.
   void check_model(const doc::GearTable& table) const;
   std::optional<doc::Gear> find_gear(const std::string& name) const;
