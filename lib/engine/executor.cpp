@@ -297,6 +297,9 @@ std::vector<int> Executor::forward_choose(const std::vector<SeqChunk>& chunks, i
 std::vector<int> Executor::forward_choose_logprobs(const std::vector<SeqChunk>& chunks, int micro_batches,
                                                    const std::vector<TokenChoice>& choices,
                                                    std::vector<TokenLogprobs>& logprobs) {
+  // Across processes the last stage sends back token ids only; with
+  // log-probabilities asked, the logits come back and both are taken here.
+  if (placement_) return Engine::forward_choose_logprobs(chunks, micro_batches, choices, logprobs);
   return choose(chunks, micro_batches, choices, &logprobs);
 }
 
