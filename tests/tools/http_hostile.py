@@ -8,6 +8,8 @@ tests/bench/http-load.sh (issue 20). Standard library only.
   headers PORT MB            MB of headers on one request: the status, the bytes sent
   body PORT MB               a POST saying Content-Length MB MiB, no body sent: the status
   pipelined PORT             3 requests in one write: the number of answers
+  keep PORT N SECONDS        N kept-alive connections that asked GET / once, then idle
+  get PORT TIMEOUT           one GET /: its latency in ms, or "timeout"
 """
 import selectors
 import socket
@@ -56,6 +58,16 @@ def hold(port, n, seconds, first, each):
                     s.send(each)
                 except OSError:
                     pass
+    alive = 0
+    for s in conns:
+        try:
+            if s.recv(4096) == b"":
+                continue
+        except BlockingIOError:
+            alive += 1  # nothing from the server: still held
+        except OSError:
+            pass
+    print(f"alive {alive}", flush=True)
 
 
 def completion(max_tokens, stream):
@@ -116,18 +128,62 @@ def pipelined(port):
     print(data.count(b"HTTP/1.1 200 OK"))
 
 
+def keep(port, n, seconds):
+    """Opens n connections, asks GET / on each, and keeps them; prints how
+    many were answered within 10 s."""
+    conns = []
+    for _ in range(n):
+        try:
+            s = connect(port)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.setblocking(False)
+            conns.append(s)
+        except OSError:
+            pass
+    sel = selectors.DefaultSelector()
+    for s in conns:
+        sel.register(s, selectors.EVENT_READ)
+    answered, end = 0, time.time() + 10
+    while answered < len(conns) and time.time() < end:
+        for key, _ in sel.select(timeout=0.5):
+            try:
+                key.fileobj.recv(4096)
+            except OSError:
+                pass
+            sel.unregister(key.fileobj)
+            answered += 1
+    print(f"open {len(conns)} answered {answered}", flush=True)
+    time.sleep(seconds)
+
+
+def get(port, timeout):
+    t0 = time.perf_counter()
+    try:
+        s = connect(port)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        st = status_of(s, timeout)
+    except OSError:
+        st = 0
+    ms = (time.perf_counter() - t0) * 1000
+    print("%.1f" % ms if st == 200 else "timeout", flush=True)
+
+
 def main():
     cmd, port = sys.argv[1], int(sys.argv[2])
     if cmd == "slow":
         hold(port, int(sys.argv[3]), float(sys.argv[4]), b"POST /v1/completions HTTP/1.1\r\n", b"X")
     elif cmd == "sse":
-        hold(port, int(sys.argv[3]), float(sys.argv[4]), completion(100000, True), b"")
+        hold(port, int(sys.argv[3]), float(sys.argv[4]), completion(2000, True), b"")
     elif cmd == "timed":
         timed(port, int(sys.argv[3]))
     elif cmd == "headers":
         headers(port, int(sys.argv[3]))
     elif cmd == "body":
         body(port, int(sys.argv[3]))
+    elif cmd == "keep":
+        keep(port, int(sys.argv[3]), float(sys.argv[4]))
+    elif cmd == "get":
+        get(port, float(sys.argv[3]))
     elif cmd == "pipelined":
         pipelined(port)
     else:
