@@ -173,17 +173,11 @@ void Connection::on_timer() {
       close();
       return;
     case State::headers:
-      core.log("peer=" + peer + " event=timeout status=408 detail=\"headers not in within " +
-               std::to_string(core.opts.limits.header_timeout_ms) + " ms\"");
-      refuse_with(core.error_response(408, "the request headers did not arrive within " +
-                                               std::to_string(core.opts.limits.header_timeout_ms) + " ms"));
-      return;
+      return refuse_now(408, "the request headers did not arrive within " +
+                                 std::to_string(core.opts.limits.header_timeout_ms) + " ms");
     case State::body:
-      core.log("peer=" + peer + " event=timeout status=408 detail=\"body not in within " +
-               std::to_string(core.opts.limits.body_timeout_ms) + " ms\"");
-      refuse_with(core.error_response(408, "the request body did not arrive within " +
-                                               std::to_string(core.opts.limits.body_timeout_ms) + " ms"));
-      return;
+      return refuse_now(408, "the request body did not arrive within " +
+                                 std::to_string(core.opts.limits.body_timeout_ms) + " ms");
     case State::answering:
       return;
     case State::closing:
