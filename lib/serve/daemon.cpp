@@ -76,12 +76,6 @@ doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& 
   return t;
 }
 
-int default_http_threads(const ServiceConfig& c) {
-  std::size_t replicas = 1;
-  for (const auto& g : c.gears.gears) replicas = std::max(replicas, g.replicas.size());
-  return 2 * c.max_running * static_cast<int>(replicas) + 16;
-}
-
 doc::Topology virtual_topology(int n) {
   doc::Topology t;
   t.source = "probe";
@@ -235,9 +229,9 @@ int run_daemon(DaemonOptions o) {
 
   if (!o.http.log) o.http.log = [&](std::string_view line) { log("http: " + std::string(line)); };
   if (o.http.chat_template.empty()) o.http.chat_template = model.tokenizer.chat_template;
-  if (o.http.threads == 0) o.http.threads = default_http_threads(o.service);
-  HttpServer http(svc, o.http);
-  http.start();
+  if (!o.http_front) throw Error("ftp-serve: no HTTP front to serve with (DaemonOptions::http_front)");
+  std::unique_ptr<HttpFront> http_front = o.http_front(svc, o.http);
+  HttpFront& http = *http_front;
   log("http: listening on " + o.http.host + ":" + std::to_string(http.port()));
   // The control loop in-process: the same policy code as `ftp-plan decide`,
   // fed live observations; the shifts it decides run on this thread.
@@ -319,7 +313,7 @@ int run_daemon(DaemonOptions o) {
   // keeps running until then so streams complete.
   svc.drain_and_stop();
   control.stop();
-  http.stop();
+  http.stop(500);  // answers are done (drained): what is left gets half a second to flush
   log("stopped");
   return 0;
 }

@@ -37,6 +37,8 @@ struct DaemonOptions {
   std::optional<doc::Topology> topology;  ///< sim without topology_path (e.g. probed by ftp-serve)
   std::string calibration_path;           ///< sim: ftp.sim-calibration/v1; empty: the planner's constants
   HttpOptions http;
+  /// Makes the HTTP front (ftp-serve: api::openai::make_front); required.
+  HttpFrontFactory http_front;
   ServiceConfig service;           ///< gears and model_name are filled in by run_daemon
   std::function<void(std::string_view)> log;  ///< one line per event
   /// The control loop in-process (ftp-serve --auto): every observe_interval_ms
@@ -62,13 +64,6 @@ struct DaemonOptions {
 /// virtual devices, "cpu-virtual"). Throws InputError when there are too few.
 doc::GearTable gear_table_for_spec(const model::HParams& hp, const std::string& model_name, const GearSpec& g,
                                    const std::vector<std::string>& devices = {}, const std::string& topology = "");
-
-/// HTTP connection threads when none are given: every request in flight,
-/// streaming or not, holds one until it ends, so there are enough for the
-/// running batches of two gears at once (a shift) plus as many waiting, and
-/// 16 more for probes (/health, /ready, /metrics) and new connections:
-/// 2 x max_running x the most replicas of a gear + 16.
-int default_http_threads(const ServiceConfig& config);
 
 /// A topology of `n` CPU virtual devices vd0..vd<n-1> in one island (what
 /// --virtual-devices offers), to check a gear table against.

@@ -13,23 +13,27 @@
 
 namespace ftp::serve {
 
-/// A request the service refuses, with what an HTTP or RPC answer needs:
-/// status 400 "invalid_request_error" for bad input, 503 when not serving;
-/// `code` as OpenAI's ("context_length_exceeded" for a request longer than
-/// the context allows; empty: none).
+/// Why the service refuses a request. The API layer (lib/api) maps each
+/// to its protocol's answer; the service knows no HTTP status.
+enum class Refusal {
+  invalid_input,     ///< a field is out of range or malformed (param names it)
+  context_exceeded,  ///< the prompt, or prompt + max_tokens, is over the context
+  draining,          ///< the service is stopping and accepts no new request
+  no_domain,         ///< no domain serves now (between gears)
+};
+
+/// A request the service refuses: the kind, the field at fault (empty:
+/// none) and a message that names it.
 class RequestError : public InputError {
  public:
-  RequestError(int status, std::string type, std::string param, std::string message, std::string code = "")
-      : InputError(std::move(message)), status_(status), type_(std::move(type)), param_(std::move(param)),
-        code_(std::move(code)) {}
-  int status() const noexcept { return status_; }
-  const std::string& type() const noexcept { return type_; }
+  RequestError(Refusal kind, std::string param, std::string message)
+      : InputError(std::move(message)), kind_(kind), param_(std::move(param)) {}
+  Refusal kind() const noexcept { return kind_; }
   const std::string& param() const noexcept { return param_; }
-  const std::string& code() const noexcept { return code_; }
 
  private:
-  int status_;
-  std::string type_, param_, code_;
+  Refusal kind_;
+  std::string param_;
 };
 
 /// One token's log-probability as a client reads it: the token's own text

@@ -301,16 +301,15 @@ int Service::max_prompt_tokens() const noexcept {
 void Service::check_prompt_bytes(std::size_t bytes) const {
   const std::size_t most = static_cast<std::size_t>(std::max(0, max_prompt_tokens())) * tok_->max_token_bytes();
   if (bytes > most)
-    throw RequestError(400, "invalid_request_error", "prompt",
+    throw RequestError(Refusal::context_exceeded, "prompt",
                        "this model's maximum prompt length is " + std::to_string(max_prompt_tokens()) +
                            " tokens; a prompt of " + std::to_string(bytes) + " bytes takes at least " +
-                           std::to_string(bytes / tok_->max_token_bytes()) + " tokens",
-                       "context_length_exceeded");
+                           std::to_string(bytes / tok_->max_token_bytes()) + " tokens");
 }
 
 void Service::check_generation_fields(const CompletionRequest& r) const {
   auto bad = [](const char* param, const std::string& msg) {
-    throw RequestError(400, "invalid_request_error", param, std::string(param) + ": " + msg);
+    throw RequestError(Refusal::invalid_input, param, std::string(param) + ": " + msg);
   };
   if (r.n < 1 || r.n > cfg_.max_running)
     bad("n", "must be between 1 and " + std::to_string(cfg_.max_running) + " (--max-running), got " + std::to_string(r.n));
@@ -322,7 +321,7 @@ void Service::check_generation_fields(const CompletionRequest& r) const {
   const int vocab = model_.hparams.n_vocab;
   for (std::size_t i = 0; i < r.stop_token_ids.size(); ++i)
     if (r.stop_token_ids[i] < 0 || r.stop_token_ids[i] >= vocab)
-      throw RequestError(400, "invalid_request_error", "stop_token_ids",
+      throw RequestError(Refusal::invalid_input, "stop_token_ids",
                          "stop_token_ids[" + std::to_string(i) + "]: token id " + std::to_string(r.stop_token_ids[i]) +
                              " outside the vocabulary (0.." + std::to_string(vocab - 1) + ")");
   if (!(r.sampling.repetition_penalty > 0.0f))
@@ -330,35 +329,33 @@ void Service::check_generation_fields(const CompletionRequest& r) const {
 }
 
 void Service::submit(CompletionRequest r) {
-  if (!accepting_) throw RequestError(503, "unavailable_error", "", "the service is draining and accepts no new requests");
+  if (!accepting_) throw RequestError(Refusal::draining, "", "the service is draining and accepts no new requests");
   std::vector<int> prompt = r.prompt_tokens;
   if (prompt.empty()) {
     check_prompt_bytes(r.prompt.size());
     try {
       prompt = tok_->encode_prompt(r.prompt);
     } catch (const InputError& e) {
-      throw RequestError(400, "invalid_request_error", "prompt", e.what());
+      throw RequestError(Refusal::invalid_input, "prompt", e.what());
     }
   }
   const int ctx = context_length();
   const int max_prompt = max_prompt_tokens();
   const int n = static_cast<int>(prompt.size());
   if (n > max_prompt)
-    throw RequestError(400, "invalid_request_error", "prompt",
+    throw RequestError(Refusal::context_exceeded, "prompt",
                        "this model's maximum prompt length is " + std::to_string(max_prompt) + " tokens; the prompt has " +
-                           std::to_string(n),
-                       "context_length_exceeded");
+                           std::to_string(n));
   if (r.max_tokens < 1)
-    throw RequestError(400, "invalid_request_error", "max_tokens", "max_tokens must be at least 1, got " + std::to_string(r.max_tokens));
+    throw RequestError(Refusal::invalid_input, "max_tokens", "max_tokens must be at least 1, got " + std::to_string(r.max_tokens));
   if (r.max_tokens > cfg_.max_tokens_limit)
-    throw RequestError(400, "invalid_request_error", "max_tokens",
+    throw RequestError(Refusal::invalid_input, "max_tokens",
                        "max_tokens " + std::to_string(r.max_tokens) + " exceeds the limit of " +
                            std::to_string(cfg_.max_tokens_limit));
   if (static_cast<std::int64_t>(n) + r.max_tokens > ctx)
-    throw RequestError(400, "invalid_request_error", "max_tokens",
+    throw RequestError(Refusal::context_exceeded, "max_tokens",
                        "this model's maximum context length is " + std::to_string(ctx) + " tokens; the prompt (" +
-                           std::to_string(n) + ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it",
-                       "context_length_exceeded");
+                           std::to_string(n) + ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it");
   check_generation_fields(r);
 
   // The domain that takes the request, set before it is queued there (the
@@ -371,12 +368,12 @@ void Service::submit(CompletionRequest r) {
   // the domains that serve now.
   for (int attempt = 0;; ++attempt) {
     auto dom = route(r, n);
-    if (!dom || attempt == 4) throw RequestError(503, "unavailable_error", "", "no serving domain");
+    if (!dom || attempt == 4) throw RequestError(Refusal::no_domain, "", "no serving domain");
     *where = dom.get();
     try {
       if (dom->submit(std::move(g))) break;
     } catch (const InputError& e) {
-      throw RequestError(400, "invalid_request_error", "prompt", e.what());
+      throw RequestError(Refusal::invalid_input, "prompt", e.what());
     }
   }
   // Counted once accepted: a refused request is neither traffic nor load.

@@ -135,7 +135,7 @@ class Service {
   /// Refuses, before any encoding, a prompt text of `bytes` bytes that must
   /// take more tokens than the prompt limit whatever its text
   /// (Tokenizer::max_token_bytes): a 12 MB prompt costs no tokenizer time.
-  /// Throws RequestError (400, param "prompt", code context_length_exceeded).
+  /// Throws RequestError (Refusal::context_exceeded, param "prompt").
   void check_prompt_bytes(std::size_t bytes) const;
   /// The longest prompt a request may have, in tokens (--max-prompt-tokens,
   /// at most the context - 1).

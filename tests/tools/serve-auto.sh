@@ -33,7 +33,7 @@ run_burst() {  # SECONDS
   burst=()
   for i in $(seq 1 8); do
     ( end=$((SECONDS + $1)); while [ $SECONDS -lt $end ]; do
-        curl -s "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Zoo","max_tokens":24}' >/dev/null
+        curl -s "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"Zoo","max_tokens":24}' >/dev/null
       done ) &
     burst+=($!)
   done

@@ -15,7 +15,7 @@ start_daemon() {  # STEP_INTERVAL_MS
     --enable-test-hooks
 }
 complete() {  # PROMPT MAX_TOKENS
-  curl -s "http://127.0.0.1:$port/v1/completions" -d "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0}"
+  curl -s "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0}"
 }
 
 "$serve" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --virtual-devices 2 --port 0 2>"$tmp/err"; rc=$?
@@ -81,12 +81,12 @@ check "from-stdin: bad line warned" grep -q "stdin:2:" "$tmp/err"
 check "from-stdin: shift executed" jq -se '.[0].to=="pipelined" and .[0].outcome=="committed" and .[0].trigger=="policy:test"' "$tmp/dec.jsonl"
 check "from-stdin: exit 2 for the skipped line" test $rc -eq 2
 
-status=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" -d '{"prompt": ')
+status=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt": ')
 check "malformed body: 400" test "$status" = 400
 check "metrics: shifts by outcome" bash -c "curl -s http://127.0.0.1:$port/metrics | grep -q 'ftp_shifts_total{outcome=\"rolled-back\"} 1'"
 
 # A client killed mid-stream affects no other request.
-curl -sN "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Once","max_tokens":400,"stream":true}' >/dev/null &
+curl -sN "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"Once","max_tokens":400,"stream":true}' >/dev/null &
 victim=$!
 sleep 0.2; kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
 check "after a killed client: golden text" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
@@ -102,7 +102,7 @@ clients=()
 for c in $(seq 1 16); do
   ( renice -n 10 -p $BASHPID >/dev/null; i=0; while [ ! -f "$tmp/stop" ]; do
       i=$((i+1))
-      curl -sN "http://127.0.0.1:$port/v1/completions" \
+      curl -sN "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" \
         -d '{"prompt":"Zoo","max_tokens":57,"temperature":0,"stream":true}' |
         sed -n 's/^data: //p' | grep -v '^\[DONE\]' | jq -j '.choices[0].text' >"$tmp/clients/$c-$i.txt"
     done ) &
@@ -129,7 +129,7 @@ check "16 clients: no failed request" bash -c "curl -s http://127.0.0.1:$port/me
 kill -TERM $daemon; wait $daemon; daemon=
 start_daemon 400
 for i in 1 2 3 4; do
-  curl -sN "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Zoo","max_tokens":300,"stream":true,"temperature":0}' >"$tmp/stream$i" &
+  curl -sN "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"Zoo","max_tokens":300,"stream":true,"temperature":0}' >"$tmp/stream$i" &
 done
 "$shift_tool" --to performance --follow >"$tmp/mid.jsonl" 2>/dev/null &
 shifter=$!

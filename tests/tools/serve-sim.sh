@@ -35,7 +35,7 @@ start_daemon_with "$tools/ftp-serve" "$tmp/serve.log" --engine sim -m "$model" -
   --gears "$tmp/gears.json" --step-interval-ms 100
 check "log names the simulated engine" grep -q "engine: simulated" "$tmp/serve.log"
 
-complete() { curl -s "http://127.0.0.1:$port/v1/completions" -d "{\"prompt\":\"$1\",\"max_tokens\":$2}"; }
+complete() { curl -s "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d "{\"prompt\":\"$1\",\"max_tokens\":$2}"; }
 t0=$(date +%s.%N)
 complete "The cluster" 16 >"$tmp/c1.json"
 t1=$(date +%s.%N)
@@ -46,9 +46,9 @@ check "completion: deterministic" test "$(complete "The cluster" 16 | jq -r '.ch
 # Paced in real time: 16 decode steps of a 70 B model on TP2 A100s read
 # ~70 GB per rank per step, > 40 ms each at 2039 GB/s x 0.7.
 check "completion: takes the simulated cluster's time (> 0.6 s)" awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(b - a > 0.6) }'
-curl -sN "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":5,"stream":true}' >"$tmp/stream.txt"
+curl -sN "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"Hi","max_tokens":5,"stream":true}' >"$tmp/stream.txt"
 check "stream: 5 token events and [DONE]" test "$(grep -c '"text"' "$tmp/stream.txt")" -ge 5 -a "$(grep -c '\[DONE\]' "$tmp/stream.txt")" -eq 1
-curl -s "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"x","max_tokens":99999}' >"$tmp/bad.json"
+curl -s "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"x","max_tokens":99999}' >"$tmp/bad.json"
 check "bad request: named field" jq -e '.error.param == "max_tokens"' "$tmp/bad.json"
 
 first=$(jq -r '.gears[0].name' "$tmp/gears.json"); second=$(jq -r '.gears[1].name' "$tmp/gears.json")

@@ -50,7 +50,7 @@ EOF
 
 start_daemon_with "$tools/ftp-serve" "$tmp/serve.log" --engine sim -m "$model" --topology "$tmp/cluster.json" \
   --gears "$tmp/gears.json" --step-interval-ms 100 --drain-timeout-ms 300
-complete() { curl -s "http://127.0.0.1:$port/v1/completions" -d "{\"prompt\":\"$1\",\"max_tokens\":$2}"; }
+complete() { curl -s "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d "{\"prompt\":\"$1\",\"max_tokens\":$2}"; }
 watch() { "$tools/ftp-probe" --watch --count 1; }
 # state_of GEAR: the states of that gear's domains, space-separated.
 state_of() { watch | jq -r --arg g "$1" '[.domains[] | select(.gear == $g) | .state] | join(" ")'; }

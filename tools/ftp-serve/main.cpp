@@ -16,6 +16,7 @@
 #include "member/channel.hpp"
 #include "member/worker.hpp"
 #include "model/model.hpp"
+#include "api/openai/server.hpp"
 #include "serve/daemon.hpp"
 #include "serve/generate.hpp"
 #include "serve/remote.hpp"
@@ -70,10 +71,44 @@ int main(int argc, char** argv) {
       ->option_text("DIR");
   app.add_flag("--enable-test-hooks", d.test_hooks, "Accept test hooks on the control socket (shift's inject_fault)");
   app.add_option("--http-threads", d.http.threads,
-                 "HTTP connection threads; each request in flight holds one (default: 2 x --max-running x the most "
-                 "replicas of a gear + 16)")
+                 "Threads that parse HTTP requests (default 2); connections and streams hold none (one event loop)")
       ->check(ftp::cli::positive())
       ->option_text("N");
+  ftp::http::Limits& lim = d.http.limits;
+  app.add_option("--max-body-bytes", lim.max_body_bytes, "Largest request body; over: 413, unread (default 16777216)")
+      ->option_text("BYTES");
+  app.add_option("--max-header-bytes", lim.max_header_bytes, "Largest request line + headers; over: 431 (default 16384)")
+      ->option_text("BYTES");
+  app.add_option("--max-headers", lim.max_headers, "Most header fields of a request; over: 431 (default 100)")
+      ->check(ftp::cli::positive())
+      ->option_text("N");
+  app.add_option("--header-timeout-ms", lim.header_timeout_ms,
+                 "Deadline from a request's first byte to the end of its headers; over: 408 (default 10000)")
+      ->check(ftp::cli::positive())
+      ->option_text("MS");
+  app.add_option("--body-timeout-ms", lim.body_timeout_ms,
+                 "Deadline from the end of the headers to the end of the body; over: 408 (default 60000)")
+      ->check(ftp::cli::positive())
+      ->option_text("MS");
+  app.add_option("--idle-timeout-ms", lim.idle_timeout_ms,
+                 "How long a kept-alive connection may wait for its next request (default 30000)")
+      ->check(ftp::cli::positive())
+      ->option_text("MS");
+  app.add_option("--max-connections", lim.max_connections, "Open HTTP connections in all; over: 503 (default 16384)")
+      ->check(ftp::cli::positive())
+      ->option_text("N");
+  app.add_option("--max-connections-per-address", lim.max_connections_per_address,
+                 "Open HTTP connections of one client address; over: 503 (default 1024)")
+      ->check(ftp::cli::positive())
+      ->option_text("N");
+  app.add_option("--stream-buffer-bytes", lim.stream_buffer_bytes,
+                 "Bytes of a stream its client has not taken before the stream ends and its request is cancelled "
+                 "(default 1048576)")
+      ->option_text("BYTES");
+  app.add_option("--served-model-name", d.http.served_model_names,
+                 "A name the API serves the model as (repeatable; the first is the one answers carry; default: the "
+                 "model's name)")
+      ->option_text("NAME");
   app.add_option("--api-key", d.http.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (default: $FTP_API_KEY)")
       ->envname("FTP_API_KEY")
       ->option_text("KEY");
@@ -210,6 +245,7 @@ int main(int argc, char** argv) {
       }
       std::string pid = std::to_string(::getpid());
       d.log = [&](std::string_view line) { std::cerr << "ftp-serve[" << pid << "]: " << line << "\n" << std::flush; };
+      d.http_front = ftp::api::openai::make_front;
       return ftp::serve::run_daemon(d);
     }
     if (d.engine != "real")
