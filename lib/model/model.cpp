@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <new>
 #include <optional>
@@ -11,7 +12,9 @@
 
 #include "core/error.hpp"
 #include "core/escape.hpp"
+#include "model/arch.hpp"
 #include "model/gguf.hpp"
+#include "model/hf_folder.hpp"
 #include "model/llama2c.hpp"
 #include "model/quant.hpp"
 #include "model/tokenizer.hpp"
@@ -213,41 +216,9 @@ TensorView view(const GgufFile& f, const std::string& name, std::int64_t rows, s
   return t;
 }
 
-/// Parts of a model beyond the tensors every architecture has.
-enum ArchPart : unsigned {
-  kQkvBias = 1u << 0,    ///< blk.N.attn_{q,k,v}.bias
-  kQkNorm = 1u << 1,     ///< blk.N.attn_{q,k}_norm.weight
-  kRopeFreqs = 1u << 2,  ///< rope_freqs.weight
-};
-
-/// What one architecture needs.
-struct ArchSpec {
-  const char* name;   ///< general.architecture
-  RopeType rope;      ///< not stored in GGUF: llama.cpp's llama_model_rope_type()
-  unsigned required;  ///< ArchPart bits a file must have
-  unsigned optional;  ///< ArchPart bits it may have
-};
-
-/// The architectures the loader reads: what each needs beyond llama's
-/// tensors (token_embd, output_norm, output unless tied, and per layer
-/// attn_norm, attn_q/k/v/output, ffn_norm, ffn_gate/up/down). A tensor the
-/// file holds that its architecture does not use is refused, as llama.cpp
-/// does, rather than ignored.
-constexpr ArchSpec kArchitectures[] = {
-    // Mistral-style files are llama with other hyper-parameters; Llama 3.x
-    // carries its RoPE scaling in rope_freqs.weight.
-    {"llama", RopeType::norm, 0, kQkvBias | kRopeFreqs},
-    {"qwen2", RopeType::neox, kQkvBias, 0},
-    {"qwen3", RopeType::neox, kQkNorm, 0},
-};
-
 const ArchSpec& arch_spec(const GgufFile& f, const std::string& arch) {
-  std::string names;
-  for (const ArchSpec& a : kArchitectures) {
-    if (arch == a.name) return a;
-    names += (names.empty() ? "" : ", ") + std::string(a.name);
-  }
-  f.fail_key("general.architecture", "unsupported architecture '" + printable(arch) + "' (supported: " + names + ")");
+  if (const ArchSpec* a = find_arch(arch)) return *a;
+  f.fail_key("general.architecture", "unsupported architecture '" + printable(arch) + "' (supported: " + arch_names() + ")");
 }
 
 /// Refuses RoPE scaling other than Llama 3's rope_freqs (linear, YaRN):
@@ -410,6 +381,12 @@ Model load_model(const std::string& path, const std::string& tokenizer_path) {
 }
 
 static Model load_model_unchecked(const std::string& path, const std::string& tokenizer_path) {
+  if (std::filesystem::is_directory(path)) {
+    if (!tokenizer_path.empty())
+      throw InputError(tokenizer_path + ": a separate tokenizer is for llama2.c checkpoints; " + path +
+                       " is a Hugging Face folder with its own tokenizer.json");
+    return load_hf_folder(path);
+  }
   std::size_t size = 0;
   auto map = map_file(path, size);
   if (has_gguf_magic(map, size)) {

@@ -129,6 +129,10 @@ struct TokenizerData {
   std::vector<float> scores;         ///< empty when absent
   std::vector<std::int32_t> types;   ///< token types (1 normal, 2 unknown, 3 control, 4 user, 6 byte); empty when absent
   std::vector<std::string> merges;   ///< BPE merges "a b"; empty when absent
+  /// "llama" read from a Hugging Face tokenizer.json (BPE with byte
+  /// fallback): pairs merge by their rank in `merges`, as HF's BPE does,
+  /// not by the score of the merged token as SentencePiece (GGUF) does.
+  bool merge_by_rank = false;
   int bos = -1, eos = -1, unk = -1, pad = -1;
   bool add_bos = true;
   bool add_eos = false;
@@ -147,7 +151,7 @@ class Model {
   Weights weights;
   TokenizerData tokenizer;
   std::string path;
-  std::string format;                ///< "gguf" or "llama2c"
+  std::string format;                ///< "gguf", "llama2c" or "safetensors" (a Hugging Face folder)
   /// The tokenizer built from `tokenizer` by the loader, which refuses a
   /// vocabulary it cannot build; null for a model made in code (use
   /// tokenizer_of, which builds one then).
@@ -165,7 +169,8 @@ class Model {
   bool weights_file_mapped = false;
 };
 
-/// Loads a model, telling the format by its magic: GGUF v3 ("GGUF"), or a
+/// Loads a model: a directory is a Hugging Face folder (model/hf_folder.hpp);
+/// a file's format is told by its magic: GGUF v3 ("GGUF"), or a
 /// llama2.c legacy float32 checkpoint (its tokenizer from `tokenizer_path`,
 /// or tokenizer.bin / tok<vocab>.bin beside it). Errors (ftp::InputError)
 /// name the file, the tensor and the reason: bad magic or version, truncated

@@ -129,7 +129,8 @@ Tokenizer Tokenizer::from(const TokenizerData& d) {
   t.add_eos_ = d.add_eos;
   t.add_space_prefix_ = t.kind_ == Kind::spm && d.add_space_prefix;
 
-  if (t.kind_ == Kind::bpe) {
+  t.merge_by_rank_ = t.kind_ == Kind::spm && d.merge_by_rank;
+  if (t.kind_ == Kind::bpe || t.merge_by_rank_) {
     t.ranks_.reserve(d.merges.size() * 2);
     for (std::size_t i = 0; i < d.merges.size(); ++i) {
       const std::string& m = d.merges[i];
@@ -137,6 +138,8 @@ Tokenizer Tokenizer::from(const TokenizerData& d) {
       if (pos == std::string::npos) continue;
       t.ranks_.emplace(std::make_pair(m.substr(0, pos), m.substr(pos + 1)), static_cast<int>(i));
     }
+  }
+  if (t.kind_ == Kind::bpe) {
     using P = unicode::PreStyle;
     t.ignore_merges_ = t.pre_ == P::llama3;
     t.clean_spaces_ = !(t.pre_ == P::llama3 || t.pre_ == P::qwen2 || t.pre_ == P::deepseek_llm ||
@@ -302,9 +305,18 @@ void Tokenizer::encode_spm(const std::string& text, std::vector<int>& out) const
   auto try_add = [&](int left, int right) {
     if (left < 0 || right < 0) return;
     std::string s = text.substr(sym[left].off, sym[left].n + sym[right].n);
-    const int id = find(s);
-    if (id < 0) return;
-    queue.push({left, right, tokens_[id].score, s.size()});
+    float score = 0;
+    if (merge_by_rank_) {
+      // HF BPE: the pair's rank decides (lowest first), not the token's score.
+      const auto it = ranks_.find({text.substr(sym[left].off, sym[left].n), text.substr(sym[right].off, sym[right].n)});
+      if (it == ranks_.end() || find(s) < 0) return;
+      score = -static_cast<float>(it->second);
+    } else {
+      const int id = find(s);
+      if (id < 0) return;
+      score = tokens_[id].score;
+    }
+    queue.push({left, right, score, s.size()});
     rev_merge[std::move(s)] = {left, right};
   };
   for (int i = 1; i < static_cast<int>(sym.size()); ++i) try_add(i - 1, i);
@@ -331,6 +343,19 @@ void Tokenizer::encode_spm(const std::string& text, std::vector<int>& out) const
     if (id >= 0) { out.push_back(id); return; }
     const auto p = rev_merge.find(str);
     if (p == rev_merge.end()) {
+      if (merge_by_rank_) {
+        // HF's BPE: the bytes when every one has a <0xXX> token, else one
+        // unknown token, fused with an unknown just before it (fuse_unk).
+        std::vector<int> bytes;
+        for (const char c : str) {
+          const int bid = byte_to_token(static_cast<unsigned char>(c));
+          if (bid < 0) { bytes.clear(); break; }
+          bytes.push_back(bid);
+        }
+        if (!bytes.empty()) out.insert(out.end(), bytes.begin(), bytes.end());
+        else if (out.empty() || out.back() != unk_) out.push_back(unk_);
+        return;
+      }
       for (const char c : str) {
         const int bid = byte_to_token(static_cast<unsigned char>(c));
         out.push_back(bid >= 0 ? bid : unk_);

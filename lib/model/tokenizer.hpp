@@ -7,7 +7,8 @@
 //
 //  * "llama": SentencePiece-style, as llama.cpp's llm_tokenizer_spm (spaces
 //    escaped as U+2581, a space prefix, bigram merges by score, byte fallback
-//    to <0xXX> tokens).
+//    to <0xXX> tokens); from a Hugging Face tokenizer.json (BPE with byte
+//    fallback) the same with pairs merged by rank, as HF's BPE does.
 //  * "gpt2": byte-level BPE, as llama.cpp's llm_tokenizer_bpe (pre-tokenizer
 //    chosen by tokenizer.ggml.pre, GPT-2 byte-to-unicode mapping, merges by
 //    rank).
@@ -117,6 +118,7 @@ class Tokenizer {
   std::size_t max_token_bytes_ = 1;
   bool add_bos_ = false, add_eos_ = false, add_space_prefix_ = false;
   bool ignore_merges_ = false, clean_spaces_ = false;
+  bool merge_by_rank_ = false;  ///< spm from tokenizer.json: merges by rank (TokenizerData::merge_by_rank)
 };
 
 /// The model's tokenizer: the one its loader built (Model::built_tokenizer),

@@ -41,11 +41,38 @@ std::string render_llama2(const std::vector<ChatMessage>& msgs) {
   return out;
 }
 
+std::string trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t\n\r");
+  if (b == std::string_view::npos) return "";
+  return std::string(s.substr(b, s.find_last_not_of(" \t\n\r") - b + 1));
+}
+
+std::string render_gemma(const std::vector<ChatMessage>& msgs) {
+  // As llama.cpp's LLM_CHAT_TEMPLATE_GEMMA: contents trimmed, system text
+  // merged into the next user turn, "assistant" called "model".
+  std::string out, system;
+  for (const auto& m : msgs) {
+    if (m.role == "system") {
+      system += trim(m.content);
+      continue;
+    }
+    const std::string role = m.role == "assistant" ? "model" : m.role;
+    out += "<start_of_turn>" + role + "\n";
+    if (!system.empty() && role != "model") {
+      out += system + "\n\n";
+      system.clear();
+    }
+    out += trim(m.content) + "<end_of_turn>\n";
+  }
+  return out + "<start_of_turn>model\n";
+}
+
 }  // namespace
 
 ChatTemplate detect_chat_template(std::string_view jinja) {
   if (has(jinja, "<|start_header_id|>")) return ChatTemplate::llama3;
   if (has(jinja, "<|im_start|>")) return ChatTemplate::chatml;
+  if (has(jinja, "<start_of_turn>")) return ChatTemplate::gemma;
   if (has(jinja, "[INST]")) return ChatTemplate::llama2;
   if (has(jinja, "<|user|>")) return has(jinja, "<|end|>") ? ChatTemplate::phi3 : ChatTemplate::zephyr;
   return ChatTemplate::plain;
@@ -59,6 +86,7 @@ const char* chat_template_name(ChatTemplate t) noexcept {
     case ChatTemplate::llama3: return "llama3";
     case ChatTemplate::zephyr: return "zephyr";
     case ChatTemplate::phi3: return "phi3";
+    case ChatTemplate::gemma: return "gemma";
   }
   return "plain";
 }
@@ -82,6 +110,8 @@ std::string render_chat(ChatTemplate t, const std::vector<ChatMessage>& msgs) {
     case ChatTemplate::phi3:
       for (const auto& m : msgs) out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
       return out + "<|assistant|>\n";
+    case ChatTemplate::gemma:
+      return render_gemma(msgs);
     case ChatTemplate::plain:
       break;
   }

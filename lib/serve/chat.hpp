@@ -13,6 +13,8 @@
 //   llama3   <|start_header_id|>         <|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>
 //   zephyr   <|user|> (without <|end|>)  <|{role}|>\n{content}</s>\n
 //   phi3     <|user|> and <|end|>        <|{role}|>\n{content}<|end|>\n
+//   gemma    <start_of_turn>             <start_of_turn>{user|model}\n{content}<end_of_turn>\n
+//            (no system role: system text opens the next user turn)
 //   plain    (absent or unknown)         System: {system}\nUser: {user}\nAssistant: {assistant}\n
 //
 // The rendered text never starts with BOS: the tokenizer adds it (add_bos).
@@ -25,7 +27,7 @@
 
 namespace ftp::serve {
 
-enum class ChatTemplate { plain, llama2, chatml, llama3, zephyr, phi3 };
+enum class ChatTemplate { plain, llama2, chatml, llama3, zephyr, phi3, gemma };
 
 /// One message of a conversation. role: "system", "user" or "assistant"
 /// ("developer" is read as "system" by the HTTP layer).
@@ -37,7 +39,7 @@ struct ChatMessage {
 /// The family of a Jinja chat template; plain when empty or not recognised.
 ChatTemplate detect_chat_template(std::string_view jinja);
 
-/// "plain", "llama2", "chatml", "llama3", "zephyr", "phi3".
+/// "plain", "llama2", "chatml", "llama3", "zephyr", "phi3", "gemma".
 const char* chat_template_name(ChatTemplate t) noexcept;
 
 /// The prompt text of a conversation, ending with the opening of the

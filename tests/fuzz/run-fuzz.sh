@@ -1,6 +1,6 @@
 #!/bin/bash
 # Builds the libFuzzer targets for the model parsers (fuzz_gguf, fuzz_llama2c,
-# fuzz_quant: the block decoders)
+# fuzz_quant: the block decoders, fuzz_safetensors)
 # with clang++ -fsanitize=fuzzer,address,undefined, compiling the lib/model
 # sources directly, and runs each for a short time on a seed corpus made from
 # the real test files (copied to a temp folder, never into the repository).
@@ -42,11 +42,13 @@ fi
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -I"$src/lib")
 libsrc=("$src/lib/model/gguf.cpp" "$src/lib/model/llama2c.cpp" "$src/lib/model/model.cpp" "$src/lib/model/tokenizer.cpp"
-        "$src/lib/model/unicode.cpp" "$src/lib/model/quant.cpp" "$src/lib/engine/quant_matmul.cpp")
+        "$src/lib/model/unicode.cpp" "$src/lib/model/quant.cpp" "$src/lib/engine/quant_matmul.cpp"
+        "$src/lib/model/safetensors.cpp" "$src/lib/model/hf_config.cpp" "$src/lib/model/hf_folder.cpp"
+        "$src/lib/model/tokenizer_json.cpp" "$src/lib/core/json.cpp" "$src/lib/core/json_parse.cpp")
 libs=(-licuuc)  # the tokenizer's Unicode classes (ICU, as in the meson build)
 
 # Seed corpora from the real files.
-mkdir -p "$tmp/seed_gguf" "$tmp/seed_llama2c" "$tmp/seed_quant"
+mkdir -p "$tmp/seed_gguf" "$tmp/seed_llama2c" "$tmp/seed_quant" "$tmp/seed_safetensors"
 sd=$data/models/stories260K
 vd=$data/models/llama.cpp-vocab
 for f in "$sd/stories260K.gguf"; do
@@ -73,10 +75,13 @@ for f in "$ad"/llama-Q*.gguf; do
   { printf "\\$(printf '%03o' $i)"; tail -c 4096 "$f"; } >"$tmp/seed_quant/$(basename "$f" .gguf)"
   i=$((i + 1))
 done
+# Safetensors seeds: TinyStories' header and first tensors (the whole file is 2.6 MB).
+st=$data/models/tinystories-656k/hf/model.safetensors
+[ -f "$st" ] && head -c 65536 "$st" >"$tmp/seed_safetensors/head.safetensors"
 [ -n "$(ls "$tmp/seed_gguf")" ] || echo "note: no test data under $data; fuzzing from empty corpora"
 
 status=0
-for target in fuzz_gguf fuzz_llama2c fuzz_quant; do
+for target in fuzz_gguf fuzz_llama2c fuzz_quant fuzz_safetensors; do
   exe=$work/fuzz/$target
   echo "== $target: building"
   if ! "$CXX" "${flags[@]}" "$src/tests/fuzz/$target.cpp" "${libsrc[@]}" "${libs[@]}" -o "$exe"; then

@@ -31,8 +31,24 @@ const char* zephyr_jinja =
 const char* phi3_jinja =
     "{% for message in messages %}{% if message['role'] == 'user' %}{{'<|user|>' + '\\n' + message['content'] + "
     "'<|end|>' + '\\n' + '<|assistant|>' + '\\n'}}{% endif %}{% endfor %}";
+// Gemma's (google/gemma-2-2b-it tokenizer_config.json), abridged.
+const char* gemma_jinja =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | "
+    "trim + '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}";
 
 }  // namespace
+
+TEST(ChatTemplate, Gemma) {
+  EXPECT_EQ(detect_chat_template(gemma_jinja), ChatTemplate::gemma);
+  EXPECT_STREQ(chat_template_name(ChatTemplate::gemma), "gemma");
+  // Written by hand from the template: trimmed contents, the system text
+  // opening the first user turn (llama.cpp's rule, Gemma has no system role).
+  EXPECT_EQ(render_chat(ChatTemplate::gemma, conv),
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+            "<start_of_turn>user\nName a fruit.<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_TRUE(chat_stop_strings(ChatTemplate::gemma).empty());
+}
 
 TEST(ChatTemplate, DetectsEachFamily) {
   EXPECT_EQ(detect_chat_template(llama2_jinja), ChatTemplate::llama2);

@@ -24,6 +24,7 @@
 #include "model/tokenizer.hpp"
 #include "model/unicode.hpp"
 #include "test_data.hpp"
+#include "vocab_cases.hpp"
 
 namespace fs = std::filesystem;
 using ftp::model::Tokenizer;
@@ -46,29 +47,12 @@ std::vector<int> parse_ids(const std::string& line) {
   return ids;
 }
 
-// The .inp file: cases separated (and ended) by "\n__ggml_vocab_test__\n";
-// the .out file: one line of space-separated ids per case.
-struct Case { std::string input; std::vector<int> expected; };
+using Case = ftp::test::VocabCase;
 
 std::vector<Case> read_cases(const fs::path& gguf) {
-  const std::string inp = read_file(gguf.string() + ".inp");
-  const std::string out = read_file(gguf.string() + ".out");
-  const std::string sep = "\n__ggml_vocab_test__\n";
-  std::vector<std::string> inputs;
-  for (std::size_t pos = 0;;) {
-    const std::size_t hit = inp.find(sep, pos);
-    if (hit == std::string::npos) break;
-    inputs.push_back(inp.substr(pos, hit - pos));
-    pos = hit + sep.size();
-  }
-  std::vector<std::string> lines;
-  std::istringstream ls(out);
-  for (std::string l; std::getline(ls, l);) lines.push_back(l);
-  std::vector<Case> cases;
-  for (std::size_t i = 0; i < inputs.size() && i < lines.size(); ++i)
-    cases.push_back({inputs[i], parse_ids(lines[i])});
-  EXPECT_EQ(inputs.size(), lines.size()) << gguf;
-  return cases;
+  const ftp::test::VocabCases r = ftp::test::read_vocab_cases(gguf.string());
+  EXPECT_EQ(r.inputs, r.lines) << gguf;
+  return r.cases;
 }
 
 std::string show(const std::vector<int>& ids) {

@@ -111,6 +111,47 @@ if [ -f "$ts/goldens-llamacpp-f16.jsonl" ]; then
     check "TinyStories-656K \"$p\": llama.cpp's golden" test -n "$want" -a "$got" = "$want"
   done
 fi
+# The same model as a Hugging Face folder (F32 safetensors, tokenizer.json),
+# and damaged copies of it: each refused in one line naming the file and the
+# problem, exit 2 (copies in $tmp; the patches keep every length).
+if [ -f "$ts/hf/model.safetensors" ]; then
+  # Two prompts that tokenize as in the GGUF (tests/model/test_hf_folder.cpp
+  # says why "The little dog" does not) give llama.cpp's F16 goldens.
+  for p in "Once upon a time" "Lily and Tom"; do
+    want=$(jq -r --arg p "$p" 'select(.prompt == $p) | .completion' "$ts/goldens-llamacpp-f16.jsonl")
+    got=$("$serve" -m "$ts/hf" -p "$p" -n 64 2>/dev/null | head -c -1)
+    check "TinyStories-656K folder \"$p\": llama.cpp's golden" test -n "$want" -a "$got" = "$want"
+  done
+  hf_copy() { rm -rf "$tmp/hf"; cp -r "$ts/hf" "$tmp/hf"; chmod -R u+w "$tmp/hf"; }
+  hf_copy
+  head -c 1500000 "$ts/hf/model.safetensors" >"$tmp/hf/model.safetensors"
+  expect_error "truncated safetensors" "$tmp/hf/model.safetensors: tensor '" -m "$tmp/hf" -p x
+  check "truncated safetensors: says so" grep -qF "truncated file?" "$tmp/err"
+  hf_copy
+  LC_ALL=C sed 's/"data_offsets":\[1048576,1049088\]/"data_offsets":[1048000,1048512]/' "$ts/hf/model.safetensors" >"$tmp/hf/model.safetensors"
+  expect_error "overlapping tensors" "$tmp/hf/model.safetensors: tensor 'model.layers.0.input_layernorm.weight': data_offsets [1048000, 1048512) overlap tensor 'lm_head.weight' [0, 1048576)" -m "$tmp/hf" -p x
+  hf_copy
+  LC_ALL=C sed 's/layers\.0\.input_layernorm\.weight":{"dtype":"F32"/layers.0.input_layernorm.weight":{"dtype":"I32"/' "$ts/hf/model.safetensors" >"$tmp/hf/model.safetensors"
+  expect_error "wrong dtype" "$tmp/hf/model.safetensors: tensor 'model.layers.0.input_layernorm.weight': unsupported dtype I32 (supported: F32, F16, BF16)" -m "$tmp/hf" -p x
+  hf_copy
+  jq 'del(.num_hidden_layers)' "$ts/hf/config.json" >"$tmp/hf/config.json"
+  expect_error "config.json missing a field" "$tmp/hf/config.json: num_hidden_layers: missing required field" -m "$tmp/hf" -p x
+fi
+# A K-quant tensor whose rows are not whole super-blocks: stories260K's
+# blk.1.attn_q (rows of 64) retyped Q4_K in its tensor info.
+if [ -f "$m/stories260K.gguf" ]; then
+  python3 - "$m/stories260K.gguf" "$tmp/rows.gguf" <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+name = b'blk.1.attn_q.weight'
+i = b.index(len(name).to_bytes(8, 'little') + name) + 8 + len(name)
+n_dims = int.from_bytes(b[i:i + 4], 'little')
+t = i + 4 + 8 * n_dims
+b[t:t + 4] = (12).to_bytes(4, 'little')  # ggml Q4_K
+open(sys.argv[2], 'wb').write(b)
+PY
+  expect_error "K-quant rows of 64" "$tmp/rows.gguf: tensor 'blk.1.attn_q.weight': Q4_K needs rows of a multiple of 256 elements" -m "$tmp/rows.gguf" -p x
+fi
 "$serve" -m "$m/stories260K.gguf" --backend tpu -p x >"$tmp/out" 2>"$tmp/err"
 check "unknown backend: exit 2" test $? -eq 2
 check "unknown backend: names the choices" grep -qF -- "--backend: tpu not in {cpu,cuda}" "$tmp/err"

@@ -25,8 +25,9 @@
 
 int main(int argc, char** argv) {
   ftp::cli::Tool tool("ftp-serve",
-                      "Serve a Llama-family model (GGUF or llama2.c) on CPU virtual devices: an OpenAI-compatible\n"
-                      "HTTP API and a JSON-RPC control socket; the gear changes while it serves (ftp-shift).\n"
+                      "Serve a Llama-family model (GGUF, llama2.c or a Hugging Face folder) on CPU virtual devices:\n"
+                      "an OpenAI-compatible HTTP API and a JSON-RPC control socket; the gear changes while it serves\n"
+                      "(ftp-shift).\n"
                       "With --prompt: generate one completion, print only its text, and exit.");
   ftp::serve::DaemonOptions d;
   std::string prompt;
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
   std::string ramp;
   auto& app = tool.app();
   app.add_option("-m,--model", d.model_path,
-                 "Model file: GGUF v3 (llama, qwen2, qwen3), or a llama2.c checkpoint (.bin); with --engine sim also a model-shape JSON")
+                 "Model: a GGUF v3 file (llama, qwen2, qwen3), a llama2.c checkpoint (.bin), or a Hugging Face folder\n"
+                 "(config.json, *.safetensors, tokenizer.json); with --engine sim also a model-shape JSON")
       ->required()
       ->option_text("PATH");
   app.add_option("--tokenizer", d.tokenizer_path,
