@@ -8,6 +8,7 @@ declare -A allowed=(
   [core]="core"
   [doc]="core doc"
   [ipc]="core ipc"
+  [hub]="core hub"
   [comm]="core doc comm"
   [backend]="core doc backend kernels"
   [serve]="core doc comm backend model engine ipc control plan sim serve"
