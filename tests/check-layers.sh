@@ -8,6 +8,7 @@ declare -A allowed=(
   [core]="core"
   [doc]="core doc"
   [ipc]="core ipc"
+  [hub]="core hub"
   [comm]="core doc comm"
   [backend]="core doc backend kernels"
   [http]="core http"

@@ -123,55 +123,6 @@ FTP_AVX2 inline float half_at(const std::uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-/// w x x for 8 weights into acc: w = float(q) * d - m as the block decoder
-/// computes them (a product, then a difference: the same bits).
-FTP_AVX2 inline __m256 fma_weights(__m256i q, __m256 d, __m256 m, const float* x, __m256 acc) {
-  const __m256 w = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m);
-  return _mm256_fmadd_ps(w, _mm256_loadu_ps(x), acc);
-}
-
-/// One token against R rows of Q4_K decoded in registers: the
-/// weights are those model::quant::dequantize writes, and each lands in the
-/// accumulator and in the order dots<R> would use for the decoded row
-/// (columns 16m..16m+7 in a[r][0], 16m+8..16m+15 in a[r][1], m rising), so
-/// the result is bit-identical to decoding into the buffer and dotting:
-/// t = 1 (this path) and t > 1 (the buffer) agree. Whole blocks only.
-template <int R>
-FTP_AVX2 void q4_k_rows(const float* x, const std::uint8_t* const* rows, std::int64_t nb, float* out) {
-  __m256 a[R][2];
-  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi32(0x0f);
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const float* xb = x + b * 256;
-    for (int r = 0; r < R; ++r) {
-      const std::uint8_t* blk = rows[r] + b * 144;
-      const float d = half_at(blk), dmin = half_at(blk + 2);
-      const std::uint8_t* sc = blk + 4;
-      for (int c = 0; c < 4; ++c) {
-        // The 6-bit scale and min of groups 2c and 2c + 1 (model/quant.cpp's scale_min_k4).
-        int s1, m1, s2, m2;
-        const int j = 2 * c;
-        if (j < 4) {
-          s1 = sc[j] & 63, m1 = sc[j + 4] & 63;
-          s2 = sc[j + 1] & 63, m2 = sc[j + 5] & 63;
-        } else {
-          s1 = (sc[j + 4] & 0x0f) | ((sc[j - 4] >> 6) << 4), m1 = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-          s2 = (sc[j + 5] & 0x0f) | ((sc[j - 3] >> 6) << 4), m2 = (sc[j + 5] >> 4) | ((sc[j + 1] >> 6) << 4);
-        }
-        const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(s1)), n1 = _mm256_set1_ps(dmin * static_cast<float>(m1));
-        const __m256 d2 = _mm256_set1_ps(d * static_cast<float>(s2)), n2 = _mm256_set1_ps(dmin * static_cast<float>(m2));
-        const std::uint8_t* q = blk + 16 + 32 * c;
-        const float* xc = xb + 64 * c;
-        __m256i v[4];
-        for (int l = 0; l < 4; ++l) v[l] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * l)));
-        for (int l = 0; l < 4; ++l) a[r][l & 1] = fma_weights(_mm256_and_si256(v[l], low), d1, n1, xc + 8 * l, a[r][l & 1]);
-        for (int l = 0; l < 4; ++l) a[r][l & 1] = fma_weights(_mm256_srli_epi32(v[l], 4), d2, n2, xc + 32 + 8 * l, a[r][l & 1]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(a[r][0], a[r][1]));
-}
-
 /// Q4_0 with the activations as Q8_0 integers, llama.cpp's scheme: per
 /// block of 32, the int8 dot of the weights' (q - 8) and the activations'
 /// quants (maddubs on |w| and the sign-adjusted x, exact in int32), scaled
@@ -237,6 +188,21 @@ void q8_0_ints(const float* x, int t, int k, Q8Ints& a) {
     }
 }
 
+/// The tiles of the integer kernels: rows of the view by 4 (then 1), tokens
+/// by up to 3; fn(the rows' first blocks, rows, first token, tokens, first row).
+template <class Fn>
+void for_each_tile(const MatView& w, const Decoder& d, int t, Fn&& fn) {
+  const int n = static_cast<int>(w.rows);
+  const auto* base = static_cast<const std::uint8_t*>(w.t->data) + static_cast<std::size_t>(d.b0) * d.b.bytes;
+  for (int i = 0; i < n;) {
+    const int rows = n - i >= 4 ? 4 : 1;
+    const std::uint8_t* wr[4];
+    for (int r = 0; r < rows; ++r) wr[r] = base + static_cast<std::size_t>(w.r0 + i + r) * d.row_bytes;
+    for (int u = 0; u < t; u += 3) fn(wr, rows, u, std::min(3, t - u), i);
+    i += rows;
+  }
+}
+
 /// Q4_0 over whole blocks: rows by 4 (then 1), tokens by up to 3.
 void matmul_q4_0_int(const float* x, const MatView& w, const Decoder& d, float* out, int t) {
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
@@ -245,29 +211,130 @@ void matmul_q4_0_int(const float* x, const MatView& w, const Decoder& d, float* 
   using Fn = void (*)(const std::int8_t*, const float*, int, const std::uint8_t* const*, float*, int);
   static constexpr Fn k4[4] = {nullptr, q4_0_int<4, 1>, q4_0_int<4, 2>, q4_0_int<4, 3>};
   static constexpr Fn k1[4] = {nullptr, q4_0_int<1, 1>, q4_0_int<1, 2>, q4_0_int<1, 3>};
-  const auto* base = static_cast<const std::uint8_t*>(w.t->data) + static_cast<std::size_t>(d.b0) * d.b.bytes;
   const int nb = k / 32;
-  for (int i = 0; i < n;) {
-    const int rows = n - i >= 4 ? 4 : 1;
-    const std::uint8_t* wr[4];
-    for (int r = 0; r < rows; ++r) wr[r] = base + static_cast<std::size_t>(w.r0 + i + r) * d.row_bytes;
-    for (int u = 0; u < t; u += 3) {
-      const int g = std::min(3, t - u);
-      (rows == 4 ? k4 : k1)[g](a.q.data() + static_cast<std::ptrdiff_t>(u) * k, a.d.data() + static_cast<std::ptrdiff_t>(u) * nb,
-                               k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i) {
+    (rows == 4 ? k4 : k1)[g](a.q.data() + static_cast<std::ptrdiff_t>(u) * k, a.d.data() + static_cast<std::ptrdiff_t>(u) * nb,
+                             k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+  });
+}
+
+/// The activations of t tokens as Q8_K integers, the values q8_k_values
+/// gives (q x d): q [t][k], d [t][k / 256] in float, and the sums of each
+/// 32 quants [t][k / 32] in int16 (at most 32 x 127; llama.cpp's bsums
+/// pairwise), for Q4_K's mins.
+struct Q8KInts {
+  std::vector<std::int8_t> q;
+  std::vector<float> d;
+  std::vector<std::int16_t> bsums32;
+};
+
+void q8_k_ints(const float* x, int t, int k, Q8KInts& a) {
+  const int nb = k / 256;
+  a.q.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(k));
+  a.d.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(nb));
+  a.bsums32.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(k / 32));
+  for (int u = 0; u < t; ++u)
+    for (int b = 0; b < nb; ++b) {
+      const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(u) * k + b * 256;
+      const float* p = x + o;
+      float amax = 0, max = 0;
+      for (int j = 0; j < 256; ++j)
+        if (std::fabs(p[j]) > amax) amax = std::fabs(p[j]), max = p[j];
+      std::int8_t* q = a.q.data() + o;
+      if (amax == 0.0f) {
+        std::fill_n(q, 256, std::int8_t{0});
+        a.d[static_cast<std::size_t>(u) * nb + b] = 0.0f;
+      } else {
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < 256; ++j) q[j] = static_cast<std::int8_t>(std::min(127.0f, std::nearbyint(iscale * p[j])));
+        a.d[static_cast<std::size_t>(u) * nb + b] = 1.0f / iscale;
+      }
+      std::int16_t* b32 = a.bsums32.data() + o / 32;
+      for (int g = 0; g < 8; ++g) {
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) sum += q[32 * g + j];
+        b32[g] = static_cast<std::int16_t>(sum);
+      }
     }
-    i += rows;
+}
+
+/// The 6-bit scale and min of group j of a Q4_K/Q5_K block (model/quant.cpp's scale_min_k4).
+inline void scale_min_k4(int j, const std::uint8_t* q, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63, m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
 }
 
-using RowsFn = void (*)(const float*, const std::uint8_t* const*, std::int64_t, float*);
-
-/// The register-decoding kernels for one token, where there is one.
-bool fused_rows(model::DType t, RowsFn& four, RowsFn& one) {
-  switch (t) {
-    case model::DType::q4_k: four = q4_k_rows<4>, one = q4_k_rows<1>; return true;
-    default: return false;
+/// Q4_K with the activations as Q8_K integers, llama.cpp's
+/// vec_dot_q4_K_q8_K: per super-block of 256, the int8 dots of each group
+/// of 32 nibbles with the activations' quants (maddubs, exact in int16),
+/// times the group's 6-bit scale (madd, exact in int32), summed in int32
+/// and scaled by d_w x d_x in float; the mins as d_min x d_x x the integer
+/// sum of min x the group's quant sum (bsums32, a vector madd). R rows x T tokens; each
+/// output adds its blocks in order whatever T, so a token's result does not
+/// depend on the batch. Views of whole blocks only.
+template <int R, int T>
+FTP_AVX2 void q4_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo) {
+  __m256 acc[R][T];
+  float accm[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps(), accm[r][u] = 0.0f;
+  const int nb = k / 256;
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  for (int b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 144;
+      const float d = half_at(blk), dmin = half_at(blk + 2);
+      int sc[8], mn[8];
+      for (int j = 0; j < 8; ++j) scale_min_k4(j, blk + 4, sc[j], mn[j]);
+      const __m128i mins = _mm_setr_epi16(static_cast<short>(mn[0]), static_cast<short>(mn[1]), static_cast<short>(mn[2]),
+                                          static_cast<short>(mn[3]), static_cast<short>(mn[4]), static_cast<short>(mn[5]),
+                                          static_cast<short>(mn[6]), static_cast<short>(mn[7]));
+      __m256i sumi[T];
+      for (int u = 0; u < T; ++u) sumi[u] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
+        const __m256i lo = _mm256_and_si256(q4, low), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low);
+        const __m256i s1 = _mm256_set1_epi16(static_cast<short>(sc[2 * c])), s2 = _mm256_set1_epi16(static_cast<short>(sc[2 * c + 1]));
+        for (int u = 0; u < T; ++u) {
+          const std::int8_t* xq = a.q.data() + static_cast<std::ptrdiff_t>(u0 + u) * k + b * 256 + 64 * c;
+          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
+          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s1);
+          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s2);
+          sumi[u] = _mm256_add_epi32(sumi[u], _mm256_add_epi32(p0, p1));
+        }
+      }
+      for (int u = 0; u < T; ++u) {
+        const std::size_t xb = static_cast<std::size_t>(u0 + u) * static_cast<std::size_t>(nb) + static_cast<std::size_t>(b);
+        const float dx = a.d[xb];
+        // sum_j min_j x (the quant sum of group j), exact in int32.
+        __m128i m = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.bsums32.data() + xb * 8)));
+        m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+        m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+        const std::int32_t summ = _mm_cvtsi128_si32(m);
+        acc[r][u] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[u]), acc[r][u]);
+        accm[r][u] += dmin * dx * static_cast<float>(summ);
+      }
+    }
   }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(acc[r][u]) - accm[r][u];
+}
+
+/// Q4_K over whole super-blocks: rows by 4 (then 1), tokens by up to 3.
+void matmul_q4_k_int(const float* x, const MatView& w, const Decoder& d, float* out, int t) {
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  thread_local Q8KInts a;
+  q8_k_ints(x, t, k, a);
+  using Fn = void (*)(const Q8KInts&, int, int, const std::uint8_t* const*, float*, int);
+  static constexpr Fn four[4] = {nullptr, q4_k_int<4, 1>, q4_k_int<4, 2>, q4_k_int<4, 3>};
+  static constexpr Fn one[4] = {nullptr, q4_k_int<1, 1>, q4_k_int<1, 2>, q4_k_int<1, 3>};
+  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i) {
+    (rows == 4 ? four : one)[g](a, u, k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+  });
 }
 #endif
 
@@ -299,23 +366,8 @@ void matmul_quant(const float* x, const MatView& w, float* out, int t) {
   const Decoder d(w);
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   if (w.t->dtype == model::DType::q4_0 && d.lead == 0 && k % 32 == 0) return matmul_q4_0_int(x, w, d, out, t);
+  if (w.t->dtype == model::DType::q4_k && d.lead == 0 && k % 256 == 0) return matmul_q4_k_int(x, w, d, out, t);
   x = quantized_activations(w, x, t);
-  RowsFn four = nullptr, one = nullptr;
-  if (t == 1 && d.lead == 0 && k % d.b.elems == 0 && fused_rows(w.t->dtype, four, one)) {
-    // One token (decode at batch 1, bound by memory): no buffer round trip.
-    const auto* base = static_cast<const std::uint8_t*>(w.t->data) + static_cast<std::size_t>(d.b0) * d.b.bytes;
-    const std::uint8_t* rows[kRows];
-    for (std::int64_t i = 0; i < n; i += kRows) {
-      const int r = static_cast<int>(std::min<std::int64_t>(kRows, n - i));
-      for (int j = 0; j < r; ++j) rows[j] = base + static_cast<std::size_t>(w.r0 + i + j) * d.row_bytes;
-      if (r == kRows) {
-        four(x, rows, d.nblk, out + i);
-      } else {
-        for (int j = 0; j < r; ++j) one(x, rows + j, d.nblk, out + i + j);
-      }
-    }
-    return;
-  }
   float* buf = buffer(kRows * d.ld).data();
   for (std::int64_t i = 0; i < n; i += kRows) {
     const int rows = static_cast<int>(std::min<std::int64_t>(kRows, n - i));

@@ -37,10 +37,12 @@ void quantize_activations(model::DType w, const float* x, int t, int k, float* o
 /// view's columns are used (the activation blocks then start at the view's
 /// first column; WeightStore refuses such row-parallel splits, so a gear's
 /// ranks quantize the activations as one rank would).
-/// Q4_0 views of whole blocks take llama.cpp's integer scheme instead: the
-/// activations as Q8_0 integers, int8 dots per block scaled by d_w x d_x
-/// (the same values up to float rounding of the sums), for every t. Q4_K at
-/// t = 1 decodes in registers, bit-identical to the buffered rows.
+/// Q4_0 and Q4_K views of whole blocks take llama.cpp's integer scheme
+/// instead, for every t: the activations as Q8_0 (Q4_0) or Q8_K integers,
+/// int8 dots per block or group (maddubs; for Q4_K times the groups' 6-bit
+/// scales and the mins against the quant sums, in int32) scaled by d_w x
+/// d_x in float (the same values up to float rounding of the sums;
+/// vec_dot_q4_0_q8_0, vec_dot_q4_K_q8_K).
 /// Uses AVX2/FMA where the CPU has them (callers check, see ops::matmul);
 /// matmul_quant_scalar is the same sum order in plain C++.
 void matmul_quant(const float* x, const MatView& w, float* out, int t);

@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "doc/gear_table.hpp"
+#include "hub/fetch.hpp"
 #include "member/channel.hpp"
 #include "member/worker.hpp"
 #include "model/model.hpp"
@@ -37,9 +38,11 @@ int main(int argc, char** argv) {
   auto& app = tool.app();
   app.add_option("-m,--model", d.model_path,
                  "Model: a GGUF v3 file (llama, qwen2, qwen3), a llama2.c checkpoint (.bin), or a Hugging Face folder\n"
-                 "(config.json, *.safetensors, tokenizer.json); with --engine sim also a model-shape JSON")
+                 "(config.json, *.safetensors, tokenizer.json); with --engine sim also a model-shape JSON;\n"
+                 "or hf:ORG/REPO[:FILE], downloaded from the Hugging Face hub into $XDG_CACHE_HOME/flextp (HF_ENDPOINT,\n"
+                 "HF_TOKEN, HF_HUB_OFFLINE)")
       ->required()
-      ->option_text("PATH");
+      ->option_text("PATH|hf:ORG/REPO[:FILE]");
   app.add_option("--tokenizer", d.tokenizer_path,
                  "llama2.c tokenizer.bin (default: tokenizer.bin or tok<vocab>.bin beside the model)")
       ->option_text("PATH");
@@ -226,6 +229,11 @@ int main(int argc, char** argv) {
     if (d.engine != "real" && d.service.backend != "cpu")
       throw ftp::InputError("--backend " + d.service.backend + ": only the real engine has a backend (--engine " +
                             d.engine + ")");
+    if (ftp::hub::is_hub_ref(d.model_path)) {
+      auto fo = ftp::hub::options_from_environment();
+      fo.log = [](std::string_view line) { std::cerr << "ftp-serve: " << line << "\n" << std::flush; };
+      d.model_path = ftp::hub::fetch(ftp::hub::parse_ref(d.model_path), fo).string();
+    }
     if (!have_prompt) {
       if (!ramp.empty()) d.service.ramp = ftp::serve::parse_ramp(ramp);
       if (d.engine == "sim" && d.topology_path.empty()) {
