@@ -113,11 +113,9 @@ std::vector<DeviceMemory> device_memory(const ModelShape& m, const doc::GearTabl
     DeviceMemory d = a.d;
     d.device = dev;
     d.weights = shard_union_bytes(m, a.resident);
-    for (const auto& rel : a.release) {
-      std::vector<Shard> both = a.resident;
-      both.insert(both.end(), rel.begin(), rel.end());
-      d.weights = std::max(d.weights, shard_union_bytes(m, both));
-    }
+    // A release gear's shards alone: release mode drops the other gears'
+    // weights from a device while it serves (the planner's reason for it).
+    for (const auto& rel : a.release) d.weights = std::max(d.weights, shard_union_bytes(m, rel));
     const doc::Device* td = find(dev);
     d.memory_bytes = td ? td->memory_bytes : 0;
     out.push_back(std::move(d));

@@ -33,7 +33,7 @@ double shard_union_bytes(const ModelShape& m, const std::vector<Shard>& shards);
 /// One device's bytes for a gear table.
 struct DeviceMemory {
   std::string device;
-  double weights = 0;      ///< the shard union over every gear (resident gears; a release gear's shards only while it serves)
+  double weights = 0;      ///< the union of its shards over the resident gears, or a release gear's own shards where larger
   double kv = 0;           ///< the largest of its gears' KV need: requests x context x layers x KV bytes per token, / kv_cache_cap
   double activations = 0;  ///< the largest of its gears' activations (stage_memory)
   std::uint64_t memory_bytes = 0;  ///< what the topology says it has; 0: unknown
