@@ -10,7 +10,8 @@ declare -A allowed=(
   [ipc]="core ipc"
   [comm]="core doc comm"
   [backend]="core doc backend kernels"
-  [serve]="core doc comm backend model engine ipc control plan sim serve"
+  [serve]="core doc comm backend model engine member ipc control plan sim serve"
+  [member]="core doc comm backend model engine member"
   [engine]="core doc comm backend model engine kernels"
   [topology]="core doc comm backend topology"
   [plan]="core doc model plan"
@@ -18,7 +19,7 @@ declare -A allowed=(
   [sim]="core doc model engine plan control sim"
   [model]="core doc model"
   [bench]="core doc control bench"
-  [cli]="core doc comm backend topology ipc plan model control engine sim serve bench cli"
+  [cli]="core doc comm backend topology ipc plan model control engine member sim serve bench cli"
 )
 bad=0
 for dir in "$lib"/*/; do

@@ -70,9 +70,10 @@ void InprocCommunicator::wait_all() {
   if (aborted()) throw Error("inproc communicator aborted");
 }
 
-void InprocCommunicator::reset() noexcept {
+bool InprocCommunicator::reset() noexcept {
   arrived_.store(0, std::memory_order_relaxed);
   aborted_.store(false, std::memory_order_release);
+  return true;
 }
 
 void InprocCommunicator::abort() noexcept {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/bus_bandwidth.hpp"
+#include "comm/collective.hpp"
 
 namespace ftp::comm {
 
@@ -24,20 +25,20 @@ namespace ftp::comm {
 /// A rank that fails can call abort(): ranks waiting inside a collective
 /// (now or later) throw ftp::Error("inproc communicator aborted") instead of
 /// hanging. An aborted communicator stays aborted until reset().
-class InprocCommunicator {
+class InprocCommunicator final : public Collective {
  public:
   /// Throws ftp::InputError if n_ranks < 1.
   explicit InprocCommunicator(int n_ranks);
-  ~InprocCommunicator();
+  ~InprocCommunicator() override;
   InprocCommunicator(const InprocCommunicator&) = delete;
   InprocCommunicator& operator=(const InprocCommunicator&) = delete;
 
-  int size() const noexcept { return n_; }
+  int size() const noexcept override { return n_; }
 
   /// Sums `count` floats of every rank's `data`, element-wise, into every
   /// rank's `data` (in place). Buffers must not overlap between ranks.
   /// All ranks must pass the same count, else every rank throws ftp::Error.
-  void all_reduce_sum(int rank, float* data, std::size_t count);
+  void all_reduce_sum(int rank, float* data, std::size_t count) override;
 
   /// Copies `count` floats from the root's `data` into every other rank's.
   void broadcast(int rank, int root, float* data, std::size_t count);
@@ -46,10 +47,10 @@ class InprocCommunicator {
   void barrier(int rank);
 
   /// Wakes every waiting rank with an error; later collectives throw too.
-  void abort() noexcept;
+  void abort() noexcept override;
   /// Makes an aborted communicator usable again. Only while no rank is
   /// inside a collective (e.g. after every rank's step has returned).
-  void reset() noexcept;
+  bool reset() noexcept override;
   bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
  private:

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "comm/collective.hpp"
 #include "comm/inproc.hpp"
 #include "core/error.hpp"
 #include "engine/kv_cache.hpp"
@@ -22,7 +23,7 @@ namespace {
 
 class CpuRank final : public RankBackend {
  public:
-  CpuRank(const WeightStore& w, const RankSpec& spec, std::shared_ptr<comm::InprocCommunicator> comm)
+  CpuRank(const WeightStore& w, const RankSpec& spec, std::shared_ptr<comm::Collective> comm)
       : w_(w), hp_(w.hparams()), spec_(spec), comm_(std::move(comm)), packed_(w.packed_for_cpu()) {
     const RankLayerView v = split_rank(hp_, spec.tp, spec.rank);
     kvh_ = v.kv_heads.size();
@@ -57,9 +58,12 @@ class CpuRank final : public RankBackend {
     if (host != dev) std::memcpy(host, dev, n * sizeof(float));
   }
   void choose_tokens(const float* logits, std::size_t n_vocab, std::size_t n_rows, const TokenChoice* choices,
-                     int* out) override {
+                     int* out, TokenLogprobs* lp) override {
     // The logits are host memory already: chosen in place, not copied.
-    for (std::size_t i = 0; i < n_rows; ++i) out[i] = choose_token(logits + i * n_vocab, n_vocab, choices[i]);
+    for (std::size_t i = 0; i < n_rows; ++i) {
+      out[i] = choose_token(logits + i * n_vocab, n_vocab, choices[i]);
+      if (lp && choices[i].logprobs >= 0) lp[i] = token_logprobs(logits + i * n_vocab, n_vocab, out[i], choices[i].logprobs);
+    }
   }
 
   void embed(float* x) override {
@@ -148,10 +152,7 @@ class CpuRank final : public RankBackend {
       std::copy_n(row(x, b_->logit_rows[i], E), E, out + i * static_cast<std::size_t>(E));
   }
   void abort() noexcept override { comm_->abort(); }
-  bool recover() noexcept override {
-    comm_->reset();
-    return true;
-  }
+  bool recover() noexcept override { return comm_->reset(); }
 
  private:
   /// One 16-bit position: K into its column of the transposed page, V into its row.
@@ -204,7 +205,7 @@ class CpuRank final : public RankBackend {
   const WeightStore& w_;
   const model::HParams& hp_;
   RankSpec spec_;
-  std::shared_ptr<comm::InprocCommunicator> comm_;
+  std::shared_ptr<comm::Collective> comm_;
   const PackedWeights* packed_;  // the store's, shared by every domain; null: none
   int kvh_ = 0;
   std::unique_ptr<KvStore> kv_;
@@ -225,7 +226,12 @@ class CpuBackend final : public Backend {
     // The store's one-time preparation for this backend (packing its Q8_0
     // matrices) happens with its first stage; every later stage shares it.
     weights.packed_for_cpu();
-    auto comm = std::make_shared<comm::InprocCommunicator>(static_cast<int>(specs.size()));
+    return make_stage_ranks(weights, specs, std::make_shared<comm::InprocCommunicator>(static_cast<int>(specs.size())));
+  }
+  std::vector<std::unique_ptr<RankBackend>> make_stage_ranks(const WeightStore& weights, const std::vector<RankSpec>& specs,
+                                                             std::shared_ptr<comm::Collective> comm) override {
+    if (specs.empty()) throw InputError("cpu backend: a stage has at least one rank here");
+    weights.packed_for_cpu();
     std::vector<std::unique_ptr<RankBackend>> ranks;
     for (const RankSpec& s : specs) ranks.push_back(std::make_unique<CpuRank>(weights, s, comm));
     return ranks;

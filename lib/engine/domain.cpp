@@ -2,6 +2,7 @@
 #include "engine/domain.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.hpp"
 
@@ -26,11 +27,25 @@ struct Domain::Seq {
   std::vector<int> output;
   Sampler sampler;
   std::uint64_t arrival = 0;
+  int choice = 0;            // which of the request's choices
+  int forks_left = 0;        // choice 0: the choices still to fork from it
+  int shared_tokens = 0;     // choice 0: the prompt positions whose full pages the choices share
+  std::vector<TokenLogprobs> prompt_lp;  // with req.prompt_logprobs: entry j for prompt token j + 1
+  bool prompt_lp_sent = false;
 
-  Seq(GenerationRequest r, std::uint64_t a) : req(std::move(r)), sampler(req.sampling), arrival(a) {
+  Seq(GenerationRequest r, std::uint64_t a, int c = 0) : req(std::move(r)), sampler(choice_params(req.sampling, c)),
+                                                         arrival(a), choice(c) {
     tokens = req.prompt;
   }
   int pending() const { return static_cast<int>(tokens.size()) - computed; }
+  /// A prompt position whose logits give the next prompt token's log-probability.
+  bool prompt_row() const {
+    return req.prompt_logprobs && !prompt_lp_sent && computed + 1 < static_cast<int>(req.prompt.size());
+  }
+  static SamplingParams choice_params(SamplingParams p, int c) {
+    p.seed += static_cast<std::uint64_t>(c);  // wraps mod 2^64
+    return p;
+  }
 };
 
 namespace {
@@ -88,14 +103,59 @@ void Domain::submit(GenerationRequest r) {
   if (static_cast<int>(r.prompt.size()) >= cfg_.max_context)
     throw InputError(who + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
                      std::to_string(cfg_.max_context));
+  if (r.n < 1 || r.n > cfg_.max_running)
+    throw InputError(who + "n: must be between 1 and the domain's " + std::to_string(cfg_.max_running) +
+                     " running sequences, got " + std::to_string(r.n));
+  if (r.min_tokens < 0) throw InputError(who + "min_tokens: must not be negative, got " + std::to_string(r.min_tokens));
+  if (r.logprobs < -1 || r.logprobs > kMaxTopLogprobs)
+    throw InputError(who + "logprobs: must be between 0 and " + std::to_string(kMaxTopLogprobs) + ", got " +
+                     std::to_string(r.logprobs));
   const int held = peak_kv_tokens(static_cast<std::int64_t>(r.prompt.size()), r.max_tokens, cfg_.max_context);
-  if (kv_pages(held, cfg_.block_tokens) > cfg_.kv_blocks)
-    throw InputError(who + std::to_string(held) + " tokens need " + std::to_string(kv_pages(held, cfg_.block_tokens)) +
+  // The choices share the full pages before the prompt's last token; each
+  // holds the rest of its sequence alone.
+  const int shared = (static_cast<int>(r.prompt.size()) - 1) / cfg_.block_tokens * cfg_.block_tokens;
+  const std::int64_t shared_pages = r.n > 1 ? shared / cfg_.block_tokens : 0;
+  const std::int64_t pages = shared_pages + static_cast<std::int64_t>(r.n) * (kv_pages(held, cfg_.block_tokens) - shared_pages);
+  if (pages > cfg_.kv_blocks)
+    throw InputError(who + (r.n > 1 ? std::to_string(r.n) + " choices of " : std::string()) + std::to_string(held) +
+                     " tokens need " + std::to_string(pages) +
                      " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));
   std::lock_guard lk(mu_);
   cancelled_.erase(r.id);  // an earlier cancel of a request of the same id is not for this one
-  incoming_.push_back(std::make_unique<Seq>(std::move(r), arrivals_++));
-  ++n_waiting_;
+  const int n = r.n;
+  const std::uint64_t arrival = arrivals_++;
+  if (n > 1 && shared > 0) {
+    // Choice 0 computes the shared pages; the others fork from it then.
+    auto first = std::make_unique<Seq>(std::move(r), arrival);
+    first->forks_left = n - 1;
+    first->shared_tokens = shared;
+    incoming_.push_back(std::move(first));
+  } else {
+    // Nothing to share (a prompt within one page): n sequences from the start.
+    for (int c = 0; c < n; ++c) incoming_.push_back(std::make_unique<Seq>(r, arrival, c));
+  }
+  n_waiting_ += static_cast<int>(1 + (n > 1 && shared == 0 ? n - 1 : 0));
+}
+
+void Domain::fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out) {
+  const int pages = s.shared_tokens / cfg_.block_tokens;
+  for (int c = 1; c <= s.forks_left; ++c) {
+    auto child = std::make_unique<Seq>(s.req, s.arrival, c);
+    child->computed = s.shared_tokens;
+    child->blocks.assign(s.blocks.begin(), s.blocks.begin() + pages);
+    for (int b : child->blocks) blocks_.share(b);
+    child->prompt_lp.assign(s.prompt_lp.begin(),
+                            s.prompt_lp.begin() + std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(s.prompt_lp.size()),
+                                                                           s.shared_tokens));
+    out.push_back(std::move(child));
+  }
+  s.forks_left = 0;
+}
+
+bool Domain::host_samples(const Seq& s) const {
+  if (!s.sampler.engine_can_choose() || s.prompt_row()) return true;
+  const bool masks = static_cast<int>(s.output.size()) < s.req.min_tokens && (s.req.eos >= 0 || !s.req.stop_tokens.empty());
+  return masks;
 }
 
 bool Domain::idle() const {
@@ -163,12 +223,24 @@ void Domain::finish(Seq& s, FinishReason reason, const std::string& error, Event
   e.finished = true;
   e.finish_reason = reason;
   e.error = error;
-  if (s.req.on_event) events.emplace_back(s.req.on_event, e);
+  e.choice = s.choice;
+  const int ends = 1 + s.forks_left;
+  if (s.req.on_event) {
+    events.emplace_back(s.req.on_event, e);
+    // Choices not forked yet (a cancel or failure before the prompt's
+    // shared pages were computed) finish with choice 0.
+    for (int c = 1; c <= s.forks_left; ++c) {
+      e.choice = c;
+      e.index = 0;
+      events.emplace_back(s.req.on_event, e);
+    }
+  }
+  s.forks_left = 0;
   std::lock_guard lk(mu_);
   if (reason == FinishReason::error)
-    ++stats_.failed;
+    stats_.failed += static_cast<std::uint64_t>(ends);
   else
-    ++stats_.finished;
+    stats_.finished += static_cast<std::uint64_t>(ends);
 }
 
 void Domain::limit_running(int cap, int steps) {
@@ -233,6 +305,7 @@ int Domain::step() {
   for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Seq& s = *running_[i];
     int n = std::min(s.pending(), budget);
+    if (s.prompt_row()) n = std::min(n, 1);  // each prompt position's logits
     while (!ensure_blocks(s, s.computed + n)) {
       // Out of pages: preempt the newest other sequence, or this one if it is the newest.
       Seq* self = &s;
@@ -252,6 +325,7 @@ int Domain::step() {
   while (!waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < max_running) {
     Seq& s = *waiting_.front();
     int n = std::min(s.pending(), budget);
+    if (s.prompt_row()) n = std::min(n, 1);
     if (!ensure_blocks(s, s.computed + n)) {
       release(s);
       break;
@@ -270,16 +344,20 @@ int Domain::step() {
 
   std::vector<SeqChunk> chunks;
   chunks.reserve(plan.size());
+  std::vector<char> prompt_row(plan.size(), 0);  // logits for a prompt token's log-probability, not a choice
   int computed_tokens = 0;
-  for (auto [s, n] : plan) {
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    auto [s, n] = plan[i];
     SeqChunk c;
     c.blocks = &s->blocks;
     c.start_pos = s->computed;
     c.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + n);
-    c.want_logits = s->computed + n == static_cast<int>(s->tokens.size());
+    prompt_row[i] = s->prompt_row();
+    c.want_logits = s->computed + n == static_cast<int>(s->tokens.size()) || prompt_row[i];
     chunks.push_back(std::move(c));
     computed_tokens += n;
   }
+  std::vector<std::unique_ptr<Seq>> forked;
 
   EventList events;
   events.reserve(plan.size() + 1);
@@ -288,21 +366,30 @@ int Domain::step() {
   // was a quarter of a simulated replay's time).
   std::uint64_t prompt_tokens = 0, generated = 0;
   try {
-    // The engine chooses the tokens where the logits are (only ids come
-    // back) unless a request needs the host's sampler (top-k); the draws
-    // are the ones sample() would make, so a request's random stream is the
-    // same either way.
-    bool engine_chooses = true;
+    // The engine chooses the tokens where the logits are (only ids and the
+    // log-probabilities asked come back) unless a row needs the host's
+    // sampler (top-k, penalties, min_tokens, prompt log-probabilities); the
+    // draws are the ones sample() would make, so a request's random stream
+    // is the same either way.
+    bool engine_chooses = true, want_lp = false;
     for (std::size_t i = 0; i < plan.size(); ++i)
-      if (chunks[i].want_logits) engine_chooses = engine_chooses && plan[i].first->sampler.engine_can_choose();
+      if (chunks[i].want_logits) {
+        engine_chooses = engine_chooses && !host_samples(*plan[i].first);
+        want_lp = want_lp || plan[i].first->req.logprobs >= 0;
+      }
     std::vector<std::vector<float>> logits;
     std::vector<int> chosen;
+    std::vector<TokenLogprobs> chosen_lp;
     if (engine_chooses) {
       std::vector<TokenChoice> choices;
       for (std::size_t i = 0; i < plan.size(); ++i)
-        if (chunks[i].want_logits) choices.push_back(plan[i].first->sampler.next_choice());
-      chosen = exec_->forward_choose(chunks, cfg_.micro_batches, choices);
-      if (chosen.size() != choices.size())
+        if (chunks[i].want_logits) {
+          choices.push_back(plan[i].first->sampler.next_choice());
+          choices.back().logprobs = plan[i].first->req.logprobs;
+        }
+      chosen = want_lp ? exec_->forward_choose_logprobs(chunks, cfg_.micro_batches, choices, chosen_lp)
+                       : exec_->forward_choose(chunks, cfg_.micro_batches, choices);
+      if (chosen.size() != choices.size() || (want_lp && chosen_lp.size() != choices.size()))
         throw Error("engine returned " + std::to_string(chosen.size()) + " tokens for " +
                     std::to_string(choices.size()) + " choices");
     } else {
@@ -312,10 +399,40 @@ int Domain::step() {
     for (std::size_t i = 0; i < plan.size(); ++i) {
       Seq& s = *plan[i].first;
       bool was_prefill = plan[i].second > 1 || s.computed < static_cast<int>(s.req.prompt.size());
+      const int pos = s.computed + plan[i].second - 1;  // the chunk's last position
       s.computed += plan[i].second;
       if (was_prefill) prompt_tokens += static_cast<std::uint64_t>(plan[i].second);
+      if (s.forks_left > 0 && s.computed >= s.shared_tokens) fork(s, forked);
       if (!chunks[i].want_logits) continue;
-      const int tok = engine_chooses ? chosen[li++] : s.sampler.sample(logits[li++]);
+      if (prompt_row[i]) {
+        // Position pos's logits: the log-probability of prompt token pos + 1.
+        const auto& row = logits[li++];
+        if (s.prompt_lp.size() < static_cast<std::size_t>(pos + 1)) s.prompt_lp.resize(static_cast<std::size_t>(pos + 1));
+        s.prompt_lp[static_cast<std::size_t>(pos)] =
+            token_logprobs(row.data(), row.size(), s.req.prompt[static_cast<std::size_t>(pos + 1)], std::max(0, s.req.logprobs));
+        continue;
+      }
+      int tok;
+      std::optional<TokenLogprobs> lp;
+      if (engine_chooses) {
+        tok = chosen[li];
+        if (s.req.logprobs >= 0) lp = std::move(chosen_lp[li]);
+        ++li;
+      } else {
+        auto& row = logits[li++];
+        std::vector<float> raw;  // the logits before penalties and masks, for the log-probabilities
+        if (s.req.logprobs >= 0) raw = row;
+        apply_penalties(row.data(), row.size(), s.sampler.params(), s.req.prompt, s.output);
+        if (static_cast<int>(s.output.size()) < s.req.min_tokens) {
+          auto mask = [&](int t) {
+            if (t >= 0 && static_cast<std::size_t>(t) < row.size()) row[static_cast<std::size_t>(t)] = -INFINITY;
+          };
+          mask(s.req.eos);
+          for (int t : s.req.stop_tokens) mask(t);
+        }
+        tok = s.sampler.sample(row);
+        if (s.req.logprobs >= 0) lp = token_logprobs(raw.data(), raw.size(), tok, s.req.logprobs);
+      }
       s.output.push_back(tok);
       s.tokens.push_back(tok);
       ++generated;
@@ -324,11 +441,19 @@ int Domain::step() {
       e.domain_id = cfg_.id;
       e.token = tok;
       e.index = static_cast<int>(s.output.size()) - 1;
+      e.choice = s.choice;
+      e.logprobs = std::move(lp);
+      if (s.req.prompt_logprobs && !s.prompt_lp_sent) {
+        e.prompt_logprobs = std::move(s.prompt_lp);
+        s.prompt_lp.clear();
+        s.prompt_lp_sent = true;
+      }
       if (s.req.on_event) events.emplace_back(s.req.on_event, e);
       FinishReason reason = FinishReason::none;
+      // eos and stop tokens cannot come before min_tokens (masked above).
       if (tok == s.req.eos ||
           std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), tok) != s.req.stop_tokens.end() ||
-          (s.req.stop_check && s.req.stop_check(s.output)))
+          (s.req.stop_check && s.req.stop_check(s.choice, s.output)))
         reason = FinishReason::stop;
       else if (static_cast<int>(s.output.size()) >= s.req.max_tokens ||
                static_cast<int>(s.tokens.size()) >= cfg_.max_context)
@@ -353,6 +478,8 @@ int Domain::step() {
   running_.erase(std::remove_if(running_.begin(), running_.end(),
                                 [&](const auto& p) { return std::find(done.begin(), done.end(), p.get()) != done.end(); }),
                  running_.end());
+  // Forked choices wait first in line: their prompt is (almost) computed.
+  for (auto it = forked.rbegin(); it != forked.rend(); ++it) waiting_.push_front(std::move(*it));
   {
     std::lock_guard lk(mu_);
     ++stats_.steps;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <unordered_set>
@@ -49,6 +50,14 @@ struct GenerationEvent {
   std::string domain_id;
   int token = -1;                ///< the new token; -1 on a finish without one
   int index = 0;                 ///< its index in the output
+  int choice = 0;                ///< which of the request's n choices (0..n-1)
+  /// With GenerationRequest::logprobs >= 0: the new token's log-probability
+  /// and the top ones (token_logprobs of the raw logits).
+  std::optional<TokenLogprobs> logprobs;
+  /// With GenerationRequest::prompt_logprobs, on the first token's event of
+  /// each choice: entry j is prompt token j + 1's (chosen = that token; top
+  /// as `logprobs` asks). The first prompt token has none.
+  std::vector<TokenLogprobs> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::none;
   std::string error;             ///< with FinishReason::error: what went wrong
@@ -62,9 +71,25 @@ struct GenerationRequest {
   int max_tokens = 16;
   int eos = -1;                       ///< end-of-generation token; -1: none
   std::vector<int> stop_tokens;       ///< more tokens that end the generation
-  /// Called after each token with the output so far; true ends it ("stop"),
-  /// e.g. for stop strings.
-  std::function<bool(const std::vector<int>& output)> stop_check;
+  /// Choices to generate from the prompt (each its own sequence and events).
+  /// The prompt is computed once: the choices share its full KV pages, and
+  /// each computes the rest of the prompt (less than a page) in a page of
+  /// its own. Choice c samples with seed sampling.seed + c (mod 2^64), so
+  /// its tokens are those of a request of n = 1 with that seed.
+  int n = 1;
+  /// eos and stop_tokens cannot be chosen (their logits are -inf) before
+  /// the output has this many tokens (vLLM's min_tokens).
+  int min_tokens = 0;
+  /// -1: none; k in 0..kMaxTopLogprobs: each output token's log-probability
+  /// and the k most likely tokens (GenerationEvent::logprobs).
+  int logprobs = -1;
+  /// The log-probabilities of the prompt's tokens (for echo), with the top
+  /// `logprobs` of each. The prompt is then computed one token a step (each
+  /// position's logits come back to the host).
+  bool prompt_logprobs = false;
+  /// Called after each token of a choice with its output so far; true ends
+  /// that choice ("stop"), e.g. for stop strings.
+  std::function<bool(int choice, const std::vector<int>& output)> stop_check;
   std::function<void(const GenerationEvent&)> on_event;
 };
 
@@ -140,6 +165,11 @@ class Domain {
   void finish(Seq& s, FinishReason reason, const std::string& error,
               std::vector<std::pair<std::function<void(const GenerationEvent&)>, GenerationEvent>>& events);
   bool preempt_newest(const Seq* keep);
+  /// The choices 1..n-1 of `s` (choice 0), sharing its prompt's full pages.
+  void fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out);
+  /// Whether a row of `s` needs the logits on the host (top-k, penalties,
+  /// min_tokens masking, prompt log-probabilities).
+  bool host_samples(const Seq& s) const;
 
   model::HParams hp_;
   DomainConfig cfg_;

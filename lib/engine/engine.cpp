@@ -110,4 +110,29 @@ std::vector<int> Engine::forward_choose(const std::vector<SeqChunk>& chunks, int
   return out;
 }
 
+std::vector<int> Engine::forward_choose_logprobs(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                                 const std::vector<TokenChoice>& choices,
+                                                 std::vector<TokenLogprobs>& logprobs) {
+  auto logits = forward(chunks, micro_batches);
+  check_choices(choices.size(), logits.size(), "forward_choose_logprobs");
+  std::vector<int> out(logits.size());
+  logprobs.assign(logits.size(), TokenLogprobs{});
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    out[i] = choose_token(logits[i].data(), logits[i].size(), choices[i]);
+    if (choices[i].logprobs >= 0)
+      logprobs[i] = token_logprobs(logits[i].data(), logits[i].size(), out[i], choices[i].logprobs);
+  }
+  recycle(std::move(logits));
+  return out;
+}
+
+}  // namespace ftp::engine
+
+namespace ftp::engine {
+
+std::vector<std::unique_ptr<RankBackend>> Backend::make_stage_ranks(const WeightStore&, const std::vector<RankSpec>&,
+                                                                    std::shared_ptr<comm::Collective>) {
+  throw BackendError("backend " + name() + ": cannot run a stage whose ranks are in other processes");
+}
+
 }  // namespace ftp::engine

@@ -95,6 +95,15 @@ class Engine {
   virtual std::vector<int> forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
                                           const std::vector<TokenChoice>& choices);
 
+  /// forward_choose, and for each row whose choices[i].logprobs >= 0 its
+  /// log-probabilities (token_logprobs of its raw logits), computed where
+  /// the logits are; `logprobs` gets one entry per row (empty for a row
+  /// that asked none). Default: forward(), choose_token and token_logprobs
+  /// here.
+  virtual std::vector<int> forward_choose_logprobs(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                                   const std::vector<TokenChoice>& choices,
+                                                   std::vector<TokenLogprobs>& logprobs);
+
   /// Busy seconds of each pipeline stage in the last forward (for the
   /// bubble ratio).
   virtual const std::vector<double>& stage_busy_s() const = 0;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "engine/executor.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -62,8 +63,12 @@ void RankThread::loop() {
 }
 
 Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, int n_kv_blocks, int block_tokens,
-                   Backend* backend, int max_rows)
+                   Backend* backend, int max_rows, std::shared_ptr<const Placement> placement)
     : w_(weights), hp_(weights.hparams()), stages_(std::move(stages)), block_tokens_(block_tokens) {
+  placement_ = std::move(placement);
+  if (placement_ && (placement_->owner.size() != stages_.size() || !placement_->group))
+    throw InputError("executor: the placement has " + std::to_string(placement_->owner.size()) + " stages, the domain " +
+                     std::to_string(stages_.size()));
   if (stages_.empty()) throw InputError("executor: a domain has at least one stage");
   if (block_tokens < 1) throw InputError("executor: block_tokens must be positive");
   Backend& be = backend ? *backend : cpu_backend();
@@ -86,13 +91,29 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
     st.last = s + 1 == stages_.size();
     const std::vector<RankSpec> specs = stage_rank_specs(l, static_cast<int>(s), static_cast<int>(stages_.size()),
                                                          n_kv_blocks, block_tokens, max_rows);
+    // The ranks placed here (all of them without a placement).
+    std::vector<int> local;
+    if (placement_ && static_cast<int>(placement_->owner[s].size()) != l.tp)
+      throw InputError("executor: the placement of stage " + std::to_string(s) + " has " +
+                       std::to_string(placement_->owner[s].size()) + " ranks for tp " + std::to_string(l.tp));
+    for (int r = 0; r < l.tp; ++r)
+      if (owner(static_cast<int>(s), r) == self()) local.push_back(r);
     // The ranks reserve their KV pages on their devices; if one cannot, the
     // ranks made so far give theirs back as they are destroyed.
-    auto ranks = be.make_stage(w_, specs);
-    for (int r = 0; r < l.tp; ++r) {
+    std::vector<std::unique_ptr<RankBackend>> ranks;
+    if (static_cast<int>(local.size()) == l.tp) {
+      ranks = be.make_stage(w_, specs);
+    } else if (!local.empty()) {
+      std::vector<RankSpec> mine;
+      for (int r : local) mine.push_back(specs[static_cast<std::size_t>(r)]);
+      ranks = be.make_stage_ranks(w_, mine, placement_->stage_comm(static_cast<int>(s), local));
+    }
+    for (std::size_t i = 0; i < local.size(); ++i) {
+      const int r = local[i];
       Rank rk;
+      rk.index = r;
       for (int L = 0; L < l.n_layers; ++L) rk.layers.push_back(w_.layer(l.first_layer + L, l.tp, r));
-      rk.be = std::move(ranks[static_cast<std::size_t>(r)]);
+      rk.be = std::move(ranks[i]);
       rk.thread = std::make_unique<RankThread>();
       RankBackend* rb = rk.be.get();
       rk.thread->post([rb] { rb->bind_thread(); });
@@ -184,7 +205,7 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
     }
   });
 
-  if (r != 0) {
+  if (rk.index != 0) {
     be.sync();
     return;
   }
@@ -205,7 +226,7 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   be.rmsnorm(lin, w_.output_norm(), xn, static_cast<int>(nl));
   be.matmul(xn, w_.output(), logits, static_cast<int>(nl));
   if (mb.tokens)
-    be.choose_tokens(logits, static_cast<std::size_t>(hp_.n_vocab), nl, mb.choices, mb.tokens);
+    be.choose_tokens(logits, static_cast<std::size_t>(hp_.n_vocab), nl, mb.choices, mb.tokens, mb.logprobs);
   else
     be.download_rows(logits, static_cast<std::size_t>(hp_.n_vocab), mb.logits.data(), nl);
 }
@@ -259,24 +280,112 @@ std::vector<std::vector<float>> Executor::forward(const std::vector<SeqChunk>& c
   std::size_t next_row = 0;
   for (auto& mb : mbs)
     for (std::size_t i = 0; i < mb.layout.logit_rows.size(); ++i) mb.logits.push_back(logits[next_row++].data());
-  run_micro_batches(mbs);
+  if (placement_) {
+    placement_->send_plan(make_step_plan(StepPlan::Kind::logits, chunks, micro_batches));
+    run_placed(mbs);
+  } else {
+    run_micro_batches(mbs);
+  }
   return logits;
 }
 
 std::vector<int> Executor::forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
                                           const std::vector<TokenChoice>& choices) {
+  return choose(chunks, micro_batches, choices, nullptr);
+}
+
+std::vector<int> Executor::forward_choose_logprobs(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                                   const std::vector<TokenChoice>& choices,
+                                                   std::vector<TokenLogprobs>& logprobs) {
+  // Across processes the last stage sends back token ids only; with
+  // log-probabilities asked, the logits come back and both are taken here.
+  if (placement_) return Engine::forward_choose_logprobs(chunks, micro_batches, choices, logprobs);
+  return choose(chunks, micro_batches, choices, &logprobs);
+}
+
+std::vector<int> Executor::choose(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                  const std::vector<TokenChoice>& choices, std::vector<TokenLogprobs>* logprobs) {
   std::size_t rows = 0;
   auto mbs = plan_micro_batches(chunks, micro_batches, rows);
   check_choices(choices.size(), rows, "executor: forward_choose");
   std::vector<int> tokens(rows);
+  if (logprobs) logprobs->assign(rows, TokenLogprobs{});
   std::size_t next_row = 0;
   for (auto& mb : mbs) {
     mb.choices = choices.data() + next_row;
     mb.tokens = tokens.data() + next_row;
+    if (logprobs) mb.logprobs = logprobs->data() + next_row;
     next_row += mb.layout.logit_rows.size();
   }
-  run_micro_batches(mbs);
+  if (placement_) {
+    placement_->send_plan(make_step_plan(StepPlan::Kind::choose, chunks, micro_batches, choices));
+    run_placed(mbs);
+  } else {
+    run_micro_batches(mbs);
+  }
   return tokens;
+}
+
+void Executor::run_plan(const StepPlan& plan) {
+  if (!placement_) throw Error("executor: run_plan without a placement");
+  std::size_t rows = 0;
+  auto mbs = plan_micro_batches(plan.chunks, plan.micro_batches, rows);
+  const bool choose = plan.kind == StepPlan::Kind::choose;
+  if (choose) check_choices(plan.choices.size(), rows, "executor: run_plan");
+  // Where the last stage puts its results when it runs here: scratch, sent
+  // to the leader by run_placed.
+  std::vector<std::vector<float>> logits(mbs.size());
+  std::vector<int> tokens(rows);
+  const std::size_t V = static_cast<std::size_t>(hp_.n_vocab);
+  std::size_t next_row = 0;
+  for (std::size_t b = 0; b < mbs.size(); ++b) {
+    MicroBatch& mb = mbs[b];
+    const std::size_t nl = mb.layout.logit_rows.size();
+    if (choose) {
+      mb.choices = plan.choices.data() + next_row;
+      mb.tokens = tokens.data() + next_row;
+    } else {
+      logits[b].resize(nl * V);
+      for (std::size_t i = 0; i < nl; ++i) mb.logits.push_back(logits[b].data() + i * V);
+    }
+    next_row += nl;
+  }
+  run_placed(mbs);
+}
+
+void Executor::run_placed(std::vector<MicroBatch>& mbs) {
+  comm::GlooGroup& g = *placement_->group;
+  const int last = static_cast<int>(st_.size()) - 1;
+  const int holder = owner(last, 0);
+  const std::size_t V = static_cast<std::size_t>(hp_.n_vocab);
+  try {
+    run_micro_batches(mbs);
+    for (std::size_t b = 0; b < mbs.size(); ++b) {
+      MicroBatch& mb = mbs[b];
+      const std::size_t nl = mb.layout.logit_rows.size();
+      if (nl == 0) continue;
+      const std::uint32_t tag = step_tag::results(static_cast<int>(b));
+      if (self() == 0 && holder != 0) {
+        if (mb.tokens) {
+          g.recv(holder, mb.tokens, nl * sizeof(int), tag);
+        } else {
+          std::vector<float> rowsv(nl * V);
+          g.recv(holder, rowsv.data(), rowsv.size() * sizeof(float), tag);
+          for (std::size_t i = 0; i < nl; ++i) std::copy_n(rowsv.data() + i * V, V, mb.logits[i]);
+        }
+      } else if (self() != 0 && holder == self()) {
+        const char* p = mb.tokens ? reinterpret_cast<const char*>(mb.tokens) : reinterpret_cast<const char*>(mb.logits[0]);
+        const std::size_t n = mb.tokens ? nl * sizeof(int) : nl * V * sizeof(float);
+        g.post_send(0, std::vector<char>(p, p + n), tag);
+      }
+    }
+    g.wait_sends();
+  } catch (const std::exception& e) {
+    // The group's messages are out of step: this domain cannot run again.
+    std::lock_guard lk(failure_mu_);
+    if (failure_.empty()) failure_ = std::string("a step across processes failed (") + e.what() + ")";
+    throw;
+  }
 }
 
 void Executor::run_micro_batches(std::vector<MicroBatch>& mbs) {
@@ -297,8 +406,14 @@ void Executor::run_micro_batches(std::vector<MicroBatch>& mbs) {
     for (std::size_t a = 0; a < active.size(); ++a) {
       auto [s, b] = active[a];
       Stage& st = st_[static_cast<std::size_t>(s)];
-      rank_s[a].assign(static_cast<std::size_t>(st.layout.tp), 0.0);
-      for (int r = 0; r < st.layout.tp; ++r)
+      rank_s[a].assign(std::max<std::size_t>(1, st.ranks.size()), 0.0);
+      MicroBatch& in = mbs[static_cast<std::size_t>(b)];
+      // Activations from the previous stage's rank 0 in another process.
+      if (placement_ && s > 0 && !st.ranks.empty() && owner(s - 1, 0) != self()) {
+        in.x.resize(static_cast<std::size_t>(in.n_tokens) * static_cast<std::size_t>(hp_.n_embd));
+        placement_->group->recv(owner(s - 1, 0), in.x.data(), in.x.size() * sizeof(float), step_tag::activations(s, b));
+      }
+      for (int r = 0; r < static_cast<int>(st.ranks.size()); ++r)
         st.ranks[static_cast<std::size_t>(r)].thread->post([this, &st, r, &mbs, b, a, &rank_s, &cause_mu, &cause] {
           Rank& me = st.ranks[static_cast<std::size_t>(r)];
           if (background_.load(std::memory_order_relaxed) && !me.background) {
@@ -362,6 +477,21 @@ void Executor::run_micro_batches(std::vector<MicroBatch>& mbs) {
       }
       stage_busy_s_[static_cast<std::size_t>(active[a].first)] +=
           *std::max_element(rank_s[a].begin(), rank_s[a].end());
+    }
+    // Activations to the next stage's other processes (posted: two
+    // processes may send to each other in one tick).
+    for (std::size_t a = 0; a < active.size() && placement_ && !err; ++a) {
+      auto [s, b] = active[a];
+      if (s + 1 >= pp || owner(s, 0) != self()) continue;
+      const std::vector<float>& x = mbs[static_cast<std::size_t>(b)].x;
+      std::vector<int> sent;
+      for (int p : placement_->owner[static_cast<std::size_t>(s + 1)]) {
+        if (p == self() || std::find(sent.begin(), sent.end(), p) != sent.end()) continue;
+        sent.push_back(p);
+        const char* bytes = reinterpret_cast<const char*>(x.data());
+        placement_->group->post_send(p, std::vector<char>(bytes, bytes + x.size() * sizeof(float)),
+                                     step_tag::activations(s + 1, b));
+      }
     }
     if (err) {
       std::lock_guard lk(cause_mu);

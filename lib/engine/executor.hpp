@@ -14,6 +14,7 @@
 #include "engine/engine.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/rank_backend.hpp"
+#include "engine/step_plan.hpp"
 #include "engine/weight_store.hpp"
 
 namespace ftp::engine {
@@ -49,8 +50,11 @@ class Executor final : public Engine {
   /// `backend`: where the ranks run; null: the CPU backend. `max_rows`: the
   /// largest micro-batch expected, in tokens (buffers are sized for it and
   /// grow past it).
+  /// `placement`: the domain's ranks span processes (engine/step_plan.hpp);
+  /// this executor makes only the ranks placed here (their devices from
+  /// `stages`, null for the others). Null: every rank is here.
   Executor(const WeightStore& weights, std::vector<StageLayout> stages, int n_kv_blocks, int block_tokens,
-           Backend* backend = nullptr, int max_rows = 256);
+           Backend* backend = nullptr, int max_rows = 256, std::shared_ptr<const Placement> placement = nullptr);
   ~Executor() override;
 
   const model::HParams& hparams() const override { return hp_; }
@@ -67,6 +71,16 @@ class Executor final : public Engine {
   /// (RankBackend::choose_tokens): the CUDA backend sends back ids only.
   std::vector<int> forward_choose(const std::vector<SeqChunk>& chunks, int micro_batches,
                                   const std::vector<TokenChoice>& choices) override;
+  /// forward_choose with log-probabilities computed by the backend where
+  /// the logits are (RankBackend::choose_tokens with `lp`).
+  std::vector<int> forward_choose_logprobs(const std::vector<SeqChunk>& chunks, int micro_batches,
+                                           const std::vector<TokenChoice>& choices,
+                                           std::vector<TokenLogprobs>& logprobs) override;
+
+  /// A worker's share of a step the leader planned (Placement::recv_plan):
+  /// its ranks' part, the activations to the next stage's processes and,
+  /// where it holds the last stage's rank 0, the results to the leader.
+  void run_plan(const StepPlan& plan);
 
   /// Busy seconds of each stage in the last forward (for the bubble ratio).
   const std::vector<double>& stage_busy_s() const override { return stage_busy_s_; }
@@ -78,6 +92,7 @@ class Executor final : public Engine {
 
  private:
   struct Rank {
+    int index = 0;                       // its rank in the stage
     std::vector<RankLayerView> layers;   // views of the stage's layers
     std::unique_ptr<RankBackend> be;     // its device, KV pages and buffers
     std::unique_ptr<RankThread> thread;
@@ -95,15 +110,26 @@ class Executor final : public Engine {
     std::vector<float*> logits;          // [logit rows]: where the last stage puts each row's n_vocab logits
     const TokenChoice* choices = nullptr;  // or, with forward_choose: the rows' choices
     int* tokens = nullptr;                 // and where the chosen ids go
+    TokenLogprobs* logprobs = nullptr;     // and, with forward_choose_logprobs, their log-probabilities
     int n_tokens = 0;
   };
 
   /// One rank's share of one stage for one micro-batch; rank 0 hands the
   /// activations (or, on the last stage, the logits) back to the host.
   void run_stage_rank(Stage& st, int rank, MicroBatch& mb);
+  /// forward_choose and forward_choose_logprobs (`logprobs` null: none).
+  std::vector<int> choose(const std::vector<SeqChunk>& chunks, int micro_batches, const std::vector<TokenChoice>& choices,
+                          std::vector<TokenLogprobs>* logprobs);
   /// The pipeline over micro-batches (forward and forward_choose: their
   /// micro-batches say where the results go).
   void run_micro_batches(std::vector<MicroBatch>& mbs);
+  /// With a placement: the pipeline, then the results of the micro-batches
+  /// whose last stage ran elsewhere (the leader) or sent to the leader (a
+  /// worker). A failure fails the engine: the group's messages are out of step.
+  void run_placed(std::vector<MicroBatch>& mbs);
+  /// Group rank holding stage s's rank r (this process without a placement).
+  int owner(int s, int r) const { return placement_ ? placement_->owner[s][r] : 0; }
+  int self() const { return placement_ ? placement_->self : 0; }
   std::vector<MicroBatch> plan_micro_batches(const std::vector<SeqChunk>& chunks, int micro_batches,
                                              std::size_t& logit_rows);
 
@@ -122,6 +148,7 @@ class Executor final : public Engine {
   mutable std::mutex failure_mu_;
   std::string failure_;       // set when a failed step's stage could not recover
   std::atomic<bool> background_{false};
+  std::shared_ptr<const Placement> placement_;
 };
 
 }  // namespace ftp::engine

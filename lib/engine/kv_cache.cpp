@@ -44,6 +44,7 @@ BlockAllocator::BlockAllocator(int n_blocks) : n_(n_blocks) {
   free_.reserve(static_cast<std::size_t>(n_blocks));
   // Pop from the back: hand out low block ids first.
   for (int b = n_blocks - 1; b >= 0; --b) free_.push_back(b);
+  holders_.assign(static_cast<std::size_t>(n_blocks), 0);
 }
 
 int BlockAllocator::allocate() {
@@ -51,12 +52,22 @@ int BlockAllocator::allocate() {
   if (free_.empty()) return -1;
   int b = free_.back();
   free_.pop_back();
+  holders_[static_cast<std::size_t>(b)] = 1;
   return b;
+}
+
+void BlockAllocator::share(int block) {
+  std::lock_guard lk(mu_);
+  if (block < 0 || block >= n_ || holders_[static_cast<std::size_t>(block)] == 0)
+    throw Error("KV cache: share of block " + std::to_string(block) + ", which is not allocated");
+  ++holders_[static_cast<std::size_t>(block)];
 }
 
 void BlockAllocator::free(int block) {
   std::lock_guard lk(mu_);
-  free_.push_back(block);
+  if (block < 0 || block >= n_ || holders_[static_cast<std::size_t>(block)] == 0)
+    throw Error("KV cache: free of block " + std::to_string(block) + ", which is not allocated");
+  if (--holders_[static_cast<std::size_t>(block)] == 0) free_.push_back(block);
 }
 
 int BlockAllocator::free_blocks() const {

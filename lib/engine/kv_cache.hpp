@@ -46,8 +46,12 @@ inline float bf16_to_f32(std::uint16_t b) noexcept {
 class BlockAllocator {
  public:
   explicit BlockAllocator(int n_blocks);
-  /// A free block, or -1 when none is left.
+  /// A free block, or -1 when none is left. It has one holder.
   int allocate();
+  /// One more holder of an allocated block: sequences that share a prompt's
+  /// full pages (GenerationRequest::n) each hold them.
+  void share(int block);
+  /// One holder less; the block is free when none is left.
   void free(int block);
   int free_blocks() const;
   int total_blocks() const noexcept { return n_; }
@@ -56,6 +60,7 @@ class BlockAllocator {
   int n_;
   mutable std::mutex mu_;
   std::vector<int> free_;
+  std::vector<int> holders_;  // per block; 0: free
 };
 
 /// The KV storage of one rank of one pipeline stage: for each of the

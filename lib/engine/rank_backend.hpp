@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/collective.hpp"
 #include "engine/engine.hpp"
 #include "engine/sampler.hpp"
 #include "engine/weight_store.hpp"
@@ -98,13 +99,17 @@ class RankBackend {
   }
   /// out[i] = choose_token(row i of n_rows rows of n_vocab logits at
   /// `logits`, choices[i]) (engine/sampler.hpp); returns when the ids are
-  /// on the host. Default: each row downloaded and chosen on the host.
+  /// on the host. With `lp`, lp[i] = token_logprobs(row i, out[i],
+  /// choices[i].logprobs) for each row whose choices[i].logprobs >= 0 (the
+  /// others are left as they are). Default: each row downloaded and chosen
+  /// on the host.
   virtual void choose_tokens(const float* logits, std::size_t n_vocab, std::size_t n_rows, const TokenChoice* choices,
-                             int* out) {
+                             int* out, TokenLogprobs* lp = nullptr) {
     std::vector<float> row(n_vocab);
     for (std::size_t i = 0; i < n_rows; ++i) {
       download(logits + i * n_vocab, row.data(), n_vocab);
       out[i] = choose_token(row.data(), n_vocab, choices[i]);
+      if (lp && choices[i].logprobs >= 0) lp[i] = token_logprobs(row.data(), n_vocab, out[i], choices[i].logprobs);
     }
   }
 
@@ -172,6 +177,13 @@ class Backend {
   /// communicator; KV pages are allocated (and reserved on the device).
   virtual std::vector<std::unique_ptr<RankBackend>> make_stage(const WeightStore& weights,
                                                                const std::vector<RankSpec>& specs) = 0;
+  /// Some ranks of a stage whose other ranks run in other processes
+  /// (specs[i].rank: each one's rank in the stage, specs[i].tp the stage's
+  /// degree), meeting them through `comm` (comm::GlooCommunicator). Default:
+  /// ftp::BackendError, the backend cannot split a stage across processes.
+  virtual std::vector<std::unique_ptr<RankBackend>> make_stage_ranks(const WeightStore& weights,
+                                                                     const std::vector<RankSpec>& specs,
+                                                                     std::shared_ptr<comm::Collective> comm);
   /// For the ranks of a domain about to be made (every stage): bytes each
   /// rank's device has free for KV pages now, less the weights those ranks
   /// read that are not resident there yet, shared out evenly among the

@@ -101,3 +101,68 @@ TokenChoice Sampler::next_choice() {
 }
 
 }  // namespace ftp::engine
+
+namespace ftp::engine {
+
+void apply_penalties(float* logits, std::size_t n, const SamplingParams& p, const std::vector<int>& prompt,
+                     const std::vector<int>& output) {
+  if (!p.penalized()) return;
+  auto in_range = [n](int t) { return t >= 0 && static_cast<std::size_t>(t) < n; };
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<char> seen(n, 0);
+    for (int t : prompt)
+      if (in_range(t)) seen[static_cast<std::size_t>(t)] = 1;
+    for (int t : output)
+      if (in_range(t)) seen[static_cast<std::size_t>(t)] = 1;
+    for (std::size_t i = 0; i < n; ++i)
+      if (seen[i]) logits[i] = logits[i] > 0 ? logits[i] / p.repetition_penalty : logits[i] * p.repetition_penalty;
+  }
+  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    // Counts of the output's distinct tokens: a sort, not a vocabulary-sized table.
+    std::vector<int> out(output.begin(), output.end());
+    std::sort(out.begin(), out.end());
+    for (std::size_t i = 0; i < out.size();) {
+      std::size_t j = i;
+      while (j < out.size() && out[j] == out[i]) ++j;
+      if (in_range(out[i]))
+        logits[static_cast<std::size_t>(out[i])] -=
+            p.frequency_penalty * static_cast<float>(j - i) + p.presence_penalty;
+      i = j;
+    }
+  }
+}
+
+TokenLogprobs token_logprobs(const float* logits, std::size_t n, int token, int top) {
+  TokenLogprobs r;
+  if (n == 0) return r;
+  const float mx = *std::max_element(logits, logits + n);
+  double lse;
+  if (mx == -std::numeric_limits<float>::infinity()) {
+    lse = -std::numeric_limits<double>::infinity();  // no candidate: every logprob -inf
+  } else if (std::isinf(mx)) {
+    lse = std::numeric_limits<double>::infinity();
+  } else {
+    double sum = 0;
+    for (std::size_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+    lse = mx + std::log(sum);
+  }
+  auto lp = [&](std::size_t i) {
+    // +inf logits (an F16 overflow) share all the mass; no finite logit at all: -inf everywhere.
+    if (!std::isfinite(lse)) return logits[i] == mx && mx > 0 ? 0.0f : -std::numeric_limits<float>::infinity();
+    return static_cast<float>(static_cast<double>(logits[i]) - lse);
+  };
+  r.chosen.token = token;
+  r.chosen.logprob = token >= 0 && static_cast<std::size_t>(token) < n ? lp(static_cast<std::size_t>(token))
+                                                                       : -std::numeric_limits<float>::infinity();
+  const std::size_t k = std::min<std::size_t>(static_cast<std::size_t>(std::clamp(top, 0, kMaxTopLogprobs)), n);
+  if (k == 0) return r;
+  std::vector<int> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(), [&](int a, int b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (std::size_t i = 0; i < k; ++i) r.top.push_back({idx[i], lp(static_cast<std::size_t>(idx[i]))});
+  return r;
+}
+
+}  // namespace ftp::engine

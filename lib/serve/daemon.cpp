@@ -10,6 +10,8 @@
 
 #include "ftp_config.h"
 #include "control/policy.hpp"
+#include "member/channel.hpp"
+#include "member/leader.hpp"
 #include "serve/control_socket.hpp"
 #include "sim/serving.hpp"
 
@@ -155,7 +157,27 @@ int run_daemon(DaemonOptions o) {
         (o.calibration_path.empty() ? "" : ", calibration " + o.calibration_path));
   }
   o.service.virtual_devices = o.virtual_devices;
-  if (o.virtual_devices > 0) {
+  if (!o.members_listen.empty()) {
+    if (simulated) throw InputError("--members-listen: members run the real engine only");
+    if (o.secret_file.empty()) throw InputError("--members-listen: needs --secret-file");
+    if (o.service.backend != "cpu")
+      throw InputError("--members-listen: members run CPU ranks only (--backend " + o.service.backend +
+                       "; GPUs across processes are not built yet)");
+    const std::string secret = member::load_secret(o.secret_file);
+    o.service.members = std::make_shared<member::Leader>(o.members_listen, secret,
+                                                         [olog = o.log](const std::string& l) {
+                                                           if (olog) olog(l);
+                                                         });
+    o.service.gloo.hostname = o.service.members->host();
+    log("member channel on " + o.service.members->address() + " (" + member::kProtocol + "), this machine is " +
+        o.service.machine_name);
+    if (o.wait_members > 0 && !o.service.members->wait_for_members(o.wait_members, o.members_wait_ms))
+      throw Error("--wait-members " + std::to_string(o.wait_members) + ": " +
+                  std::to_string(o.service.members->members().size()) + " members joined within " +
+                  std::to_string(o.members_wait_ms) + " ms");
+  }
+  // Members' devices are checked when a gear using them is built.
+  if (o.virtual_devices > 0 && !o.service.members) {
     try {
       doc::validate_against(o.service.gears, virtual_topology(o.virtual_devices));
     } catch (const InputError& e) {
@@ -183,7 +205,7 @@ int run_daemon(DaemonOptions o) {
     // the simulated engine's, or the CPU virtual devices.
     std::optional<doc::Topology> vt;
     if (simulated) vt = topo;
-    if (o.virtual_devices > 0) vt = virtual_topology(o.virtual_devices);
+    if (o.virtual_devices > 0 && !o.service.members) vt = virtual_topology(o.virtual_devices);
     // A reloaded table must fit the virtual devices and, with --auto, be
     // one the policy can run on: else the reload is refused and the
     // daemon goes on with the table it has.

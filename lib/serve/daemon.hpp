@@ -45,6 +45,13 @@ struct DaemonOptions {
   std::string policy_path;               ///< ftp.policy/v1; empty: the defaults
   std::string policy_name = "gear-shifter";
   int observe_interval_ms = 1000;
+  /// Members (ftp-multi-node(7)): the member channel's "HOST:PORT" (empty:
+  /// one process), the shared secret's file, and how many members to wait
+  /// for (up to members_wait_ms) before the start gear is built.
+  std::string members_listen;
+  std::string secret_file;
+  int wait_members = 0;
+  int members_wait_ms = 120000;
   /// Called once serving (HTTP port, socket path known), e.g. for tests.
   std::function<void(int http_port, const std::string& socket_path)> on_ready;
 };

@@ -83,7 +83,50 @@ DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const d
   }
 }
 
-DeviceBinding DevicePool::bind(const std::string& name) const {
+void DevicePool::set_machine_name(std::string name) {
+  std::lock_guard lk(mu_);
+  machine_ = std::move(name);
+}
+
+void DevicePool::member_joined(const std::string& member, const std::vector<std::string>& devices) {
+  std::lock_guard lk(mu_);
+  members_[member] = devices;
+  for (const auto& d : devices) lost_.erase(d);
+}
+
+void DevicePool::member_lost(const std::string& member, const std::string& why) {
+  std::lock_guard lk(mu_);
+  auto it = members_.find(member);
+  if (it == members_.end()) return;
+  for (const auto& d : it->second) lost_[d] = "member " + member + " lost: " + why;
+}
+
+DeviceBinding DevicePool::bind(const std::string& full) const {
+  std::string name = full;
+  const auto slash = full.find('/');
+  bool members = false;
+  if (slash != std::string::npos && kind_ != Kind::named) {
+    std::lock_guard lk(mu_);
+    members = !machine_.empty();
+  }
+  if (members) {
+    const std::string member = full.substr(0, slash);
+    std::lock_guard lk(mu_);
+    if (member != machine_) {
+      auto it = members_.find(member);
+      if (it == members_.end())
+        throw InputError("device \"" + full + "\": member " + member + " has not joined (this machine is " +
+                         machine_ + ")");
+      if (std::find(it->second.begin(), it->second.end(), full) == it->second.end())
+        throw InputError("device \"" + full + "\": member " + member + " has " + std::to_string(it->second.size()) +
+                         " devices, not this one");
+      DeviceBinding b;
+      b.name = full;
+      b.member = member;
+      return b;
+    }
+    name = full.substr(slash + 1);
+  }
   DeviceBinding b;
   b.name = name;
   if (kind_ == Kind::named) {
@@ -108,8 +151,15 @@ DeviceBinding DevicePool::bind(const std::string& name) const {
 }
 
 void DevicePool::check(const doc::GearTable& table) const {
+  std::string machine;
+  {
+    std::lock_guard lk(mu_);
+    machine = machine_;
+  }
   for (const auto& g : table.gears)
     for (const auto& d : g.devices()) try {
+        const auto slash = d.find('/');
+        if (slash != std::string::npos && !machine.empty() && d.compare(0, slash, machine) != 0) continue;
         bind(d);
       } catch (const InputError& e) {
         throw InputError("gear " + g.name + ": " + e.what());
@@ -161,6 +211,20 @@ json::Json DevicePool::status() const {
     }
     out.push_back(std::move(j));
   }
+  for (const auto& [member, devs] : members_)
+    for (const auto& d : devs) {
+      json::Json held = json::Json::array();
+      for (const auto& [dom, ds] : leases_)
+        if (std::find(ds.begin(), ds.end(), d) != ds.end()) held.push_back(dom);
+      auto lost = lost_.find(d);
+      json::Json j{{"id", d},
+                   {"type", "virtual"},
+                   {"member", member},
+                   {"state", lost != lost_.end() ? "lost" : held.empty() ? "free" : "leased"},
+                   {"held_by", held}};
+      if (lost != lost_.end()) j["lost_because"] = lost->second;
+      out.push_back(std::move(j));
+    }
   return out;
 }
 

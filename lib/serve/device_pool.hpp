@@ -19,6 +19,7 @@ struct DeviceBinding {
   std::string name;                         ///< as the gear table names it ("vd2", "gpu1")
   backend::VirtualDevice* virtual_device = nullptr;  ///< a CPU virtual device, or null
   int gpu = -1;                             ///< CUDA ordinal for a GPU (or a share of one), or -1
+  std::string member;                       ///< a device of member process `member` ("n1" of "n1/vd0"), or ""
 };
 
 /// The devices this service may run domains on, and who holds them
@@ -49,7 +50,8 @@ class DevicePool {
   /// Binds `name`; throws InputError naming it and what the pool has.
   DeviceBinding bind(const std::string& name) const;
   /// Binds every device of every gear of `table` (at start and on reload);
-  /// throws InputError naming the gear and the device.
+  /// throws InputError naming the gear and the device. A member's device
+  /// ("n1/vd0") is checked when a gear using it is built: members join later.
   void check(const doc::GearTable& table) const;
 
   /// `domain` holds `devices` from now on (several domains may share a
@@ -62,6 +64,15 @@ class DevicePool {
   void mark_lost(const std::string& device, const std::string& why);
   /// Lost devices and why.
   std::map<std::string, std::string> lost() const;
+
+  /// Members (issue 16): this process's machine name; its own devices
+  /// bind as "NAME/vd0" as well as "vd0".
+  void set_machine_name(std::string name);
+  /// Member `member` joined (or came back) with `devices` (full names,
+  /// "n1/vd0"): they bind from now on and are no longer lost.
+  void member_joined(const std::string& member, const std::vector<std::string>& devices);
+  /// Member `member` is gone: its devices are lost (`why`).
+  void member_lost(const std::string& member, const std::string& why);
 
   /// The devices with their leases, for `status`: id, type, parent, state
   /// ("free" | "leased" | "lost"), held_by, and for CPU virtual devices
@@ -76,6 +87,8 @@ class DevicePool {
   mutable std::mutex mu_;
   std::map<std::string, std::vector<std::string>> leases_;  // domain -> devices
   std::map<std::string, std::string> lost_;                 // device -> why
+  std::string machine_;                                     // this process's machine name
+  std::map<std::string, std::vector<std::string>> members_; // member -> its devices (full names)
 };
 
 /// "cpu" | "cuda" | "named".

@@ -50,8 +50,10 @@ std::vector<engine::StageLayout> even_stages(int n_layer, int tp, int pp) {
   return st;
 }
 
-TextStream::TextStream(const model::Tokenizer& tok, std::vector<int> context, std::vector<std::string> stop)
-    : tok_(tok), context_(std::move(context)), stop_(std::move(stop)) {}
+TextStream::TextStream(const model::Tokenizer& tok, std::vector<int> context, std::vector<std::string> stop,
+                       bool include_stop, int min_tokens)
+    : tok_(tok), context_(std::move(context)), stop_(std::move(stop)), include_stop_(include_stop),
+      min_tokens_(min_tokens) {}
 
 std::string TextStream::decoded() const {
   // Decode with the prompt in front so that rules that depend on the
@@ -94,17 +96,27 @@ std::string TextStream::push(int token) {
   if (stopped_) return "";
   out_.push_back(token);
   std::string text = decoded();
-  for (const auto& s : stop_) {
-    auto at = s.empty() ? std::string::npos : text.find(s);
+  const bool may_stop = static_cast<int>(out_.size()) > min_tokens_;
+  // Before min_tokens nothing is held back, so the search starts at the
+  // text not yet released (a stop string inside released text cannot end it).
+  for (const auto& s : may_stop ? stop_ : std::vector<std::string>{}) {
+    auto at = s.empty() ? std::string::npos : text.find(s, std::min(search_from_, text.size()));
     if (at != std::string::npos) {
       stopped_ = true;
-      std::string rest = at > emitted_ ? text.substr(emitted_, at - emitted_) : "";
-      emitted_ = at;
+      const std::size_t end = include_stop_ ? at + s.size() : at;
+      std::string rest = end > emitted_ ? text.substr(emitted_, end - emitted_) : "";
+      emitted_ = end;
       return rest;
     }
   }
   // Hold back what could still become the start of a stop string.
   std::size_t safe = utf8_complete(text);
+  if (!may_stop) {
+    if (safe <= emitted_) return "";
+    std::string piece = text.substr(emitted_, safe - emitted_);
+    emitted_ = search_from_ = safe;
+    return piece;
+  }
   for (const auto& s : stop_)
     for (std::size_t k = std::min(s.size() - 1, safe); k > 0; --k)
       if (text.compare(safe - k, k, s, 0, k) == 0) {
@@ -176,7 +188,7 @@ std::string generate_once(const model::Model& model, const GenerateOptions& o,
   // Every token that does not end the generation passes the stop check
   // first (on the domain's thread, before its event): the text stream sees
   // it there, so a stop string ends the request at the token that made it.
-  r.stop_check = [&](const std::vector<int>& out) {
+  r.stop_check = [&](int, const std::vector<int>& out) {
     stream.feed(out.back());
     return stream.stopped();
   };

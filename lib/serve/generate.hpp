@@ -51,7 +51,12 @@ struct GenerateOptions {
 /// whole UTF-8 characters only, and never past a possible stop string.
 class TextStream {
  public:
-  TextStream(const model::Tokenizer& tok, std::vector<int> context, std::vector<std::string> stop);
+  /// `include_stop`: the text goes on through the stop string that ends it
+  /// (vLLM's include_stop_str_in_output). `min_tokens`: stop strings count
+  /// only once more than this many tokens were pushed (as vLLM), and only in
+  /// text after what was released by then.
+  TextStream(const model::Tokenizer& tok, std::vector<int> context, std::vector<std::string> stop,
+             bool include_stop = false, int min_tokens = 0);
   /// Adds a token; returns the newly final text (maybe empty). Sets stopped()
   /// when the text reached a stop string.
   std::string push(int token);
@@ -72,7 +77,10 @@ class TextStream {
   std::vector<int> context_;       // prompt tokens: decoding starts after them
   std::vector<int> out_;
   std::vector<std::string> stop_;
+  bool include_stop_ = false;
+  int min_tokens_ = 0;
   std::size_t emitted_ = 0;
+  std::size_t search_from_ = 0;    // where stop strings are looked for
   bool stopped_ = false;
   std::string final_;
   std::string ready_;              // fed, not yet taken

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstring>
@@ -138,6 +139,7 @@ struct Parsed {
   std::vector<CompletionRequest> prompts;
   bool stream = false;
   bool include_usage = false;
+  bool echo = false;             ///< /v1/completions: the prompt's text (and logprobs) before each choice's
   bool max_tokens_given = false;
   const char* max_tokens_key = "max_tokens";  ///< the key the client sent (or max_tokens)
 };
@@ -168,12 +170,46 @@ void refuse_unsupported(const Json& body) {
     if (!f->is_object()) bad("logit_bias", std::string("logit_bias: expected an object, got ") + f->type_name());
     if (!f->empty()) bad("logit_bias", "logit_bias: not supported");
   }
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (get_num(body, key, 0.0, -2.0, 2.0) != 0.0)
-      bad(key, std::string(key) + ": not supported (only 0), got " + field(body, key)->dump());
 }
 
-Parsed parse_common(const Json& body, const Service& service, int default_max_tokens) {
+/// vLLM's extra sampling parameters and OpenAI's penalties, each applied
+/// (none ignored): penalties as vLLM defines them (engine::apply_penalties),
+/// min_tokens, ignore_eos, stop_token_ids, include_stop_str_in_output.
+void parse_vllm_sampling(const Json& body, CompletionRequest& r) {
+  r.sampling.presence_penalty = static_cast<float>(get_num(body, "presence_penalty", 0.0, -2.0, 2.0));
+  r.sampling.frequency_penalty = static_cast<float>(get_num(body, "frequency_penalty", 0.0, -2.0, 2.0));
+  r.sampling.repetition_penalty = static_cast<float>(get_num(body, "repetition_penalty", 1.0, 0.0, 1e9));
+  if (r.sampling.repetition_penalty <= 0.0f)
+    bad("repetition_penalty", "repetition_penalty: must be greater than 0, got " + field(body, "repetition_penalty")->dump());
+  r.min_tokens = static_cast<int>(get_int(body, "min_tokens", 0, 0, INT_MAX));
+  r.ignore_eos = get_bool(body, "ignore_eos", false);
+  r.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output", false);
+  if (const Json* f = field(body, "stop_token_ids")) {
+    if (!f->is_array()) bad("stop_token_ids", std::string("stop_token_ids: expected an array of token ids, got ") + f->type_name());
+    r.stop_token_ids = token_ids(*f, "stop_token_ids");
+  }
+}
+
+/// n, logprobs and echo: /v1/completions takes logprobs as an integer
+/// (0..20, top tokens per position) and echo; a chat takes logprobs as a
+/// boolean with top_logprobs (0..20).
+void parse_choices_and_logprobs(const Json& body, bool chat, Parsed& p) {
+  p.req.n = static_cast<int>(get_int(body, "n", 1, 1, 128));
+  if (chat) {
+    if (get_bool(body, "logprobs", false)) p.req.logprobs = static_cast<int>(get_int(body, "top_logprobs", 0, 0, 20));
+    else if (field(body, "top_logprobs"))
+      bad("top_logprobs", "top_logprobs: needs \"logprobs\": true");
+    if (field(body, "echo")) bad("echo", "echo: only /v1/completions takes it");
+  } else {
+    if (const Json* l = field(body, "logprobs"); l && l->is_boolean())
+      bad("logprobs", "logprobs: expected an integer (0..20) on /v1/completions, got a boolean");
+    p.req.logprobs = static_cast<int>(get_int(body, "logprobs", -1, 0, 20));
+    p.echo = get_bool(body, "echo", false);
+    p.req.prompt_logprobs = p.echo && p.req.logprobs >= 0;
+  }
+}
+
+Parsed parse_common(const Json& body, const Service& service, int default_max_tokens, bool chat) {
   Parsed p;
   if (const Json* m = field(body, "model")) {
     if (!m->is_string()) bad("model", std::string("model: expected a string, got ") + m->type_name());
@@ -182,13 +218,11 @@ Parsed parse_common(const Json& body, const Service& service, int default_max_to
                      "The model '" + m->get<std::string>() + "' does not exist; this server serves '" +
                          service.config().model_name + "'"};
   }
-  if (get_int(body, "n", 1, INT_MIN, INT_MAX) != 1) bad("n", "n: only 1 is supported, got " + field(body, "n")->dump());
   if (get_int(body, "best_of", 1, INT_MIN, INT_MAX) != 1)
     bad("best_of", "best_of: only 1 is supported, got " + field(body, "best_of")->dump());
-  if (get_bool(body, "echo", false)) bad("echo", "echo: not supported");
-  if (const Json* l = field(body, "logprobs"); l && !(l->is_boolean() && !l->get<bool>()))
-    bad("logprobs", "logprobs: not supported");
   refuse_unsupported(body);
+  parse_choices_and_logprobs(body, chat, p);
+  parse_vllm_sampling(body, p.req);
 
   const int limit = service.config().max_tokens_limit;
   const char* mt_key = field(body, "max_completion_tokens") && !field(body, "max_tokens") ? "max_completion_tokens" : "max_tokens";
@@ -330,13 +364,103 @@ struct Pending {
   std::size_t finished = 0;            // choices whose finish event is queued (or was consumed)
   bool gone = false;                   // the client went away: events are dropped, the requests cancelled
   bool all_finished() const { return finished == ids.size(); }
+  // Logprobs and echo (set before the requests are submitted):
+  bool chat = false;
+  int logprobs = -1;                   // -1: none asked; else the top count
+  std::vector<std::string> echo;       // each choice's echoed prompt text (/v1/completions echo)
+  std::vector<std::size_t> text_offset;  // each choice's next token offset (completions' text_offset)
+  std::vector<char> echoed;            // the stream sent the choice's echo
 };
+
+// --- logprobs in OpenAI's shapes -----------------------------------------
+
+/// Sets st's logprobs and echo from the parsed request (before submitting):
+/// each choice of a prompt echoes the prompt's text (a prompt of token ids,
+/// decoded) with /v1/completions' echo.
+void prepare_logprobs(Pending& st, const Parsed& p, bool chat, const model::Tokenizer& tok) {
+  st.chat = chat;
+  st.logprobs = p.prompts.empty() ? -1 : p.prompts[0].logprobs;
+  const std::size_t slots = st.ids.size();
+  st.echo.assign(slots, "");
+  st.text_offset.assign(slots, 0);
+  st.echoed.assign(slots, 0);
+  if (!p.echo || p.prompts.empty()) return;
+  const std::size_t per = slots / p.prompts.size();
+  for (std::size_t i = 0; i < p.prompts.size(); ++i) {
+    const CompletionRequest& r = p.prompts[i];
+    const std::string text = r.prompt_tokens.empty() ? r.prompt : tok.decode(r.prompt_tokens, true, false, false);
+    for (std::size_t c = 0; c < per; ++c) st.echo[i * per + c] = text;
+  }
+}
+
+/// JSON has no -inf: vLLM's stand-in for a token of probability 0.
+double json_logprob(float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; }
+
+Json utf8_bytes(const std::string& t) {
+  Json b = Json::array();
+  for (unsigned char c : t) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+/// A chat choice's logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}.
+Json chat_logprobs_json(const std::vector<TokenLogprobText>& toks) {
+  Json content = Json::array();
+  for (const auto& t : toks) {
+    Json top = Json::array();
+    for (const auto& [text, lp] : t.top)
+      top.push_back(Json{{"token", text}, {"logprob", json_logprob(lp)}, {"bytes", utf8_bytes(text)}});
+    content.push_back(Json{{"token", t.text},
+                           {"logprob", json_logprob(t.logprob.value_or(0.0f))},
+                           {"bytes", utf8_bytes(t.text)},
+                           {"top_logprobs", top}});
+  }
+  return Json{{"content", content}};
+}
+
+/// A completion choice's logprobs, OpenAI's legacy shape: tokens,
+/// token_logprobs, top_logprobs (text -> logprob) and text_offset, the
+/// offsets counting from `offset` (advanced past these tokens). The prompt's
+/// first token (echo) has null for its logprob and top.
+Json completion_logprobs_json(const std::vector<TokenLogprobText>& toks, std::size_t& offset) {
+  Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offsets = Json::array();
+  for (const auto& t : toks) {
+    tokens.push_back(t.text);
+    if (t.logprob) {
+      lps.push_back(json_logprob(*t.logprob));
+      Json top = Json::object();
+      for (const auto& [text, lp] : t.top)
+        if (!top.contains(text)) top[text] = json_logprob(lp);
+      tops.push_back(top);
+    } else {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    }
+    offsets.push_back(offset);
+    offset += t.text.size();
+  }
+  return Json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+/// An event's log-probabilities (prompt first) for choice `i` of `st`, in
+/// the endpoint's shape; null when none were asked. Under st.mu or on the
+/// answering thread only.
+Json event_logprobs_json(Pending& st, std::size_t i, const std::vector<TokenLogprobText>& toks) {
+  if (st.logprobs < 0) return nullptr;
+  return st.chat ? chat_logprobs_json(toks) : completion_logprobs_json(toks, st.text_offset[i]);
+}
+
+/// The tokens of an event that carry log-probabilities: the prompt's (echo), then the new ones.
+std::vector<TokenLogprobText> event_tokens(const CompletionEvent& e) {
+  std::vector<TokenLogprobText> all = e.prompt_logprobs;
+  all.insert(all.end(), e.logprobs.begin(), e.logprobs.end());
+  return all;
+}
 
 /// Usage summed over the choices' finish events.
 Json usage_of(const std::vector<CompletionEvent>& last) {
   int prompt = 0, completion = 0;
   for (const auto& e : last) {
-    prompt += e.prompt_tokens;
+    if (e.choice == 0) prompt += e.prompt_tokens;  // the n choices of a prompt share it
     completion += e.completion_tokens;
   }
   return Json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
@@ -546,7 +670,9 @@ void HttpServer::Impl::routes() {
   svr.Get("/ready", [this](const httplib::Request&, httplib::Response& res) {
     bool ok = service.ready() && service.accepting();
     res.status = ok ? 200 : 503;
-    res.set_content(dumps(Json{{"status", ok ? "ready" : "unavailable"}}), "application/json");
+    Json body{{"status", ok ? "ready" : "unavailable"}};
+    if (auto lost = service.device_pool().lost(); !lost.empty()) body["lost_devices"] = lost;  // issue 16
+    res.set_content(dumps(body), "application/json");
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(service.prometheus(), "text/plain; version=0.0.4; charset=utf-8");
@@ -568,7 +694,7 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
 
     Parsed p;
     if (chat) {
-      p = parse_common(body, service, opts.chat_max_tokens);
+      p = parse_common(body, service, opts.chat_max_tokens, true);
       std::vector<ChatMessage> msgs = parse_messages(body);
       std::string text = render_chat(chat_template, msgs);
       try {
@@ -586,30 +712,36 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
       }
       p.prompts.push_back(std::move(p.req));
     } else {
-      p = parse_common(body, service, opts.completion_max_tokens);
+      p = parse_common(body, service, opts.completion_max_tokens, false);
       parse_prompt(body, p);
     }
 
-    // One service request per prompt: choice i is request `id` (one prompt)
-    // or `id`-i (several).
+    // One service request per prompt: request `id` (one prompt) or `id`-i
+    // (several), with p.req.n choices each; choice c of prompt i is choice
+    // i x n + c of the answer, as OpenAI orders them.
     const std::size_t n = p.prompts.size();
-    auto st = std::make_shared<Pending>(n);
+    const std::size_t per = static_cast<std::size_t>(std::max(1, p.prompts.empty() ? 1 : p.prompts[0].n));
+    auto st = std::make_shared<Pending>(n * per);
+    prepare_logprobs(*st, p, chat, service.tokenizer());
     for (std::size_t i = 0; i < n; ++i) {
-      st->ids[i] = n == 1 ? id : id + "-" + std::to_string(i);
+      const std::string rid = n == 1 ? id : id + "-" + std::to_string(i);
+      for (std::size_t c = 0; c < per; ++c) st->ids[i * per + c] = rid;
       CompletionRequest& r = p.prompts[i];
-      r.id = st->ids[i];
-      r.on_event = [st, log = log, i, rid = st->ids[i]](const CompletionEvent& e) {
+      r.id = rid;
+      r.on_event = [st, log = log, i, per, rid](const CompletionEvent& ev) {
+        const std::size_t slot = i * per + static_cast<std::size_t>(ev.choice);
         bool gone;
         {
           std::lock_guard lk(st->mu);
-          st->domain_id[i] = e.domain_id.empty() ? "-" : e.domain_id;
+          st->domain_id[slot] = ev.domain_id.empty() ? "-" : ev.domain_id;
           gone = st->gone;
-          if (!gone) st->events.emplace_back(i, e);
-          if (e.finished) {
-            st->last[i] = e;
+          if (!gone) st->events.emplace_back(slot, ev);
+          if (ev.finished) {
+            st->last[slot] = ev;
             ++st->finished;
           }
         }
+        const CompletionEvent& e = ev;
         st->cv.notify_all();
         if (e.finished)
           (*log)("request_id=" + rid + " domain_id=" + logval(e.domain_id.empty() ? "-" : e.domain_id) +
@@ -629,7 +761,7 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
           st->gone = true;
           st->events.clear();
         }
-        for (std::size_t j = 0; j < i; ++j) service.cancel(st->ids[j]);
+        for (std::size_t j = 0; j < i; ++j) service.cancel(st->ids[j * per]);
         const auto* re = dynamic_cast<const RequestError*>(&e);
         std::string param = re ? re->param() : "";
         // The names the client used: a chat has messages, not a prompt, and
@@ -662,6 +794,23 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
 
 namespace {
 
+/// A stream's chunk of new text and log-probabilities for choice i (the
+/// echo first, once), or null when the event has neither. `chunk` makes the
+/// chunk of a text (HttpServer::Impl::answer_stream's).
+template <class Chunk>
+Json stream_text_chunk(Pending& st, std::size_t i, const CompletionEvent& e, const Chunk& chunk) {
+  std::string text = e.text;
+  if (!st.echoed[i]) {
+    st.echoed[i] = 1;
+    text = st.echo[i] + text;
+  }
+  const auto toks = event_tokens(e);
+  if (text.empty() && toks.empty()) return nullptr;
+  Json c = chunk(i, &text, nullptr);
+  if (st.logprobs >= 0) c["choices"][0]["logprobs"] = event_logprobs_json(st, i, toks);
+  return c;
+}
+
 /// A choice that failed in its domain: the error answered for the request.
 ApiError failed_choice(const CompletionEvent& e) {
   return {500, "server_error", "", "", e.error.empty() ? "the request failed in domain " + e.domain_id : e.error};
@@ -672,12 +821,16 @@ ApiError failed_choice(const CompletionEvent& e) {
 void HttpServer::Impl::answer_whole(httplib::Response& res, const std::shared_ptr<Pending>& st, const std::string& id,
                                     bool chat, std::int64_t created_s) {
   // The service promises a finish event for every submitted request.
-  std::vector<std::string> text(st->ids.size());
+  std::vector<std::string> text(st->echo);  // empty unless echo
+  std::vector<std::vector<TokenLogprobText>> lps(st->ids.size());
   std::vector<CompletionEvent> last;
   {
     std::unique_lock lk(st->mu);
     st->cv.wait(lk, [&] { return st->all_finished(); });
-    for (auto& [i, e] : st->events) text[i] += e.text;
+    for (auto& [i, e] : st->events) {
+      text[i] += e.text;
+      for (auto& t : event_tokens(e)) lps[i].push_back(std::move(t));
+    }
     st->events.clear();
     last = st->last;
   }
@@ -687,11 +840,11 @@ void HttpServer::Impl::answer_whole(httplib::Response& res, const std::shared_pt
   for (std::size_t i = 0; i < last.size(); ++i)
     choices.push_back(chat ? Json{{"index", i},
                                   {"message", {{"role", "assistant"}, {"content", text[i]}}},
-                                  {"logprobs", nullptr},
+                                  {"logprobs", event_logprobs_json(*st, i, lps[i])},
                                   {"finish_reason", std::string(engine::to_string(last[i].finish_reason))}}
                            : Json{{"text", text[i]},
                                   {"index", i},
-                                  {"logprobs", nullptr},
+                                  {"logprobs", event_logprobs_json(*st, i, lps[i])},
                                   {"finish_reason", std::string(engine::to_string(last[i].finish_reason))}});
   Json out{{"id", id},
            {"object", chat ? "chat.completion" : "text_completion"},
@@ -762,7 +915,7 @@ void HttpServer::Impl::answer_stream(httplib::Response& res, const std::shared_p
         *started = true;
         for (const auto& [i, e] : batch) {
           if (done) break;
-          if (!e.text.empty()) out += sse(chunk(i, &e.text, nullptr));
+          if (Json c = stream_text_chunk(*st, i, e, chunk); !c.is_null()) out += sse(c);
           if (!e.finished) continue;
           if (e.finish_reason == engine::FinishReason::error) {
             // One failed choice ends the stream: the others are cancelled.

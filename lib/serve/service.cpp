@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "engine/rank_backend.hpp"
+#include "member/spanning.hpp"
 #include "plan/device_memory.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
@@ -48,6 +49,16 @@ Service::Service(const model::Model& model, ServiceConfig config)
   }
   pool_ = std::make_unique<DevicePool>(pool_kind(cfg_), cfg_.gears, cfg_.virtual_devices,
                                        cfg_.topology ? &*cfg_.topology : nullptr);
+  if (cfg_.members) {
+    pool_->set_machine_name(cfg_.machine_name);
+    member_hook_ = std::make_shared<MemberHook>();
+    member_hook_->service = this;
+    for (const auto& m : cfg_.members->members()) on_member(m);
+    cfg_.members->on_change([hook = member_hook_](const member::MemberInfo& m) {
+      std::lock_guard lk(hook->mu);
+      if (hook->service) hook->service->on_member(m);
+    });
+  }
   pool_->check(cfg_.gears);
   output_ = std::make_unique<OutputProcessor>(*tok_, eog_, telemetry_, [this] { return now_us(); });
   ShifterConfig sc;
@@ -65,7 +76,25 @@ Service::Service(const model::Model& model, ServiceConfig config)
       });
 }
 
-Service::~Service() { drain_and_stop(); }
+Service::~Service() {
+  if (member_hook_) {
+    std::lock_guard lk(member_hook_->mu);
+    member_hook_->service = nullptr;
+  }
+  drain_and_stop();
+}
+
+void Service::on_member(const member::MemberInfo& m) {
+  if (m.alive) {
+    pool_->member_joined(m.name, m.devices);
+    return;
+  }
+  pool_->member_lost(m.name, m.lost_why);
+  // Its domains' requests end now with an error event; the domains fail
+  // (their engine names the member) and take no new ones.
+  for (const auto& id : domains_.on_devices(m.devices))
+    if (auto d = domains_.find(id)) d->abort_all("member " + m.name + " lost (" + m.lost_why + ")");
+}
 
 int Service::context_length() const noexcept { return model_.hparams.n_ctx_train; }
 
@@ -141,6 +170,8 @@ int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const
 
 DomainList Service::build_domains(const doc::Gear& gear, bool slow_start) {
   DomainList out;
+  // Replicas with ranks on members' devices, by index: their stages by name.
+  std::map<std::size_t, member::SpanningDomain> spanning;
   // Every replica's layout first: the GPUs' KV room is shared out among all
   // the gear's ranks on each GPU before any of them takes its pages.
   std::vector<engine::DomainConfig> configs;
@@ -149,11 +180,14 @@ DomainList Service::build_domains(const doc::Gear& gear, bool slow_start) {
     engine::DomainConfig dc;
     std::vector<std::string> devices;
     dc.stages.clear();
+    member::SpanningDomain span;
     for (const auto& st : rep.stages) {
       engine::StageLayout sl{st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), {}};
       sl.kv_dtype = cfg_.kv_dtype;
+      span.stages.push_back({st.first_layer, st.n_layers, st.devices});
       for (const auto& name : st.devices) {
         const DeviceBinding b = pool_->bind(name);  // throws for a name the pool lacks
+        if (!b.member.empty()) spanning[configs.size()] = span;
         if (b.virtual_device) sl.devices.push_back(b.virtual_device);
         if (b.gpu >= 0) sl.gpus.push_back(b.gpu);
       }
@@ -179,9 +213,22 @@ DomainList Service::build_domains(const doc::Gear& gear, bool slow_start) {
     dc.backend = backend_;
     const std::string id = domains_.next_id();
     engine::Domain::EngineFactory make;
-    if (cfg_.engine_factory)
+    if (cfg_.engine_factory) {
       make = [this, &rep](const engine::DomainConfig& c) { return cfg_.engine_factory(rep, c); };
-    else
+    } else if (auto sp = spanning.find(ri); sp != spanning.end()) {
+      member::SpanningDomain span = sp->second;
+      span.stages.clear();
+      for (const auto& st : rep.stages) span.stages.push_back({st.first_layer, st.n_layers, st.devices});
+      span.id = id;
+      make = [this, span](const engine::DomainConfig& c) mutable {
+        span.kv_blocks = c.kv_blocks;
+        span.block_tokens = c.block_tokens;
+        span.max_rows = c.max_batched_tokens;
+        return member::build_spanning_engine(
+            *cfg_.members, cfg_.machine_name, *store_, span,
+            [this](const std::string& name) { return pool_->bind(name).virtual_device; }, backend_, cfg_.gloo);
+      };
+    } else
       make = engine::Domain::real_engine(*store_);
     auto d = std::make_shared<DomainRunner>(id, gear.name, devices, model_.hparams, dc, make, cfg_.step_observer);
     if (slow_start) d->slow_start(std::max(1, cfg_.max_running * 7 / 10), cfg_.slow_start_steps);
@@ -285,6 +332,27 @@ void Service::check_prompt_bytes(std::size_t bytes) const {
                        "context_length_exceeded");
 }
 
+void Service::check_generation_fields(const CompletionRequest& r) const {
+  auto bad = [](const char* param, const std::string& msg) {
+    throw RequestError(400, "invalid_request_error", param, std::string(param) + ": " + msg);
+  };
+  if (r.n < 1 || r.n > cfg_.max_running)
+    bad("n", "must be between 1 and " + std::to_string(cfg_.max_running) + " (--max-running), got " + std::to_string(r.n));
+  if (r.min_tokens < 0 || r.min_tokens > r.max_tokens)
+    bad("min_tokens", "must be between 0 and max_tokens (" + std::to_string(r.max_tokens) + "), got " +
+                          std::to_string(r.min_tokens));
+  if (r.logprobs < -1 || r.logprobs > engine::kMaxTopLogprobs)
+    bad("logprobs", "must be between 0 and " + std::to_string(engine::kMaxTopLogprobs) + ", got " + std::to_string(r.logprobs));
+  const int vocab = model_.hparams.n_vocab;
+  for (std::size_t i = 0; i < r.stop_token_ids.size(); ++i)
+    if (r.stop_token_ids[i] < 0 || r.stop_token_ids[i] >= vocab)
+      throw RequestError(400, "invalid_request_error", "stop_token_ids",
+                         "stop_token_ids[" + std::to_string(i) + "]: token id " + std::to_string(r.stop_token_ids[i]) +
+                             " outside the vocabulary (0.." + std::to_string(vocab - 1) + ")");
+  if (!(r.sampling.repetition_penalty > 0.0f))
+    bad("repetition_penalty", "must be greater than 0, got " + std::to_string(r.sampling.repetition_penalty));
+}
+
 void Service::submit(CompletionRequest r) {
   if (!accepting_) throw RequestError(503, "unavailable_error", "", "the service is draining and accepts no new requests");
   std::vector<int> prompt = r.prompt_tokens;
@@ -315,6 +383,7 @@ void Service::submit(CompletionRequest r) {
                        "this model's maximum context length is " + std::to_string(ctx) + " tokens; the prompt (" +
                            std::to_string(n) + ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it",
                        "context_length_exceeded");
+  check_generation_fields(r);
 
   // The domain that takes the request, set before it is queued there (the
   // events come after).

@@ -23,6 +23,7 @@
 #include "backend/cpu/virtual_device.hpp"
 #include "control/clock.hpp"
 #include "engine/domain.hpp"
+#include "member/leader.hpp"
 #include "model/model.hpp"
 #include "model/tokenizer.hpp"
 #include "doc/topology.hpp"
@@ -87,6 +88,12 @@ struct ServiceConfig {
   std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine::DomainConfig&)> engine_factory;
   /// Told of every step of every domain (DomainRunner::StepObserver); null: none.
   DomainRunner::StepObserver step_observer;
+  /// Members (issue 16, ftp-multi-node(7)): the leader's end of the member
+  /// channel, or null (one process). Devices of members bind as "n1/vd0";
+  /// a gear with any of them runs its domains across processes.
+  std::shared_ptr<member::Leader> members;
+  std::string machine_name = "n0";     ///< this process's name in device names
+  comm::GlooOptions gloo;              ///< where this process's Gloo pairs bind, their timeout
   /// Extra checks of a reloaded gear table (e.g. the daemon's virtual
   /// devices); throws InputError. Null: none beyond the model's shapes.
   std::function<void(const doc::GearTable&)> reload_check;
@@ -182,6 +189,9 @@ class Service {
   const DevicePool& device_pool() const noexcept { return *pool_; }
 
  private:
+  /// The fields of generation (n, min_tokens, logprobs, stop_token_ids,
+  /// penalties) against this model and config; RequestError naming the field.
+  void check_generation_fields(const CompletionRequest& r) const;
   /// The gear table's model shapes against the loaded model; InputError.
   void check_model(const doc::GearTable& table) const;
   std::optional<doc::Gear> find_gear(const std::string& name) const;
@@ -217,6 +227,13 @@ class Service {
   mutable std::mutex route_mu_;                            // router_
   Router router_;
   mutable std::mutex table_mu_;                            // cfg_.gears
+  /// Told of members' joins and losses while the service lives.
+  struct MemberHook {
+    std::mutex mu;
+    Service* service = nullptr;
+  };
+  std::shared_ptr<MemberHook> member_hook_;
+  void on_member(const member::MemberInfo& m);
   std::atomic<bool> ready_{false}, accepting_{false}, stopped_{false};
   std::atomic<std::uint64_t> table_generation_{0};
 };

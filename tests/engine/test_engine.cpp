@@ -598,7 +598,7 @@ TEST_F(Fixture, StopTokensAndStopCheck) {
   auto out = run(d, {r})[0];
   EXPECT_EQ(out, std::vector<int>(golden.begin(), golden.begin() + 6));
   auto r2 = greedy("check", {1}, 100);
-  r2.stop_check = [](const std::vector<int>& o) { return o.size() == 9; };
+  r2.stop_check = [](int, const std::vector<int>& o) { return o.size() == 9; };
   EXPECT_EQ(run(d, {r2})[0].size(), 9u);
 }
 
@@ -730,3 +730,225 @@ TEST(ElementwiseOps, AttentionHeadMatchesTheFormula) { for_both_kernel_sets([] {
         }
       }
 }); }
+
+namespace {
+
+/// log-softmax of `row` at `token`, in double, and the `k` most likely ids
+/// (logit descending, lower id first): computed here, apart from the engine.
+struct RefLogprobs {
+  double chosen = 0;
+  std::vector<int> top;
+  std::vector<double> top_lp;
+};
+RefLogprobs ref_logprobs(const std::vector<float>& row, int token, int k) {
+  double mx = -INFINITY;
+  for (float v : row) mx = std::max(mx, static_cast<double>(v));
+  double sum = 0;
+  for (float v : row) sum += std::exp(static_cast<double>(v) - mx);
+  const double lse = mx + std::log(sum);
+  RefLogprobs r;
+  r.chosen = row[static_cast<std::size_t>(token)] - lse;
+  std::vector<int> ids(row.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
+  std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return row[a] > row[b]; });
+  for (int i = 0; i < k; ++i) {
+    r.top.push_back(ids[static_cast<std::size_t>(i)]);
+    r.top_lp.push_back(row[static_cast<std::size_t>(ids[static_cast<std::size_t>(i)])] - lse);
+  }
+  return r;
+}
+
+/// Every event of one request, by choice.
+struct ChoiceRun {
+  std::vector<std::vector<int>> tokens;
+  std::vector<std::vector<GenerationEvent>> events;
+  std::vector<int> finished;
+};
+ChoiceRun run_choices(Domain& d, GenerationRequest r) {
+  ChoiceRun out;
+  const auto n = static_cast<std::size_t>(r.n);
+  out.tokens.resize(n);
+  out.events.resize(n);
+  out.finished.assign(n, 0);
+  r.on_event = [&out](const GenerationEvent& e) {
+    const auto c = static_cast<std::size_t>(e.choice);
+    if (e.token >= 0) out.tokens[c].push_back(e.token);
+    if (e.finished) ++out.finished[c];
+    out.events[c].push_back(e);
+  };
+  d.submit(std::move(r));
+  for (int guard = 0; !d.idle() && guard < 100000; ++guard) d.step();
+  return out;
+}
+
+}  // namespace
+
+TEST_F(Fixture, LogprobsOfGreedyTokensAreTheLogSoftmaxOfTheLogits) {
+  // The reference logits come from the executor fed the greedy tokens, as
+  // in LogitsAgreeAcrossGearsOver64Steps; the domain's log-probabilities,
+  // on the engine's path (the backend chooses) and on the host's (top-k),
+  // must be their log-softmax, and the top 5 their 5 largest.
+  const std::vector<int> prompt = {1, 410, 469, 347, 261, 378};
+  const int steps = 24, k = 5;
+  Executor ex(*store, {{0, 5, 1}}, 8, 16);
+  std::vector<int> blocks(8);
+  for (int i = 0; i < 8; ++i) blocks[static_cast<std::size_t>(i)] = i;
+  std::vector<std::vector<float>> rows;
+  std::vector<int> tokens;
+  rows.push_back(ex.forward({SeqChunk{&blocks, 0, prompt, true}}, 1)[0]);
+  for (int s = 0; s < steps; ++s) {
+    tokens.push_back(argmax(rows.back()));
+    if (s + 1 < steps)
+      rows.push_back(ex.forward({SeqChunk{&blocks, static_cast<int>(prompt.size()) + s, {tokens.back()}, true}}, 1)[0]);
+  }
+  for (int top_k : {0, 1}) {  // 0: the engine chooses; 1 (greedy too): the host's sampler
+    Domain d(*store, DomainConfig{});
+    auto r = greedy("lp", prompt, steps);
+    r.sampling.top_k = top_k;
+    r.logprobs = k;
+    auto got = run_choices(d, r);
+    ASSERT_EQ(got.tokens[0], tokens) << "top_k " << top_k;
+    int s = 0;
+    for (const auto& e : got.events[0]) {
+      if (e.token < 0) continue;
+      ASSERT_TRUE(e.logprobs.has_value()) << "step " << s;
+      const auto ref = ref_logprobs(rows[static_cast<std::size_t>(s)], e.token, k);
+      EXPECT_EQ(e.logprobs->chosen.token, e.token);
+      EXPECT_NEAR(e.logprobs->chosen.logprob, ref.chosen, 1e-5) << "top_k " << top_k << " step " << s;
+      ASSERT_EQ(e.logprobs->top.size(), static_cast<std::size_t>(k));
+      for (int j = 0; j < k; ++j) {
+        EXPECT_EQ(e.logprobs->top[static_cast<std::size_t>(j)].token, ref.top[static_cast<std::size_t>(j)]) << "step " << s;
+        EXPECT_NEAR(e.logprobs->top[static_cast<std::size_t>(j)].logprob, ref.top_lp[static_cast<std::size_t>(j)], 1e-5);
+      }
+      // Greedy: the chosen token is the most likely one.
+      EXPECT_EQ(e.logprobs->top[0].token, e.token);
+      ++s;
+    }
+    EXPECT_EQ(s, steps);
+  }
+}
+
+TEST_F(Fixture, PromptLogprobsAreTheLogSoftmaxAtEachPosition) {
+  const std::vector<int> prompt = {1, 410, 469, 347, 261, 378, 432, 383};
+  Executor ex(*store, {{0, 5, 1}}, 8, 16);
+  std::vector<int> blocks(8);
+  for (int i = 0; i < 8; ++i) blocks[static_cast<std::size_t>(i)] = i;
+  Domain plain(*store, DomainConfig{});
+  const auto want = run_choices(plain, greedy("plain", prompt, 6)).tokens[0];
+  Domain d(*store, DomainConfig{});
+  auto r = greedy("echo", prompt, 6);
+  r.logprobs = 2;
+  r.prompt_logprobs = true;
+  auto got = run_choices(d, r);
+  EXPECT_EQ(got.tokens[0], want);  // one token a step changes no token
+  const GenerationEvent* first = nullptr;
+  for (const auto& e : got.events[0])
+    if (e.token >= 0) {
+      first = &e;
+      break;
+    }
+  ASSERT_NE(first, nullptr);
+  ASSERT_EQ(first->prompt_logprobs.size(), prompt.size() - 1);
+  for (std::size_t j = 0; j + 1 < prompt.size(); ++j) {
+    auto row = ex.forward({SeqChunk{&blocks, static_cast<int>(j), {prompt[j]}, true}}, 1)[0];
+    const auto ref = ref_logprobs(row, prompt[j + 1], 2);
+    EXPECT_EQ(first->prompt_logprobs[j].chosen.token, prompt[j + 1]);
+    EXPECT_NEAR(first->prompt_logprobs[j].chosen.logprob, ref.chosen, 1e-5) << "position " << j;
+    ASSERT_EQ(first->prompt_logprobs[j].top.size(), 2u);
+    EXPECT_EQ(first->prompt_logprobs[j].top[0].token, ref.top[0]);
+  }
+}
+
+TEST_F(Fixture, ChoicesShareThePromptsPagesAndMatchSeparateRequests) {
+  // A 40-token prompt at 16 tokens a page: the choices share the two full
+  // pages before the prompt's last token and each computes positions 32..39
+  // in a page of its own.
+  auto golden = stories260k_golden_ids();
+  std::vector<int> prompt = {1};
+  prompt.insert(prompt.end(), golden.begin(), golden.begin() + 39);
+  DomainConfig cfg;
+  cfg.kv_blocks = 64;
+  {
+    Domain d(*store, cfg);
+    auto r = greedy("n2", prompt, 20);
+    r.n = 2;
+    r.on_event = [](const GenerationEvent&) {};
+    d.submit(r);
+    d.step();  // choice 0: the whole prompt (3 pages), then the fork
+    d.step();  // choice 0 decodes in its third page; choice 1 computes 32..39 in a new page
+    EXPECT_EQ(d.running(), 2);
+    EXPECT_NEAR(d.kv_usage() * cfg.kv_blocks, 4.0, 1e-9) << "2 shared + 1 + 1 pages (6 without sharing)";
+    for (int guard = 0; !d.idle() && guard < 1000; ++guard) d.step();
+    EXPECT_EQ(d.kv_usage(), 0.0);  // every holder gave its pages back
+  }
+  Domain d(*store, cfg);
+  auto alone = [&](std::uint64_t seed, float temp) {
+    auto r = greedy("one", prompt, 20);
+    r.sampling = SamplingParams{temp, 0, 0.9f, seed};
+    return run_choices(d, r).tokens[0];
+  };
+  auto r = greedy("two", prompt, 20);
+  r.n = 2;
+  auto t0 = run_choices(d, r);
+  EXPECT_EQ(t0.finished, (std::vector<int>{1, 1}));
+  EXPECT_EQ(t0.tokens[0], t0.tokens[1]);  // temperature 0: identical choices
+  EXPECT_EQ(t0.tokens[0], alone(0, 0.0f));
+  r.sampling = SamplingParams{1.0f, 0, 0.9f, 11};
+  auto seeded = run_choices(d, r);
+  EXPECT_EQ(seeded.tokens[0], alone(11, 1.0f));  // choice c: seed + c
+  EXPECT_EQ(seeded.tokens[1], alone(12, 1.0f));
+  EXPECT_NE(seeded.tokens[0], seeded.tokens[1]);
+  // A cancel before the fork still ends every choice once.
+  auto c = greedy("gone", prompt, 20);
+  c.n = 3;
+  std::vector<int> ends(3, 0);
+  c.on_event = [&ends](const GenerationEvent& e) {
+    if (e.finished && e.finish_reason == FinishReason::cancelled) ++ends[static_cast<std::size_t>(e.choice)];
+  };
+  d.submit(c);
+  d.cancel("gone");
+  d.step();
+  EXPECT_EQ(ends, (std::vector<int>{1, 1, 1}));
+  EXPECT_TRUE(d.idle());
+}
+
+TEST_F(Fixture, MinTokensMasksTheStopTokensUntilReached) {
+  // golden[5] ends a greedy run at 6 tokens (StopTokensAndStopCheck); with
+  // min_tokens 8 it cannot be chosen before the 9th token.
+  auto golden = stories260k_golden_ids();
+  Domain d(*store, DomainConfig{});
+  auto r = greedy("min", {1}, 60);
+  r.stop_tokens = {golden[5]};
+  r.eos = 1;
+  r.min_tokens = 8;
+  auto out = run_choices(d, r).tokens[0];
+  ASSERT_GE(out.size(), 9u);
+  EXPECT_EQ(std::vector<int>(out.begin(), out.begin() + 5), std::vector<int>(golden.begin(), golden.begin() + 5));
+  for (std::size_t i = 0; i < 8; ++i) {
+    EXPECT_NE(out[i], golden[5]) << "token " << i;
+    EXPECT_NE(out[i], 1) << "token " << i;
+  }
+  if (out.size() < 60u) EXPECT_TRUE(out.back() == golden[5] || out.back() == 1);
+}
+
+TEST_F(Fixture, ChoicesThatCanNeverFitAreRefused) {
+  // 3 choices of a 40-token prompt, 8 tokens each (47 positions, 3 pages):
+  // 2 shared pages + 3 x 1 = 5 pages, 1 over a pool of 4; 2 choices take 4.
+  DomainConfig cfg;
+  cfg.kv_blocks = 4;
+  Domain d(*store, cfg);
+  std::vector<int> prompt(40, 300);
+  prompt[0] = 1;
+  auto r = greedy("n3", prompt, 8);
+  r.n = 3;
+  try {
+    d.submit(r);
+    ADD_FAILURE() << "accepted";
+  } catch (const ftp::InputError& e) {
+    EXPECT_STREQ(e.what(), "request n3: 3 choices of 47 tokens need 5 KV pages, domain d0 has 4");
+  }
+  r.n = 2;
+  auto out = run_choices(d, r);
+  EXPECT_EQ(out.finished, (std::vector<int>{1, 1}));
+  EXPECT_EQ(out.tokens[0].size(), 8u);
+}

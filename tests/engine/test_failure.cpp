@@ -199,7 +199,7 @@ TEST_F(FailureTest, ARequestFinishedInAFailingStepKeepsItsOneFinish) {
   GenerationRequest a = req("a", 3);  // ends with "length" at its third token
   GenerationRequest b = req("b", 10);
   int calls = 0;
-  b.stop_check = [&calls](const std::vector<int>&) {
+  b.stop_check = [&calls](int, const std::vector<int>&) {
     if (++calls == 3) throw std::runtime_error("stop check failed");
     return false;
   };

@@ -181,3 +181,61 @@ TEST(SamplerByHand, FrequenciesOfSeededDrawsFollowTheRenormalizedDistribution) {
     for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(f[i], want[i], tol) << "no cut, token " << i;
   }
 }
+
+// vLLM's penalties on logits 2, -1, 0.5, 3 with prompt {0} and output
+// {1, 1, 3}. Repetition 2: token 0 (prompt, positive) 2 / 2 = 1; token 1
+// (output, negative) -1 x 2 = -2; token 3 (output) 3 / 2 = 1.5; token 2,
+// unseen, stays 0.5. Then frequency 0.5 and presence 0.25 over the output:
+// token 1 (twice) -2 - 2 x 0.5 - 0.25 = -3.25; token 3 (once)
+// 1.5 - 0.5 - 0.25 = 0.75; token 0 is only in the prompt: 1.
+TEST(SamplerByHand, PenaltiesAsVllmDefinesThem) {
+  SamplingParams p;
+  p.repetition_penalty = 2.0f;
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  std::vector<float> l = {2.0f, -1.0f, 0.5f, 3.0f};
+  apply_penalties(l.data(), l.size(), p, {0}, {1, 1, 3});
+  EXPECT_FLOAT_EQ(l[0], 1.0f);
+  EXPECT_FLOAT_EQ(l[1], -3.25f);
+  EXPECT_FLOAT_EQ(l[2], 0.5f);
+  EXPECT_FLOAT_EQ(l[3], 0.75f);
+  // Each alone: presence 1 takes 1 from every output token once.
+  SamplingParams pres;
+  pres.presence_penalty = 1.0f;
+  std::vector<float> m = {2.0f, -1.0f, 0.5f, 3.0f};
+  apply_penalties(m.data(), m.size(), pres, {0}, {1, 1, 3, 99});  // 99: outside the vocabulary, ignored
+  EXPECT_EQ(m, (std::vector<float>{2.0f, -2.0f, 0.5f, 2.0f}));
+  // A penalty makes greedy pick another token: 3 (logit 3) falls to 0.75 < 1 (token 0).
+  EXPECT_EQ(argmax(l), 0);
+  // No penalty: nothing changes, and the engine may choose.
+  SamplingParams none;
+  std::vector<float> n = {2.0f, -1.0f};
+  apply_penalties(n.data(), n.size(), none, {0, 1}, {1});
+  EXPECT_EQ(n, (std::vector<float>{2.0f, -1.0f}));
+  EXPECT_TRUE(Sampler(none).engine_can_choose());
+  EXPECT_FALSE(Sampler(p).engine_can_choose());
+}
+
+// Logits log 0.5, log 0.3, log 0.2, log 0.2 -> the log-softmax is those logs
+// over a total of 1.2: log(0.5 / 1.2) = -0.875469, log(0.3 / 1.2) = -1.386294,
+// log(0.2 / 1.2) = -1.791759 (twice: the tie lists id 2 before id 3).
+TEST(SamplerByHand, TokenLogprobsAreTheLogSoftmax) {
+  const auto l = logits_of({0.5, 0.3, 0.2, 0.2});
+  auto lp = token_logprobs(l.data(), l.size(), 1, 3);
+  EXPECT_EQ(lp.chosen.token, 1);
+  EXPECT_NEAR(lp.chosen.logprob, -1.386294, 1e-5);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].token, 0);
+  EXPECT_NEAR(lp.top[0].logprob, -0.875469, 1e-5);
+  EXPECT_EQ(lp.top[1].token, 1);
+  EXPECT_EQ(lp.top[2].token, 2);
+  EXPECT_NEAR(lp.top[2].logprob, -1.791759, 1e-5);
+  EXPECT_TRUE(token_logprobs(l.data(), l.size(), 3, 0).top.empty());
+  EXPECT_EQ(token_logprobs(l.data(), l.size(), 3, 50).top.size(), 4u);  // cut to the vocabulary
+  // -inf logits have probability 0: log -inf; the rest share the mass.
+  std::vector<float> masked = {0.0f, -INFINITY, 0.0f};
+  auto m = token_logprobs(masked.data(), masked.size(), 1, 2);
+  EXPECT_TRUE(std::isinf(m.chosen.logprob) && m.chosen.logprob < 0);
+  EXPECT_NEAR(m.top[0].logprob, std::log(0.5), 1e-6);
+  EXPECT_EQ(m.top[1].token, 2);
+}

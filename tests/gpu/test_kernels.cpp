@@ -33,6 +33,7 @@
 #include "kernels/dequant.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/kv_write.cuh"
+#include "kernels/logprobs.cuh"
 #include "kernels/matvec.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
@@ -939,6 +940,41 @@ void report_matvec_bandwidth() {
 
 }  // namespace
 
+/// logprobs_rows against engine::token_logprobs (the CPU's, itself checked
+/// by hand in tests/engine/test_sampler.cpp) on rows of 32000 logits with
+/// ties, a -inf mask and an all -inf row, at k = 0, 5 and 20.
+void test_logprobs() {
+  const int t = 5, n = 32000;
+  std::vector<float> x = randn(static_cast<std::size_t>(t) * n, 3.0f);
+  x[1 * n + 7] = 40.0f;
+  x[1 * n + 31000] = 40.0f;  // a tie: the lower id first
+  for (int i = 0; i < n; i += 2) x[2 * n + i] = -INFINITY;
+  std::fill(x.begin() + 3 * n, x.begin() + 4 * n, -INFINITY);
+  std::vector<int> ids = {0, 31000, 1, 5, 12345};
+  Dev<float> dx(x);
+  Dev<int> did(ids);
+  for (int kk : {0, 5, 20}) {
+    Dev<float> dch(t), dtop(static_cast<std::size_t>(t) * std::max(kk, 1));
+    Dev<int> dtid(static_cast<std::size_t>(t) * std::max(kk, 1));
+    done(k::logprobs_rows(dx.p(), n, t, n, did.p(), kk, dch.p(), dtid.p(), dtop.p(), nullptr), "logprobs_rows");
+    auto ch = dch.get();
+    auto top = dtop.get();
+    auto tid = dtid.get();
+    std::size_t bad = 0;
+    for (int r = 0; r < t; ++r) {
+      auto want = ftp::engine::token_logprobs(x.data() + static_cast<std::size_t>(r) * n, n, ids[r], kk);
+      auto near = [](float a, float b) { return (std::isinf(a) && a == b) || std::fabs(a - b) <= 1e-5f; };
+      bad += !near(ch[r], want.chosen.logprob);
+      for (int j = 0; j < kk; ++j) {
+        bad += tid[static_cast<std::size_t>(r) * kk + j] != want.top[static_cast<std::size_t>(j)].token;
+        bad += !near(top[static_cast<std::size_t>(r) * kk + j], want.top[static_cast<std::size_t>(j)].logprob);
+      }
+    }
+    report_exact("logprobs_rows n=32000 k=" + std::to_string(kk) + " against token_logprobs", bad,
+                 static_cast<std::size_t>(t) * (1 + 2 * kk));
+  }
+}
+
 int main() {
   std::vector<ftp::backend::GpuInfo> gpus;
   if (int rc = ftp::test::discover_gpus_or_skip(gpus); rc != 0) return rc;
@@ -958,6 +994,7 @@ int main() {
     test_dequant();
     test_argmax_and_sampling();
     test_sampling_by_hand();
+    test_logprobs();
     for (int hd : {6, 8, 64, 80, 128, 256}) test_attention(hd);
     for (int hd : {8, 64, 128})
       for (k::KvElem e : {k::KvElem::f16, k::KvElem::bf16}) test_attention_16bit(hd, e);

@@ -297,9 +297,18 @@ TEST_F(HttpTest, UnsupportedFeaturesAreRefusedByName) {
       {Json{{"response_format", "json"}}, "response_format"},
       {Json{{"logit_bias", {{"100", 100}}}}, "logit_bias"},
       {Json{{"logit_bias", 3}}, "logit_bias"},
-      {Json{{"presence_penalty", 0.5}}, "presence_penalty"},
+      {Json{{"presence_penalty", 2.5}}, "presence_penalty"},
       {Json{{"frequency_penalty", "x"}}, "frequency_penalty"},
       {Json{{"frequency_penalty", 3}}, "frequency_penalty"},
+      {Json{{"repetition_penalty", 0}}, "repetition_penalty"},
+      {Json{{"min_tokens", -1}}, "min_tokens"},
+      {Json{{"min_tokens", 3}}, "min_tokens"},  // over max_tokens 2
+      {Json{{"stop_token_ids", "x"}}, "stop_token_ids"},
+      {Json{{"stop_token_ids", {100000}}}, "stop_token_ids"},  // outside the vocabulary
+      {Json{{"ignore_eos", 1}}, "ignore_eos"},
+      {Json{{"top_logprobs", 2}}, "top_logprobs"},  // without logprobs: true
+      {Json{{"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
+      {Json{{"echo", true}}, "echo"},  // completions only
   };
   for (const auto& [extra, param] : refused) {
     Json body{{"messages", msgs}, {"max_tokens", 2}};
@@ -515,7 +524,7 @@ TEST_F(HttpTest, BadRequestsGetOpenAIErrors) {
   EXPECT_EQ(s4b, 400);
   expect_openai_error(j4b, "invalid_request_error", "max_tokens", nullptr);
 
-  auto [s5, j5] = post("/v1/completions", Json{{"prompt", "Hi"}, {"n", 2}});
+  auto [s5, j5] = post("/v1/completions", Json{{"prompt", "Hi"}, {"n", 0}});
   EXPECT_EQ(s5, 400);
   expect_openai_error(j5, "invalid_request_error", "n", nullptr);
 
@@ -552,7 +561,7 @@ TEST_F(HttpTest, BadRequestsGetOpenAIErrors) {
   EXPECT_NE(j10["error"]["message"].get<std::string>().find("nesting deeper than"), std::string::npos) << j10.dump();
 
   // A stream refused before it starts is a plain JSON error, not SSE.
-  Sse s = post_stream(port, "/v1/completions", Json{{"prompt", "Hi"}, {"n", 3}, {"stream", true}});
+  Sse s = post_stream(port, "/v1/completions", Json{{"prompt", "Hi"}, {"n", 0}, {"stream", true}});
   EXPECT_EQ(s.status, 400);
   expect_openai_error(Json::parse(s.raw), "invalid_request_error", "n", nullptr);
 
@@ -929,4 +938,41 @@ TEST_F(HttpTest, RefusedRequestsAreNotCounted) {
   // Latencies are kept in microseconds: stories260K's sub-millisecond
   // first tokens add to the sum rather than counting as 0.
   EXPECT_GT(metric("ftp_ttft_seconds_sum"), 0.0);
+}
+
+TEST_F(HttpTest, LogprobsAndChoicesInOpenAIShapes) {
+  // A chat's logprobs: one entry per token, top_logprobs of 2, the greedy
+  // token the most likely; logprobs are log-probabilities (<= 0).
+  auto [s1, c] = post("/v1/chat/completions", Json{{"messages", Json::array({Json{{"role", "user"}, {"content", "Hi"}}})},
+                                                   {"max_tokens", 3}, {"temperature", 0}, {"logprobs", true},
+                                                   {"top_logprobs", 2}});
+  ASSERT_EQ(s1, 200) << c.dump();
+  const Json& content = c["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u) << c.dump();
+  for (const auto& t : content) {
+    ASSERT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(t["token"], t["top_logprobs"][0]["token"]);
+    EXPECT_EQ(t["logprob"], t["top_logprobs"][0]["logprob"]);
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["top_logprobs"][1]["logprob"].get<double>());
+  }
+  // Completions with echo: the prompt's text first, its first token with null.
+  auto [s2, e] = post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 57}, {"temperature", 0}, {"logprobs", 1},
+                                             {"echo", true}});
+  ASSERT_EQ(s2, 200) << e.dump();
+  EXPECT_EQ(e["choices"][0]["text"], "Zoo" + golden_zoo()) << e.dump();
+  const Json& lp = e["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), static_cast<std::size_t>(e["usage"]["prompt_tokens"].get<int>() + 57));
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["top_logprobs"][1].size(), 1u);
+  // n = 2 at temperature 0: two identical choices; usage counts the prompt once.
+  auto [s3, n2] = post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 10}, {"temperature", 0}, {"n", 2}});
+  ASSERT_EQ(s3, 200) << n2.dump();
+  ASSERT_EQ(n2["choices"].size(), 2u);
+  EXPECT_EQ(n2["choices"][0]["text"], n2["choices"][1]["text"]);
+  EXPECT_EQ(n2["choices"][1]["index"], 1);
+  EXPECT_EQ(n2["usage"]["completion_tokens"], 20);
+  auto [s4, one] = post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 10}, {"temperature", 0}});
+  EXPECT_EQ(n2["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
 }

@@ -25,8 +25,8 @@ Tokenizer vocab(const std::string& name) {
 
 /// Streams `out` after `prompt` one token at a time, as a domain does.
 std::string stream(const Tokenizer& tok, const std::vector<int>& prompt, const std::vector<int>& out,
-                   std::vector<std::string> stop = {}) {
-  TextStream ts(tok, prompt, std::move(stop));
+                   std::vector<std::string> stop = {}, bool include_stop = false, int min_tokens = 0) {
+  TextStream ts(tok, prompt, std::move(stop), include_stop, min_tokens);
   std::string text;
   for (int t : out) {
     ts.feed(t);
@@ -83,4 +83,24 @@ TEST(TextStream, StreamedTextIsEveryPieceForEveryVocab) {
     ++checked;
   }
   EXPECT_GT(checked, 0);
+}
+
+// include_stop_str_in_output keeps the stop string; min_tokens ignores a stop
+// string that is complete before more than min_tokens tokens were pushed
+// (vLLM's rule), and looks for one only in the text released after.
+TEST(TextStream, IncludeStopAndMinTokens) {
+  const std::string path = ftp::test::data_dir() + "/models/llama.cpp-vocab/ggml-vocab-gpt-2.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << "test data not found: " << path << " (set FTP_TEST_DATA)";
+  const Tokenizer tok = vocab("ggml-vocab-gpt-2.gguf");
+  auto id = [&](const char* piece) { return tok.encode(piece, false).at(0); };
+  const std::vector<int> prompt = tok.encode("Say:", false);
+  const std::vector<int> out = {id("Hello"), id(" world"), id(" and"), id(" world"), id(" again")};
+  auto run = [&](bool include, int min_tokens) { return stream(tok, prompt, out, {" world"}, include, min_tokens); };
+  EXPECT_EQ(run(false, 0), "Hello");
+  EXPECT_EQ(run(true, 0), "Hello world");
+  // The first " world" is token 2 of 5: with min_tokens 2 it does not count;
+  // the second (token 4) does.
+  EXPECT_EQ(run(false, 2), "Hello world and");
+  EXPECT_EQ(run(true, 2), "Hello world and world");
+  EXPECT_EQ(run(false, 5), "Hello world and world again");  // never more than 5 tokens: no stop
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <set>
 #include <string>
@@ -13,6 +14,8 @@
 #include "core/json.hpp"
 #include "doc/gear_table.hpp"
 #include "engine/kv_cache.hpp"
+#include "member/channel.hpp"
+#include "member/worker.hpp"
 #include "model/model.hpp"
 #include "serve/daemon.hpp"
 #include "serve/generate.hpp"
@@ -133,6 +136,31 @@ int main(int argc, char** argv) {
       ->check(ftp::cli::in_range(0.0f, 1.0f));
   app.add_option("-s,--seed", o.sampling.seed, "One-shot: random seed of the sampler (default 0)");
   app.add_option("--stop", o.stop, "One-shot: stop before this text (repeatable)")->option_text("TEXT");
+  ftp::member::WorkerOptions w;
+  std::string secret_file;
+  int gloo_timeout_ms = 10000;
+  app.add_option("--join", w.leader,
+                 "Run as a member of the service whose leader's member channel is HOST:PORT: host this machine's\n"
+                 "--virtual-devices as NAME/vd0.. and run the ranks the leader places on them (ftp-multi-node(7))")
+      ->option_text("HOST:PORT");
+  app.add_option("--secret-file", secret_file, "The members' shared secret (a file of mode 0600, at least 16 bytes)")
+      ->option_text("FILE");
+  app.add_option("--name", w.name, "With --join: this machine's name in device names (default n1)")->option_text("NAME");
+  app.add_option("--gloo-host", w.gloo.hostname,
+                 "With --join: the address this process's Gloo connections bind (default 127.0.0.1)")
+      ->option_text("ADDR");
+  app.add_option("--gloo-timeout-ms", gloo_timeout_ms,
+                 "With --join: how long a collective or hand-off waits for a peer that does not answer (default 10000)")
+      ->check(ftp::cli::positive());
+  app.add_option("--members-listen", d.members_listen,
+                 "Leader: take members on this member-channel address (HOST:PORT; needs --secret-file); their\n"
+                 "devices are NAME/vd0.. in the gear table, and this machine's are --machine-name/vd0 or vd0")
+      ->option_text("HOST:PORT");
+  app.add_option("--machine-name", d.service.machine_name, "Leader: this machine's name in device names (default n0)")
+      ->option_text("NAME");
+  app.add_option("--wait-members", d.wait_members, "Leader: wait for N members before building the start gear")
+      ->check(ftp::cli::non_negative())
+      ->option_text("N");
   app.get_option("--gears")->excludes(app.get_option("--gear"));
 
   return tool.run(argc, argv, [&]() -> int {
@@ -145,6 +173,25 @@ int main(int argc, char** argv) {
     if (!d.auto_loop)
       for (const char* opt : {"--policy", "--policy-name", "--observe-interval-ms"})
         if (given(opt)) throw ftp::InputError(std::string(opt) + ": only with --auto");
+    if (given("--join")) {
+      if (secret_file.empty()) throw ftp::InputError("--join: needs --secret-file");
+      if (have_prompt || given("--gears") || given("--gear")) throw ftp::InputError("--join: a member serves the leader's gears only");
+      w.secret = ftp::member::load_secret(secret_file);
+      if (w.name.empty()) w.name = "n1";
+      w.virtual_devices = d.virtual_devices > 0 ? d.virtual_devices : 2;
+      w.gloo.timeout = std::chrono::milliseconds(gloo_timeout_ms);
+      ftp::model::Model model = ftp::model::load_model(d.model_path, d.tokenizer_path);
+      const std::string pid = std::to_string(::getpid());
+      return ftp::member::run_worker(w, model, [&](const std::string& line) {
+        std::cerr << "ftp-serve[" << pid << "] " << w.name << ": " << line << "\n" << std::flush;
+      });
+    }
+    for (const char* opt : {"--name", "--gloo-host"})
+      if (given(opt)) throw ftp::InputError(std::string(opt) + ": only with --join");
+    for (const char* opt : {"--machine-name", "--wait-members"})
+      if (given(opt) && !given("--members-listen")) throw ftp::InputError(std::string(opt) + ": only with --members-listen");
+    d.secret_file = secret_file;
+    d.service.gloo.timeout = std::chrono::milliseconds(gloo_timeout_ms);
     if (have_prompt && given("--gears"))
       throw ftp::InputError("--gears: one-shot (--prompt) runs one gear; give it with --gear tp=T,pp=P");
     if (d.engine != "real" && d.service.backend != "cpu")

@@ -38,6 +38,7 @@
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/rope_kv_write.cuh"
+#include "kernels/logprobs.cuh"
 #include "kernels/sample.cuh"
 #include "kernels/silu_mul.cuh"
 #include "kernels/sum_buffers.cuh"
@@ -346,9 +347,12 @@ class CudaRank final : public RankBackend {
 
   /// The ids chosen on the device: argmax_rows when every row is greedy,
   /// else sample_top_p with the rows' parameters (their draws as floats,
-  /// kept below 1); 4 bytes a row come back instead of the logits.
+  /// kept below 1); 4 bytes a row come back instead of the logits. With
+  /// `lp` and a row that asks log-probabilities, logprobs_rows runs over
+  /// the rows at the largest k asked, and each such row gets its share
+  /// (4 + 8 k bytes a row).
   void choose_tokens(const float* logits, std::size_t n_vocab, std::size_t n_rows, const TokenChoice* choices,
-                     int* out) override {
+                     int* out, TokenLogprobs* lp) override {
     flush();
     if (n_rows == 0) return sync();
     mark(2);
@@ -374,8 +378,36 @@ class CudaRank final : public RankBackend {
     }
     check(cudaMemcpyAsync(out, ids, n_rows * sizeof(int), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (token ids)",
           where_);
+    int k = -1;
+    if (lp)
+      for (std::size_t i = 0; i < n_rows; ++i) k = std::max(k, std::min({choices[i].logprobs, kMaxTopLogprobs, n}));
+    if (k >= 0) {
+      // [chosen: rows][top lp: rows x k][top ids: rows x k], floats and ints of 4 bytes.
+      const std::size_t per = 1 + 2 * static_cast<std::size_t>(k);
+      auto* ldev = static_cast<float*>(grow(logprob_buf_, n_rows * per * sizeof(float), "token logprobs"));
+      float* top_lp = ldev + n_rows;
+      int* top_ids = reinterpret_cast<int*>(top_lp + n_rows * static_cast<std::size_t>(k));
+      check(kernels::logprobs_rows(logits, n, rows, n, ids, k, ldev, top_ids, top_lp, stream_), "logprobs_rows", where_);
+      host_logprobs_.resize(n_rows * per);
+      check(cudaMemcpyAsync(host_logprobs_.data(), ldev, n_rows * per * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync (token logprobs)", where_);
+    }
     mark(3);
     sync();
+    if (k >= 0) {
+      const auto K = static_cast<std::size_t>(k);
+      const float* h = host_logprobs_.data();
+      const float* h_lp = h + n_rows;
+      const auto* h_ids = reinterpret_cast<const int*>(h_lp + n_rows * K);
+      for (std::size_t i = 0; i < n_rows; ++i) {
+        if (choices[i].logprobs < 0) continue;
+        TokenLogprobs& r = lp[i];
+        r.chosen = {out[i], h[i]};
+        r.top.clear();
+        const auto ki = std::min(K, static_cast<std::size_t>(choices[i].logprobs));
+        for (std::size_t j = 0; j < ki; ++j) r.top.push_back({h_ids[i * K + j], h_lp[i * K + j]});
+      }
+    }
     account_step();
   }
 
@@ -832,6 +864,8 @@ class CudaRank final : public RankBackend {
   std::array<DevBuf, static_cast<std::size_t>(Buf::count)> bufs_{};
   DevBuf layout_buf_, half_buf_, tile_buf_, choice_buf_;
   std::vector<float> host_choices_;  // temperature, top_p, draw of each row
+  DevBuf logprob_buf_;                // choose_tokens' log-probabilities on the device
+  std::vector<float> host_logprobs_;  // and on the host (the ids as their bits)
   bool timing_ = false;
   cudaEvent_t events_[4] = {};
   unsigned marked_ = 0;

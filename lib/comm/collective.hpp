@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstddef>
+
+namespace ftp::comm {
+
+/// What a CPU rank of a stage needs from its communicator: the all-reduce
+/// of the tensor-parallel ranks, abort and reset. In one process the ranks
+/// share an InprocCommunicator (comm/inproc.hpp); across processes each
+/// process holds a GlooCommunicator (comm/gloo.hpp) for its own ranks of
+/// the stage. Both sum in rank order ((x0 + x1) + x2 ...), so a gear gives
+/// the same bits whether its ranks share a process or not.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  /// The stage's tensor-parallel degree (ranks in all processes).
+  virtual int size() const noexcept = 0;
+  /// Sums `count` floats of every rank's `data` element-wise into every
+  /// rank's `data`, in rank order. `rank` is the caller's rank in the stage.
+  virtual void all_reduce_sum(int rank, float* data, std::size_t count) = 0;
+  /// Wakes waiting ranks with an error; later calls throw until reset().
+  virtual void abort() noexcept = 0;
+  /// Makes an aborted communicator usable again; false where it cannot be.
+  virtual bool reset() noexcept = 0;
+};
+
+}  // namespace ftp::comm

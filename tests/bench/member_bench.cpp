@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: Apache-2.0
+// member-bench: the distributed data plane (issue 16) against one process,
+// measured in one run on this machine over loopback:
+//   all-reduce (float32 sum, 2 ranks): Gloo over TCP (comm::GlooGroup) vs
+//     the in-process communicator, time and bus bandwidth per size;
+//   a member's join: spawn of `ftp-serve --join` (it loads the model) until
+//     the leader lists it;
+//   warm of a cross-process domain: build_spanning_engine + first step;
+//   decode step at batch 1 of TP 2 with one rank here and one in the member
+//     vs TP 2 in this process, on stories260K and (--synthetic-1b) a
+//     synthetic TinyLlama-shaped ~1.1 B model in Q4_0 (tests/support).
+// Output: a table on stderr, one JSON document (ftp.member-bench/v1) on stdout.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "cli/tool.hpp"
+#include "comm/gloo.hpp"
+#include "comm/inproc.hpp"
+#include "engine/executor.hpp"
+#include "member/leader.hpp"
+#include "member/spanning.hpp"
+#include "model/model.hpp"
+#include "synthetic_gguf.hpp"
+#include "test_data.hpp"
+
+extern char** environ;
+using namespace ftp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+pid_t spawn_member(const std::string& serve, const std::string& leader, const std::string& secret_file,
+                   const std::string& model) {
+  std::vector<std::string> args = {serve, "--join", leader, "--secret-file", secret_file, "--name", "n1",
+                                   "--virtual-devices", "1", "-m", model, "--gloo-timeout-ms", "120000"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) throw Error("cannot start " + serve);
+  return pid;
+}
+
+/// Mean seconds of a decode step at batch 1 after a prompt of `prompt` tokens.
+double decode_step_s(engine::Engine& e, int prompt, int steps) {
+  std::vector<int> blocks;
+  for (int i = 0; i < (prompt + steps) / 16 + 2; ++i) blocks.push_back(i);
+  engine::SeqChunk c;
+  c.blocks = &blocks;
+  c.tokens.assign(static_cast<std::size_t>(prompt), 5);
+  c.want_logits = true;
+  std::vector<engine::TokenChoice> greedy(1);
+  int tok = e.forward_choose({c}, 1, greedy)[0];
+  c.start_pos = prompt;
+  c.tokens = {tok};
+  tok = e.forward_choose({c}, 1, greedy)[0];  // one untimed decode step
+  const auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) {
+    c.start_pos = prompt + 1 + s;
+    c.tokens = {tok};
+    tok = e.forward_choose({c}, 1, greedy)[0];
+  }
+  return seconds_since(t0) / steps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cli::Tool tool("member-bench", "Cross-process data plane (Gloo, members) against one process");
+  std::string serve = std::string(std::getenv("FTP_BUILD_ROOT") ? std::getenv("FTP_BUILD_ROOT") : "build") + "/tools/ftp-serve";
+  std::string model_path = test::stories260k("stories260K.bin");
+  bool big = false;
+  int steps = 40, big_steps = 4;
+  auto& app = tool.app();
+  app.add_option("--serve", serve, "ftp-serve to start the member with")->capture_default_str();
+  app.add_option("--model", model_path, "The small model")->capture_default_str();
+  app.add_flag("--synthetic-1b", big, "Also the synthetic ~1.1 B model (Q4_0, written to a temp dir)");
+  app.add_option("--steps", steps, "Timed decode steps (small model)")->check(cli::positive())->capture_default_str();
+  app.add_option("--big-steps", big_steps, "Timed decode steps (1 B)")->check(cli::positive())->capture_default_str();
+  return tool.run(argc, argv, [&]() -> int {
+    json::Json out{{"kind", "ftp.member-bench/v1"}};
+    // All-reduce.
+    json::Json ar = json::Json::array();
+    std::fprintf(stderr, "%-10s %12s %12s %12s %12s %8s\n", "bytes", "inproc us", "gloo us", "inproc busbw", "gloo busbw",
+                 "gloo/in");
+    for (std::size_t bytes : {std::size_t{256}, std::size_t{4096}, std::size_t{65536}, std::size_t{1} << 20, std::size_t{16} << 20}) {
+      const auto in = comm::measure_inproc_allreduce(2, bytes, true);
+      const auto gl = comm::measure_gloo_allreduce(2, bytes, true);
+      std::fprintf(stderr, "%-10zu %12.1f %12.1f %12.2f %12.2f %8.1f\n", bytes, in.time_us, gl.time_us, in.busbw_gb_s,
+                   gl.busbw_gb_s, gl.time_us / in.time_us);
+      ar.push_back(json::Json{{"bytes", bytes}, {"inproc_us", in.time_us}, {"gloo_us", gl.time_us},
+                              {"inproc_busbw_gb_s", in.busbw_gb_s}, {"gloo_busbw_gb_s", gl.busbw_gb_s},
+                              {"ratio", gl.time_us / in.time_us}});
+    }
+    out["allreduce"] = ar;
+
+    const std::string dir = std::filesystem::temp_directory_path() / ("member-bench-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string secret_file = dir + "/secret";
+    std::ofstream(secret_file) << "member-bench-secret-0123456789\n";
+    ::chmod(secret_file.c_str(), 0600);
+    std::vector<std::pair<std::string, std::string>> models = {{"stories260K", model_path}};
+    if (big) {
+      testing::SyntheticShape s;
+      s.n_layer = 22, s.n_embd = 2048, s.n_ff = 5632, s.n_head = 32, s.n_head_kv = 4, s.n_vocab = 32000, s.n_ctx = 2048;
+      s.dtype = model::DType::q4_0;
+      s.seed = 42;
+      testing::write_synthetic_gguf(dir + "/1b-q4_0.gguf", s);
+      models.push_back({"synthetic-1.1b-q4_0", dir + "/1b-q4_0.gguf"});
+    }
+    json::Json runs = json::Json::array();
+    for (const auto& [name, path] : models) {
+      const model::Model m = model::load_model(path);
+      const engine::WeightStore store(m);
+      member::Leader leader("127.0.0.1:0", "member-bench-secret-0123456789");
+      auto t0 = Clock::now();
+      const pid_t pid = spawn_member(serve, leader.address(), secret_file, path);
+      if (!leader.wait_for_members(1, 300000)) throw Error("the member did not join");
+      const double join_s = seconds_since(t0);
+      const int n = m.hparams.n_layer;
+      member::SpanningDomain d{"bench", {{0, n, {"vd0", "n1/vd0"}}}, 64, 16, 256};
+      t0 = Clock::now();
+      auto cross = member::build_spanning_engine(leader, "n0", store, d, [](const std::string&) { return nullptr; },
+                                                 nullptr, comm::GlooOptions{"127.0.0.1", std::chrono::milliseconds(120000)});
+      const int nsteps = name == "stories260K" ? steps : big_steps;
+      std::vector<int> blocks = {0};
+      engine::SeqChunk c;
+      c.blocks = &blocks;
+      c.tokens = {1};
+      c.want_logits = true;
+      cross->forward_choose({c}, 1, std::vector<engine::TokenChoice>(1));
+      const double warm_s = seconds_since(t0);
+      engine::Executor local(store, {{0, n, 2}}, 64, 16);
+      const double in_s = decode_step_s(local, 16, nsteps);
+      const double x_s = decode_step_s(*cross, 16, nsteps);
+      cross.reset();
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, nullptr, 0);
+      std::fprintf(stderr, "%s: join %.2f s, cross-process warm %.3f s, TP 2 decode step: in-process %.2f ms, "
+                   "cross-process %.2f ms, ratio %.2f\n", name.c_str(), join_s, warm_s, in_s * 1e3, x_s * 1e3, x_s / in_s);
+      runs.push_back(json::Json{{"model", name}, {"join_s", join_s}, {"warm_s", warm_s}, {"inproc_step_ms", in_s * 1e3},
+                                {"cross_step_ms", x_s * 1e3}, {"ratio", x_s / in_s}, {"steps", nsteps}});
+    }
+    std::filesystem::remove_all(dir);
+    out["runs"] = runs;
+    tool.emit(out);
+    return 0;
+  });
+}

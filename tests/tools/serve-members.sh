@@ -1,0 +1,107 @@
+#!/bin/bash
+# One ftp-serve service over three processes on loopback (issue 16): a
+# leader with 2 virtual devices and two members (ftp-serve --join, 2 each),
+# gears from examples/clusters/two-machines-loopback. Checks: every
+# cross-process gear answers the golden greedy text of one process after a
+# shift to it; bad peers are refused and logged while it serves; kill -9 of
+# a member: the leader stays up, status and /ready name the lost devices, a
+# gear without them is shifted to and serves; the member's return is taken
+# back and a gear using it serves again; ftp-drain --devices of a member,
+# then stopping it, leaves the service serving.
+set -u
+serve=$1; shift_tool=$2; drain=$3; src=$4
+data=${FTP_TEST_DATA:-}
+m=$data/models/stories260K/stories260K.gguf
+if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
+source "$(dirname "$0")/common.sh"
+daemon_sandbox
+members=()
+trap '[ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null; for p in "${members[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
+gears=$src/examples/clusters/two-machines-loopback/gears.json
+(umask 077; echo "loopback-test-secret-0123456789" >"$tmp/secret")
+
+rpc() { printf '%s\n' "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"$1\",\"params\":{}}" | socat -t 10 - "UNIX-CONNECT:$FTP_SOCKET"; }
+complete() { curl -s "http://127.0.0.1:$port/v1/completions" -d "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0}"; }
+device_state() { rpc status | jq -r --arg d "$1" '.result.devices[] | select(.id==$d) | .state'; }
+wait_state() {  # DEVICE STATE
+  for _ in $(seq 1 300); do [ "$(device_state "$1")" = "$2" ] && return 0; sleep 0.1; done; return 1
+}
+start_member() {  # NAME [SECRET_FILE]
+  "$serve" -m "$m" --join "127.0.0.1:$mport" --secret-file "${2:-$tmp/secret}" --name "$1" --virtual-devices 2 \
+    --gloo-timeout-ms 5000 2>>"$tmp/$1.log" &
+  members+=($!)
+  eval "pid_$1=$!"
+}
+
+chmod 644 "$tmp/secret"
+"$serve" -m "$m" --gears "$gears" --virtual-devices 2 --members-listen 127.0.0.1:0 --secret-file "$tmp/secret" \
+  --port 0 2>"$tmp/err"; rc=$?
+check "secret file of mode 0644: exit 2" test $rc -eq 2
+check "secret file of mode 0644: named" grep -q "has mode 0644; it must be 0600" "$tmp/err"
+chmod 600 "$tmp/secret"
+
+start_daemon_with "$serve" "$tmp/serve.log" -m "$m" --gears "$gears" --virtual-devices 2 \
+  --members-listen 127.0.0.1:0 --secret-file "$tmp/secret" --gloo-timeout-ms 5000 --step-interval-ms 100
+mport=$(sed -n 's/.*member channel on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/serve.log")
+check "member channel listening" test -n "$mport"
+golden=$(tail -c +4 "$data/models/stories260K/golden_greedy_t0_prompt_Zoo_steps60.txt")
+check "local gear: golden text" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+start_member n1
+start_member n2
+check "n1 joined: status lists n1/vd1" wait_state n1/vd1 free
+check "n2 joined: status lists n2/vd0" wait_state n2/vd0 free
+
+for g in tp2-across pp2-across tp2-pp2-over-three; do
+  "$shift_tool" --to "$g" >"$tmp/shift-$g.json" 2>&1; rc=$?
+  check "shift to $g: committed" jq -e '.outcome=="committed"' "$tmp/shift-$g.json"
+  check "$g: golden text across processes" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+done
+
+# Bad peers while it serves.
+echo "wrong-secret-wrong-secret-000" >"$tmp/bad"; chmod 600 "$tmp/bad"
+"$serve" -m "$m" --join "127.0.0.1:$mport" --secret-file "$tmp/bad" --name bad 2>"$tmp/bad.log"; rc=$?
+check "wrong secret: the member exits 1" test $rc -eq 1
+check "wrong secret: named" grep -q "ftp.BadSecret" "$tmp/bad.log"
+printf 'GET / HTTP/1.1\r\n\r\n' | socat -t 2 - "TCP:127.0.0.1:$mport" >/dev/null 2>&1
+check "garbage bytes: logged by name" bash -c "sleep 0.5; grep -q 'refused a peer: ftp.BadFrame' '$tmp/serve.log'"
+check "after bad peers: still golden" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+# kill -9 of n2 while requests run on the domain that uses it.
+clients=()
+for i in 1 2 3; do complete Zoo 200 >"$tmp/inflight$i.json" & clients+=($!); done
+sleep 0.3
+kill -9 "$pid_n2"
+wait "$pid_n2" 2>/dev/null
+t0=$(date +%s)
+wait "${clients[@]}"
+check "in-flight requests ended within 30 s" test $(( $(date +%s) - t0 )) -lt 30
+check "an in-flight request ended with an error naming it" \
+  bash -c "cat '$tmp'/inflight*.json | grep -q -e 'member n2' -e 'gloo' -e 'lost'"
+check "leader up: /health" test "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200
+check "status: n2/vd0 lost" wait_state n2/vd0 lost
+check "status: why" bash -c "rpc() { printf '%s\n' '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"status\",\"params\":{}}' | socat -t 10 - UNIX-CONNECT:$FTP_SOCKET; }; rpc | jq -e '.result.devices[] | select(.id==\"n2/vd0\") | .lost_because | test(\"member n2\")'"
+check "/ready: 503 while its only domain uses the lost member" \
+  test "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/ready")" = 503
+check "/ready: names the lost devices" bash -c "curl -s http://127.0.0.1:$port/ready | jq -e '.lost_devices[\"n2/vd0\"]'"
+"$shift_tool" --to tp2-across >"$tmp/shift-back.json" 2>&1
+check "shift to a gear without n2: committed" jq -e '.outcome=="committed"' "$tmp/shift-back.json"
+check "then golden" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+# n2 returns and is taken back.
+start_member n2
+check "n2 back: n2/vd1 free" wait_state n2/vd1 free
+"$shift_tool" --to pp2-across >"$tmp/shift-again.json" 2>&1
+check "shift to a gear on the returned n2: committed" jq -e '.outcome=="committed"' "$tmp/shift-again.json"
+check "then golden" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+# Drain a member's devices, then stop it: the service serves on.
+"$shift_tool" --to local-and-across >"$tmp/shift-dp.json" 2>&1
+check "shift to a dp 2 gear, one replica across n1 and n2: committed" jq -e '.outcome=="committed"' "$tmp/shift-dp.json"
+"$drain" --devices n2/vd1 >"$tmp/drain.json" 2>&1; rc=$?
+check "ftp-drain --devices n2/vd1: exit 0" test $rc -eq 0
+check "ftp-drain: the replica on n2 retired" test "$(device_state n2/vd1)" = free
+kill "$pid_n2"; wait "$pid_n2" 2>/dev/null
+check "n2 stopped: its devices lost" wait_state n2/vd1 lost
+check "still serving after n2 stopped" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+finish
