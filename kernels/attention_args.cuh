@@ -3,6 +3,12 @@
 
 namespace ftp::kernels {
 
+/// The element type of the KV pages (engine::KvDtype once resolved).
+enum class KvElem : int { f32, f16, bf16 };
+
+/// Bytes of one KV element.
+constexpr int kv_elem_bytes(KvElem e) { return e == KvElem::f32 ? 4 : 2; }
+
 /// Most head_dim the attention kernels take.
 constexpr int kMaxHeadDim = 256;
 
@@ -14,7 +20,7 @@ constexpr int kMaxHeadDim = 256;
 /// it attends to positions 0..row_pos[r] of its sequence, whose pages are
 /// block_tables[row_seq[r] x bt_ld + p / block_tokens]. Pages are laid out
 /// as engine::KvStore's: [block][kv_head][slot][head_dim] (k_pages and
-/// v_pages point at this layer's). Query head h (0 <= h < n_q_heads) of this
+/// v_pages point at this layer's, elements of kv_elem). Query head h (0 <= h < n_q_heads) of this
 /// rank is model head q_head0 + h; it reads KV head (q_head0 + h) / group -
 /// kv_head0 of the pages (grouped-query attention; kv_head0 is the first
 /// KV head this tensor-parallel rank holds).
@@ -23,8 +29,9 @@ struct AttentionArgs {
   int q_ld = 0;
   float* out = nullptr;      ///< [t][out_ld], head h at h x head_dim
   int out_ld = 0;
-  const float* k_pages = nullptr;
-  const float* v_pages = nullptr;
+  const void* k_pages = nullptr;     ///< elements of kv_elem
+  const void* v_pages = nullptr;
+  KvElem kv_elem = KvElem::f32;
   const int* block_tables = nullptr;  ///< [n_seq][bt_ld]
   int bt_ld = 0;
   const int* row_seq = nullptr;       ///< [t]

@@ -15,8 +15,31 @@ __device__ __forceinline__ std::int64_t kv_offset(const AttentionArgs& a, const 
   return ((static_cast<std::int64_t>(page) * a.kv_heads + kvj) * a.block_tokens + slot) * a.head_dim;
 }
 
+/// One KV element as float (exact).
+__device__ __forceinline__ float kv_f32(float x) { return x; }
+__device__ __forceinline__ float kv_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float kv_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+/// Element i of pages of type e, as float.
+__device__ __forceinline__ float kv_load(const void* pages, KvElem e, std::int64_t i) {
+  switch (e) {
+    case KvElem::f16: return kv_f32(static_cast<const __half*>(pages)[i]);
+    case KvElem::bf16: return kv_f32(static_cast<const __nv_bfloat16*>(pages)[i]);
+    default: return static_cast<const float*>(pages)[i];
+  }
+}
+
+/// q . k over head_dim for 16-bit pages (q in shared memory).
+template <class T>
+__device__ __forceinline__ float dot_head(const float* q, const T* k, int hd) {
+  float s = 0.0f;
+  for (int d = 0; d < hd; ++d) s = fmaf(q[d], kv_f32(k[d]), s);
+  return s;
+}
+
 /// q . k over head_dim (q in shared memory, k in global or shared memory).
-__device__ __forceinline__ float dot_head(const float* q, const float* k, int hd) {
+template <>
+__device__ __forceinline__ float dot_head<float>(const float* q, const float* k, int hd) {
   float s = 0.0f;
   if ((hd & 3) == 0 && (reinterpret_cast<std::uintptr_t>(k) & 15) == 0) {
     for (int d = 0; d < hd; d += 4) {

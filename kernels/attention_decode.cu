@@ -10,7 +10,8 @@ namespace {
 constexpr int kWarps = 4;
 
 /// DPL: dimensions per lane (head_dim <= 32 x DPL): lane owns d = lane + 32 i.
-template <int DPL>
+/// T: the pages' element type (float, __half, __nv_bfloat16).
+template <int DPL, class T>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(AttentionArgs a) {
   detail::pdl_begin();
   __shared__ float q_s[kMaxHeadDim];
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(AttentionArgs a) {
     std::int64_t off = 0;
     if (valid) {
       off = detail::kv_offset(a, table, p, kvj);
-      s = detail::dot_head(q_s, a.k_pages + off, hd) * a.scale;
+      s = detail::dot_head(q_s, static_cast<const T*>(a.k_pages) + off, hd) * a.scale;
     }
     const float m_new = fmaxf(m, detail::warp_max(s));  // finite: lane 0 is valid
     const float corr = expf(m - m_new);
@@ -48,11 +49,11 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(AttentionArgs a) {
     for (int j = 0; j < n; ++j) {
       const float pv = __shfl_sync(0xffffffffu, pj, j);
       const long long vo = __shfl_sync(0xffffffffu, static_cast<long long>(off), j);
-      const float* vrow = a.v_pages + vo;
+      const T* vrow = static_cast<const T*>(a.v_pages) + vo;
 #pragma unroll
       for (int i = 0; i < DPL; ++i) {
         const int d = lane + 32 * i;
-        if (d < hd) acc[i] = fmaf(pv, vrow[d], acc[i]);
+        if (d < hd) acc[i] = fmaf(pv, detail::kv_f32(vrow[d]), acc[i]);
       }
     }
     m = m_new;
@@ -81,16 +82,25 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(AttentionArgs a) {
   }
 }
 
+template <class T>
+void launch_decode(const AttentionArgs& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.t), static_cast<unsigned>(a.n_q_heads));
+  if (a.head_dim <= 32) detail::launch(decode_kernel<1, T>, grid, kWarps * 32, 0, stream, a);
+  else if (a.head_dim <= 64) detail::launch(decode_kernel<2, T>, grid, kWarps * 32, 0, stream, a);
+  else if (a.head_dim <= 128) detail::launch(decode_kernel<4, T>, grid, kWarps * 32, 0, stream, a);
+  else detail::launch(decode_kernel<8, T>, grid, kWarps * 32, 0, stream, a);
+}
+
 }  // namespace
 
 cudaError_t attention_decode(const AttentionArgs& a, cudaStream_t stream) {
   if (a.t <= 0 || a.n_q_heads <= 0) return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.block_tokens <= 0 || a.group <= 0) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(a.t), static_cast<unsigned>(a.n_q_heads));
-  if (a.head_dim <= 32) detail::launch(decode_kernel<1>, grid, kWarps * 32, 0, stream, a);
-  else if (a.head_dim <= 64) detail::launch(decode_kernel<2>, grid, kWarps * 32, 0, stream, a);
-  else if (a.head_dim <= 128) detail::launch(decode_kernel<4>, grid, kWarps * 32, 0, stream, a);
-  else detail::launch(decode_kernel<8>, grid, kWarps * 32, 0, stream, a);
+  switch (a.kv_elem) {
+    case KvElem::f16: launch_decode<__half>(a, stream); break;
+    case KvElem::bf16: launch_decode<__nv_bfloat16>(a, stream); break;
+    default: launch_decode<float>(a, stream); break;
+  }
   return cudaGetLastError();
 }
 

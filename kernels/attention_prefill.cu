@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(kWarps * 32) prefill_kernel(AttentionArgs a) {
       for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) {
         const int j = e / hd, d = e % hd;
         const std::int64_t off = detail::kv_offset(a, table, p0 + j, kvj) + d;
-        k_s[j * kst + d] = a.k_pages[off];
-        v_s[j * hd + d] = a.v_pages[off];
+        k_s[j * kst + d] = detail::kv_load(a.k_pages, a.kv_elem, off);
+        v_s[j * hd + d] = detail::kv_load(a.v_pages, a.kv_elem, off);
       }
       __syncthreads();
 #pragma unroll

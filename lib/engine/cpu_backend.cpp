@@ -15,6 +15,7 @@
 #include "engine/kv_cache.hpp"
 #include "engine/ops.hpp"
 #include "engine/rank_backend.hpp"
+#include "model/quant.hpp"
 
 namespace ftp::engine {
 
@@ -26,7 +27,8 @@ class CpuRank final : public RankBackend {
       : w_(w), hp_(w.hparams()), spec_(spec), comm_(std::move(comm)), packed_(w.packed_for_cpu()) {
     const RankLayerView v = split_rank(hp_, spec.tp, spec.rank);
     kvh_ = v.kv_heads.size();
-    kv_ = std::make_unique<KvStore>(spec.n_layers, spec.kv_blocks, spec.block_tokens, kvh_, hp_.head_dim);
+    kv_ = std::make_unique<KvStore>(spec.n_layers, spec.kv_blocks, spec.block_tokens, kvh_, hp_.head_dim,
+                                    resolve_kv_dtype(spec.kv_dtype, w.matrix_dtype()));
     if (spec.device)
       spec.device->reserve(kv_->bytes(), "KV cache of stage " + std::to_string(spec.stage) + " rank " +
                                              std::to_string(spec.rank));
@@ -100,9 +102,17 @@ class CpuRank final : public RankBackend {
         // K pages transposed, [head_dim][slot]: attention reads a page's
         // positions as vectors (ops::attention_head).
         const float* kr = row(k, r, kvh_ * hd) + j * hd;
-        float* kt = kv_->k(layer, blk, j) + s;
-        for (int d = 0; d < hd; ++d) kt[static_cast<std::ptrdiff_t>(d) * B] = kr[d];
-        std::copy_n(row(v, r, kvh_ * hd) + j * hd, hd, kv_->v(layer, blk, j) + s * hd);
+        const float* vr = row(v, r, kvh_ * hd) + j * hd;
+        switch (kv_->dtype()) {
+          case KvDtype::f32: {
+            float* kt = static_cast<float*>(kv_->k(layer, blk, j)) + s;
+            for (int d = 0; d < hd; ++d) kt[static_cast<std::ptrdiff_t>(d) * B] = kr[d];
+            std::copy_n(vr, hd, static_cast<float*>(kv_->v(layer, blk, j)) + s * hd);
+            break;
+          }
+          case KvDtype::f16: store16(layer, blk, j, s, kr, vr, model::quant::f32_to_f16); break;
+          default: store16(layer, blk, j, s, kr, vr, f32_to_bf16); break;
+        }
       }
     }
   }
@@ -120,10 +130,7 @@ class CpuRank final : public RankBackend {
       for (int h = 0; h < nq; ++h) {
         const int kvj = (q_head0 + h) / group - kv_head0;
         if (kvj != kv_now) {  // the pages of this KV head (query heads of a group share them)
-          for (int b = 0; b < pages; ++b) {
-            kp_[static_cast<std::size_t>(b)] = kv_->k(layer, table[b], kvj);
-            vp_[static_cast<std::size_t>(b)] = kv_->v(layer, table[b], kvj);
-          }
+          pages_of_head(layer, table, pages, kvj);
           kv_now = kvj;
         }
         ops::attention_head(row(q, r, nq * hd) + h * hd, kp_.data(), vp_.data(), n, hd, B, scale, scores,
@@ -148,6 +155,48 @@ class CpuRank final : public RankBackend {
   bool recover() noexcept override { return comm_->reset(); }
 
  private:
+  /// One 16-bit position: K into its column of the transposed page, V into its row.
+  template <typename Conv>
+  void store16(int layer, int blk, int j, int s, const float* kr, const float* vr, Conv conv) {
+    const int hd = hp_.head_dim, B = spec_.block_tokens;
+    auto* kt = static_cast<std::uint16_t*>(kv_->k(layer, blk, j)) + s;
+    auto* vt = static_cast<std::uint16_t*>(kv_->v(layer, blk, j)) + static_cast<std::ptrdiff_t>(s) * hd;
+    for (int d = 0; d < hd; ++d) {
+      kt[static_cast<std::ptrdiff_t>(d) * B] = conv(kr[d]);
+      vt[d] = conv(vr[d]);
+    }
+  }
+  /// kp_, vp_ <- the float32 pages of KV head kvj for `pages` pages of
+  /// `table`: the store's own pages (f32), or their exact widening into
+  /// wide_ (f16, bf16; the query heads of a group share one widening).
+  void pages_of_head(int layer, const int* table, int pages, int kvj) {
+    const std::size_t page = static_cast<std::size_t>(spec_.block_tokens) * hp_.head_dim;
+    if (kv_->dtype() == KvDtype::f32) {
+      for (int b = 0; b < pages; ++b) {
+        kp_[static_cast<std::size_t>(b)] = static_cast<const float*>(kv_->k(layer, table[b], kvj));
+        vp_[static_cast<std::size_t>(b)] = static_cast<const float*>(kv_->v(layer, table[b], kvj));
+      }
+      return;
+    }
+    if (wide_.size() < 2 * page * static_cast<std::size_t>(pages)) wide_.resize(2 * page * static_cast<std::size_t>(pages));
+    const bool half = kv_->dtype() == KvDtype::f16;
+    for (int b = 0; b < pages; ++b) {
+      float* kw = wide_.data() + 2 * page * static_cast<std::size_t>(b);
+      float* vw = kw + page;
+      const auto* k16 = static_cast<const std::uint16_t*>(kv_->k(layer, table[b], kvj));
+      const auto* v16 = static_cast<const std::uint16_t*>(kv_->v(layer, table[b], kvj));
+      if (half) {
+        for (std::size_t i = 0; i < page; ++i) kw[i] = model::quant::f16_to_f32(k16[i]);
+        for (std::size_t i = 0; i < page; ++i) vw[i] = model::quant::f16_to_f32(v16[i]);
+      } else {
+        for (std::size_t i = 0; i < page; ++i) kw[i] = bf16_to_f32(k16[i]);
+        for (std::size_t i = 0; i < page; ++i) vw[i] = bf16_to_f32(v16[i]);
+      }
+      kp_[static_cast<std::size_t>(b)] = kw;
+      vp_[static_cast<std::size_t>(b)] = vw;
+    }
+  }
+
   template <typename T>
   static T* row(T* base, int r, int width) {
     return base + static_cast<std::size_t>(r) * static_cast<std::size_t>(width);
@@ -163,6 +212,7 @@ class CpuRank final : public RankBackend {
   std::array<std::vector<float>, static_cast<std::size_t>(Buf::count)> bufs_;
   std::vector<float> scores_;
   std::vector<const float*> kp_, vp_;  // one head's KV pages (attention)
+  std::vector<float> wide_;            // 16-bit pages widened to float32 for attention_head
   const BatchLayout* b_ = nullptr;
 };
 

@@ -56,7 +56,7 @@ using EventList = std::vector<std::pair<std::function<void(const GenerationEvent
 
 std::uint64_t kv_block_bytes_per_rank(const model::HParams& hp, const StageLayout& st, int block_tokens) {
   const auto kv_heads = static_cast<std::uint64_t>(split_rank(hp, st.tp, 0).kv_heads.size());  // the same on every rank
-  return 2ull * st.n_layers * kv_heads * block_tokens * hp.head_dim * sizeof(float);
+  return 2ull * st.n_layers * kv_heads * block_tokens * hp.head_dim * kv_element_bytes(st.kv_dtype);
 }
 
 int peak_kv_tokens(std::int64_t prompt_tokens, std::int64_t max_tokens, int max_context) {

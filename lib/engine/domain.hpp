@@ -189,7 +189,7 @@ class Domain {
 
 /// Bytes one KV page takes on one rank of `stage`: K and V of its KV heads
 /// (one, replicated, when tp exceeds the model's KV heads) for the stage's
-/// layers, float32.
+/// layers, in the stage's kv_dtype (2 bytes an element unless f32).
 std::uint64_t kv_block_bytes_per_rank(const model::HParams& hp, const StageLayout& stage, int block_tokens);
 /// KV pages that hold `tokens` positions, `block_tokens` to a page.
 int kv_pages(std::int64_t tokens, int block_tokens);

@@ -86,6 +86,7 @@ std::vector<RankSpec> stage_rank_specs(const StageLayout& l, int stage, int n_st
     rs.kv_blocks = kv_blocks;
     rs.block_tokens = block_tokens;
     rs.max_rows = max_rows;
+    rs.kv_dtype = l.kv_dtype;
     if (!l.devices.empty()) rs.device = l.devices[static_cast<std::size_t>(r)];
     if (!l.gpus.empty()) rs.gpu = l.gpus[static_cast<std::size_t>(r)];
     specs.push_back(rs);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/virtual_device.hpp"
+#include "engine/kv_cache.hpp"
 #include "engine/sampler.hpp"
 #include "model/model.hpp"
 
@@ -30,6 +31,9 @@ struct StageLayout {
   /// CUDA backend: the device ordinal of each rank (tp of them), or empty:
   /// every rank on device 0 (several ranks on one GPU).
   std::vector<int> gpus;
+  /// The element type of the stage's KV pages (default: 16 bits in the
+  /// model's compute type, resolve_kv_dtype).
+  KvDtype kv_dtype = KvDtype::automatic;
 };
 
 /// One sequence's share of a forward pass: `tokens` at positions

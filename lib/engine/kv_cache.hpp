@@ -5,9 +5,40 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
+#include "model/model.hpp"
+
 namespace ftp::engine {
+
+/// The element type of the KV pages. `automatic` is 16 bits in the model's
+/// compute type: BF16 where the model's matrices are BF16, F16 otherwise
+/// (F32, F16 and block-quantized models; as llama.cpp's default F16 cache).
+/// F32 is the option that doubles the pages' bytes for the last bits.
+enum class KvDtype { automatic, f16, bf16, f32 };
+
+/// "auto" | "f16" | "bf16" | "f32" (the --kv-cache-dtype values).
+std::string_view to_string(KvDtype t) noexcept;
+/// The inverse of to_string; an InputError naming `what` and the value otherwise.
+KvDtype kv_dtype_from_string(std::string_view s, std::string_view what = "KV cache dtype");
+
+/// Bytes of one K or V element: 4 for f32, 2 for the others (`automatic`
+/// is always 16 bits, so sizing needs no model).
+std::size_t kv_element_bytes(KvDtype t) noexcept;
+
+/// `t` with `automatic` resolved for a model whose matrices are `weights`.
+KvDtype resolve_kv_dtype(KvDtype t, model::DType weights) noexcept;
+
+/// float to BF16 bits, round to nearest even (NaN stays NaN).
+std::uint16_t f32_to_bf16(float f) noexcept;
+/// BF16 bits to float, exact.
+inline float bf16_to_f32(std::uint16_t b) noexcept {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 /// Hands out KV-cache blocks (pages of `block_tokens` positions) of one
 /// domain. One allocator serves every rank and stage of the domain: a
@@ -33,28 +64,34 @@ class BlockAllocator {
 };
 
 /// The KV storage of one rank of one pipeline stage: for each of the
-/// stage's layers, K and V pages [block][kv_head] of slot x head_dim floats
-/// each: the CPU backend keeps K transposed in its page, [head_dim][slot],
-/// and V as [slot][head_dim] (ops::attention_head).
+/// stage's layers, K and V pages [block][kv_head] of slot x head_dim
+/// elements of dtype() each: the CPU backend keeps K transposed in its
+/// page, [head_dim][slot], and V as [slot][head_dim] (ops::attention_head).
+/// k() and v() point at a page's first element (float for f32, the 16-bit
+/// pattern for f16 and bf16).
 class KvStore {
  public:
-  KvStore(int n_layers, int n_blocks, int block_tokens, int kv_heads, int head_dim);
+  /// `dtype` resolved (not `automatic`).
+  KvStore(int n_layers, int n_blocks, int block_tokens, int kv_heads, int head_dim, KvDtype dtype = KvDtype::f32);
 
-  float* k(int layer, int block, int head) noexcept { return at(k_, layer, block, head); }
-  float* v(int layer, int block, int head) noexcept { return at(v_, layer, block, head); }
+  void* k(int layer, int block, int head) noexcept { return at(k_.get(), layer, block, head); }
+  void* v(int layer, int block, int head) noexcept { return at(v_.get(), layer, block, head); }
+  KvDtype dtype() const noexcept { return dtype_; }
   int block_tokens() const noexcept { return bt_; }
-  std::uint64_t bytes() const noexcept { return 2 * n_ * sizeof(float); }
+  std::uint64_t bytes() const noexcept { return 2 * n_ * es_; }
 
  private:
-  float* at(std::unique_ptr<float[]>& s, int layer, int block, int head) noexcept {
-    return s.get() + ((static_cast<std::size_t>(layer) * nb_ + static_cast<std::size_t>(block)) * kvh_ +
-                       static_cast<std::size_t>(head)) * static_cast<std::size_t>(bt_) * hd_;
+  void* at(std::byte* s, int layer, int block, int head) noexcept {
+    return s + ((static_cast<std::size_t>(layer) * nb_ + static_cast<std::size_t>(block)) * kvh_ +
+                static_cast<std::size_t>(head)) * static_cast<std::size_t>(bt_) * hd_ * es_;
   }
   int nb_, bt_, kvh_, hd_;
+  KvDtype dtype_;
+  std::size_t es_;
   // Not zeroed: a position is always written before it is read, and the
   // pages are committed as they are first used, not when a domain is built.
-  std::size_t n_ = 0;
-  std::unique_ptr<float[]> k_, v_;
+  std::size_t n_ = 0;  // elements of K (and of V)
+  std::unique_ptr<std::byte[]> k_, v_;
 };
 
 }  // namespace ftp::engine

@@ -53,6 +53,7 @@ struct RankSpec {
   int kv_blocks = 0;             ///< KV pages of the domain
   int block_tokens = 16;         ///< positions per page
   int max_rows = 256;            ///< rows (tokens) of the largest micro-batch expected; buffers grow past it
+  KvDtype kv_dtype = KvDtype::automatic;  ///< the KV pages' element type (the backend resolves automatic)
   backend::VirtualDevice* device = nullptr;  ///< CPU: the virtual device (pinning, accounting); may be null
   int gpu = -1;                  ///< CUDA: device ordinal; -1: the backend's default (0)
 };

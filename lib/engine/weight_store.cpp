@@ -82,6 +82,10 @@ WeightStore::WeightStore(const model::Model& m) : m_(m) {
   owned_bytes_ += (output_norm_.size() + rope_freqs_.size()) * sizeof(float);
 }
 
+model::DType WeightStore::matrix_dtype() const noexcept {
+  return m_.weights.layers.empty() ? model::DType::f32 : m_.weights.layers.front().wq.dtype;
+}
+
 RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
   const model::LayerWeights& l = m_.weights.layers.at(static_cast<std::size_t>(layer));
   const auto& hp = m_.hparams;

@@ -92,6 +92,10 @@ class WeightStore {
   const model::HParams& hparams() const noexcept { return m_.hparams; }
   const model::Model& model() const noexcept { return m_; }
 
+  /// The stored dtype of the model's matrices (the first layer's wq): what
+  /// KvDtype::automatic follows (resolve_kv_dtype).
+  model::DType matrix_dtype() const noexcept;
+
   /// Views of one layer for rank `rank` of `tp`; no allocation, no copy.
   RankLayerView layer(int layer, int tp, int rank) const;
 

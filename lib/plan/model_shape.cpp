@@ -137,7 +137,7 @@ ModelShape model_shape_from_json(const Json& j) {
   } else {
     root.at("dtype");  // throws "dtype: missing required field"
   }
-  m.kv_dtype = root.has("kv_dtype") ? root.one_of("kv_dtype", {"f32", "f16", "bf16"}) : (m.dtype == "f32" ? "f32" : "f16");
+  m.kv_dtype = root.has("kv_dtype") ? root.one_of("kv_dtype", {"f32", "f16", "bf16"}) : (m.dtype == "bf16" ? "bf16" : "f16");
   m.context_length = int_field(root, "context_length", 1 << 26);
   m.tie_embeddings = root.boolean_or("tie_embeddings", false);
   m.n_params = root.has("n_params") ? static_cast<std::uint64_t>(root.positive_integer("n_params")) : m.computed_params();
@@ -149,14 +149,17 @@ ModelShape read_model_shape(const std::string& path) {
 }
 
 ModelShape model_shape_of_file(const std::string& path) {
-  model::Model m = model::load_model(path);
-  const auto& hp = m.hparams;
-  ModelShape s;
   // The file's stem, as ftp-serve names the model it serves (/v1/models):
   // a table planned from a file is the table of the daemon serving it
   // (ftp-gear-bench --write-capacity checks that). GGUF general.name is
   // often a converter's default ("llama") or a long title.
-  s.name = std::filesystem::path(path).stem().string();
+  return model_shape_of(model::load_model(path), std::filesystem::path(path).stem().string());
+}
+
+ModelShape model_shape_of(const model::Model& m, const std::string& name) {
+  const auto& hp = m.hparams;
+  ModelShape s;
+  s.name = name;
   s.n_layers = hp.n_layer;
   s.n_heads = hp.n_head;
   s.n_kv_heads = hp.n_head_kv;
@@ -166,11 +169,13 @@ ModelShape model_shape_of_file(const std::string& path) {
   s.head_dim = hp.head_dim;
   s.context_length = hp.n_ctx_train;
   s.tie_embeddings = hp.tied_output || m.weights.output.data == m.weights.tok_embd.data;
-  s.kv_dtype = "f32";  // the CPU engine keeps its KV cache in float32
   // The dtype named is wq's; the bytes per parameter are the file's own
   // mean, so that a mixed file (Q4_K_M: Q4_K and Q6_K) is counted as it is.
   const model::TensorView& wq = m.weights.layers.at(0).wq;
   s.dtype = model::dtype_name(wq.dtype);
+  // ftp-serve's default KV cache (--kv-cache-dtype auto): 16 bits in the
+  // model's compute type.
+  s.kv_dtype = wq.dtype == model::DType::bf16 ? "bf16" : "f16";
   std::uint64_t n = 0, bytes = 0;
   auto add = [&](const model::TensorView& t) {
     n += static_cast<std::uint64_t>(t.elements());

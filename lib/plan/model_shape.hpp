@@ -7,6 +7,10 @@
 #include "core/json.hpp"
 #include "doc/gear_table.hpp"
 
+namespace ftp::model {
+class Model;
+}
+
 namespace ftp::plan {
 
 /// ftp.model-shape/v1: the shapes of a decoder-only (Llama-style) transformer,
@@ -69,6 +73,8 @@ ModelShape read_model_shape(const std::string& path);
 /// The shape of a model file (GGUF or llama2.c): hyper-parameters from its
 /// metadata, the weight dtype of its matrices, the exact parameter count.
 ModelShape model_shape_of_file(const std::string& path);
+/// The same for a loaded model, named `name`.
+ModelShape model_shape_of(const model::Model& m, const std::string& name);
 
 /// read_model_shape for a JSON document, model_shape_of_file for a model
 /// file (told apart by the first byte: a JSON document starts with '{').

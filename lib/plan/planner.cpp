@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/error.hpp"
+#include "plan/device_memory.hpp"
 
 namespace ftp::plan {
 
@@ -40,17 +41,9 @@ double layer_time(const ModelShape& m, const GroupPerf& g, const Workload& w) {
          w.output_tokens * decode_time_s(m, one, g, 1, w.prompt_tokens + w.output_tokens / 2.0);
 }
 
-/// Per device of a chosen gear: what it holds, for the weight-mode rule.
-struct Holding {
-  int first_layer = 0, n_layers = 0, tp = 1;
-  StageMemory mem;
-  std::uint64_t memory_bytes = 0;
-};
-
 struct Evaluated {
   Candidate c;
   std::vector<std::vector<StageSpan>> spans;  // per replica, per stage
-  std::map<std::string, Holding> holdings;
 };
 
 /// What plan() looks up again and again on a large topology, kept once: each
@@ -288,8 +281,6 @@ Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int conte
       }
       StageMemory mem = stage_memory(m, span, groups[s].perf, w, conc, context);
       kv = std::min(kv, mem.kv_tokens);
-      for (const auto& d : groups[s].devices)
-        ev.holdings[d] = Holding{first, nl, tp, mem, groups[s].perf.memory_bytes};
       c.gear.replicas[ri].stages[s].first_layer = first;
       c.gear.replicas[ri].stages[s].n_layers = nl;
       first += nl;
@@ -319,47 +310,47 @@ Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int conte
 double capacity_of(const Evaluated& e) { return e.c.gear.estimated ? e.c.gear.estimated->max_rps : 0; }
 
 /// Resident unless a device of this gear that the largest gear also uses could
-/// not hold both gears' weight shards (the overlap of their layer ranges
-/// counted once, TP shards nested) next to this gear's activations and KV.
-std::string weight_mode(const ModelShape& m, const Evaluated& g, const Evaluated& largest) {
+/// not hold both gears' weight shards (their union on that device, ranks as
+/// the table places them: device_memory) next to the KV and activations.
+std::string weight_mode(const ModelShape& m, const doc::Topology& topo, const Workload& w, const doc::Gear& g,
+                        const doc::Gear& largest) {
   if (&g == &largest) return "resident";
-  for (const auto& [dev, h] : g.holdings) {
-    auto it = largest.holdings.find(dev);
-    if (it == largest.holdings.end()) continue;
-    const Holding& l = it->second;
-    const int lo = std::max(h.first_layer, l.first_layer);
-    const int hi = std::min(h.first_layer + h.n_layers, l.first_layer + l.n_layers);
-    const double overlap = hi > lo ? (hi - lo) * m.layer_params() * m.bytes_per_param / std::max(h.tp, l.tp) : 0.0;
-    const double both = h.mem.weights + l.mem.weights - overlap;
-    if (both + h.mem.activations + h.mem.kv_needed / kKvCacheCap > double(h.memory_bytes)) return "release";
-  }
+  doc::GearTable pair;
+  pair.gears = {g, largest};
+  for (auto& x : pair.gears) x.weight_mode = "resident";
+  const std::vector<std::string> mine = g.devices();
+  for (const DeviceMemory& d : device_memory(m, pair, topo, w))
+    if (!d.fits() && std::find(mine.begin(), mine.end(), d.device) != mine.end()) return "release";
   return "resident";
 }
 
 /// The table of the chosen gears (name, candidate); "memory-guard" is the
-/// guard's role, every other gear is normal. Weight modes against the gear
-/// with the most devices.
-void fill_table(doc::GearTable& t, const doc::Topology& topo, const ModelShape& m,
+/// guard's role, every other gear is normal. Ranks placed so that shards
+/// nest (nest_ranks); weight modes against the gear with the most devices.
+void fill_table(doc::GearTable& t, const doc::Topology& topo, const ModelShape& m, const Workload& w,
                 const std::vector<std::pair<std::string, const Evaluated*>>& gears) {
-  const Evaluated* largest = nullptr;  // the last normal gear, unless an earlier one has more devices
-  for (const auto& [name, e] : gears)
-    if (name != "memory-guard") largest = e;
-  for (const auto& [name, e] : gears)
-    if (name != "memory-guard" && e->c.n_devices > largest->c.n_devices) largest = e;
+  std::size_t largest = 0;  // the last normal gear, unless an earlier one has more devices
+  for (std::size_t i = 0; i < gears.size(); ++i)
+    if (gears[i].first != "memory-guard") largest = i;
+  for (std::size_t i = 0; i < gears.size(); ++i)
+    if (gears[i].first != "memory-guard" && gears[i].second->c.n_devices > gears[largest].second->c.n_devices)
+      largest = i;
   t.model = m.to_doc();
   t.topology = topo.name;
   for (const auto& [name, e] : gears) {
     doc::Gear g = e->c.gear;
     g.name = name;
     g.role = name == "memory-guard" ? "memory-guard" : "normal";
-    g.weight_mode = weight_mode(m, *e, *largest);
     t.gears.push_back(std::move(g));
   }
+  nest_ranks(t);
+  for (auto& g : t.gears) g.weight_mode = weight_mode(m, topo, w, g, t.gears[largest]);
   doc::validate(t);
   doc::validate_against(t, topo);
 }
 
 Plan with_layouts(Plan out, const std::vector<Evaluated>& feasible, const doc::Topology& topo, const ModelShape& m,
+                  const Workload& w,
                   const std::vector<LayoutRequest>& layouts, int max_pp) {
   std::vector<std::pair<std::string, const Evaluated*>> gears;
   std::set<std::string> names;
@@ -382,7 +373,7 @@ Plan with_layouts(Plan out, const std::vector<Evaluated>& feasible, const doc::T
                                            : "no such layout (tp must divide the heads and fit in an island, "
                                              "tp x pp x dp devices)"));
   }
-  fill_table(out.table, topo, m, gears);
+  fill_table(out.table, topo, m, w, gears);
   return out;
 }
 
@@ -492,7 +483,7 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
     throw Error(msg);
   }
 
-  if (!opts.layouts.empty()) return with_layouts(std::move(out), feasible, topo, m, opts.layouts, opts.max_pp);
+  if (!opts.layouts.empty()) return with_layouts(std::move(out), feasible, topo, m, w, opts.layouts, opts.max_pp);
 
   // economy: fewest devices, then highest capacity; performance: highest capacity, then fewest devices.
   auto better_cap = [](const Evaluated& a, const Evaluated& b) {
@@ -549,7 +540,7 @@ Plan plan(const doc::Topology& topo, const ModelShape& m, const PlanOptions& opt
   if (normal.size() == 1) normal.front().first = "standard";
 
   if (guard_is_new) normal.emplace_back("memory-guard", guard);
-  fill_table(out.table, topo, m, normal);
+  fill_table(out.table, topo, m, w, normal);
   return out;
 }
 

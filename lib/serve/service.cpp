@@ -8,6 +8,7 @@
 
 #include "engine/rank_backend.hpp"
 #include "member/spanning.hpp"
+#include "plan/device_memory.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
 
@@ -182,6 +183,7 @@ DomainList Service::build_domains(const doc::Gear& gear, bool slow_start) {
     member::SpanningDomain span;
     for (const auto& st : rep.stages) {
       engine::StageLayout sl{st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), {}};
+      sl.kv_dtype = cfg_.kv_dtype;
       span.stages.push_back({st.first_layer, st.n_layers, st.devices});
       for (const auto& name : st.devices) {
         const DeviceBinding b = pool_->bind(name);  // throws for a name the pool lacks
@@ -256,7 +258,29 @@ DomainList Service::build_domains(const doc::Gear& gear, bool slow_start) {
   return out;
 }
 
+void Service::check_table_fits() const {
+  if (!store_) return;  // an engine factory's devices hold nothing of ours
+  plan::ModelShape shape = plan::model_shape_of(model_, cfg_.model_name);
+  shape.kv_dtype = std::string(engine::to_string(engine::resolve_kv_dtype(cfg_.kv_dtype, store_->matrix_dtype())));
+  doc::Topology topo;
+  topo.devices = pool_->devices();
+  plan::Workload w;
+  w.max_batched_tokens = cfg_.max_batched_tokens;
+  // The least a domain is built with: one request of the full context.
+  std::lock_guard lk(table_mu_);
+  const auto mem = plan::device_memory(shape, cfg_.gears, topo, w, 1, context_length());
+  if (const plan::DeviceMemory* d = plan::first_short(mem))
+    throw InputError("the gear table does not fit device " + d->device + ": it needs " +
+                     std::to_string(static_cast<std::uint64_t>(d->need())) + " bytes (weights " +
+                     std::to_string(static_cast<std::uint64_t>(d->weights)) +
+                     " as the union of its shards over the gears, KV " + std::to_string(static_cast<std::uint64_t>(d->kv)) +
+                     " for one request of the full context at its gears' kv_cache_cap, activations " +
+                     std::to_string(static_cast<std::uint64_t>(d->activations)) + "), " +
+                     std::to_string(d->memory_bytes) + " bytes free");
+}
+
 void Service::start() {
+  check_table_fits();
   const std::optional<doc::Gear> g = find_gear(cfg_.start_gear);
   DomainList doms = build_domains(*g, false);
   for (auto& d : doms) {

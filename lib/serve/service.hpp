@@ -51,6 +51,9 @@ struct ServiceConfig {
   /// context need (Service::kv_blocks_for).
   int kv_blocks = 0;
   int block_tokens = 16;
+  /// The KV pages' element type (ftp-serve --kv-cache-dtype): automatic is
+  /// 16 bits in the model's compute type (engine::resolve_kv_dtype).
+  engine::KvDtype kv_dtype = engine::KvDtype::automatic;
   int max_batched_tokens = 256;
   int max_running = 64;
   int max_prompt_tokens = 0;           ///< 0: the model's context - 1
@@ -109,8 +112,15 @@ class Service {
   Service(const model::Model& model, ServiceConfig config);
   ~Service();
 
-  /// Builds and starts the domains of the start gear.
+  /// Checks that the gear table fits (check_table_fits), then builds and
+  /// starts the domains of the start gear.
   void start();
+  /// The start-up check: every device holds what the table puts on it
+  /// (plan::device_memory: its weight shards' union over the gears, one
+  /// request of the full context at each gear's kv_cache_cap, activations);
+  /// an InputError
+  /// names the device, the bytes needed and the bytes free otherwise.
+  void check_table_fits() const;
   /// Stops routing new requests (submit answers 503), lets every in-flight
   /// request finish, stops the domains. Requests still running after
   /// drain_timeout_ms end with an error event. Idempotent.

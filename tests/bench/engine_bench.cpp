@@ -187,7 +187,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
   engine::Domain d(store, cfg);
   const int kv_per_rank_heads = tp <= hp.n_head_kv ? hp.n_head_kv / tp : 1;
   const std::uint64_t kv_bytes = 2ull * hp.n_layer * tp * kv_per_rank_heads * cfg.block_tokens * hp.head_dim *
-                                 sizeof(float) * static_cast<std::uint64_t>(cfg.kv_blocks);
+                                 2 /* 16-bit pages, the default */ * static_cast<std::uint64_t>(cfg.kv_blocks);
   const std::uint64_t per_step = step_bytes(m);
 
   // Prefill: one prompt in one step (max_tokens 1: the step that computes it ends it).

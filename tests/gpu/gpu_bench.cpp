@@ -24,6 +24,10 @@
 // fresh pageable memory (what the engine's forward returns) and into pinned
 // memory. These say where a decode step's time goes.
 // Output: lines on stdout, then one JSON document (kind ftp.gpu-bench/v1).
+// --memory-check (issue 17) adds, before the decode runs: the KV pages
+// that fit the room in BF16 allocated and as many F32 pages refused (exit
+// 7 otherwise), and the memory a TP 1, 2 and 4 domain of ranks on cuda:0
+// adds against weights / TP a rank (reported: sharded uploads pending).
 // --min-bw-fraction F exits 6 when batch 1 stays below F. Exit 77 without
 // a GPU (a skip for meson).
 #include <unistd.h>
@@ -48,7 +52,9 @@
 #include "core/error.hpp"
 #include "engine/cuda/cuda_backend.hpp"
 #include "engine/cuda/cuda_check.hpp"
+#include "engine/domain.hpp"
 #include "engine/executor.hpp"
+#include "engine/rank_backend.hpp"
 #include "engine/sampler.hpp"
 #include "engine/weight_store.hpp"
 #include "kernels/convert.cuh"
@@ -73,6 +79,7 @@ struct Options {
   double min_bw_fraction = 0;
   bool gemv_sweep = true;
   std::vector<int> sweep_batches = {1, 2, 4, 8, 16, 64};
+  bool memory_check = false;  ///< --memory-check: KV pages BF16 against F32, rank weights at TP 1/2/4
 };
 
 testing::SyntheticShape shape_of(const std::string& name) {
@@ -136,9 +143,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--gemv-sweep") o.gemv_sweep = true;
     else if (a == "--no-gemv-sweep") o.gemv_sweep = false;
     else if (a == "--sweep-batches") o.sweep_batches = parse_list(value());
+    else if (a == "--memory-check") o.memory_check = true;
     else if (a == "--help") {
       std::printf("usage: gpu-bench [--shape 8b|tiny] [--batches 1,8,64] [--steps N] [--warmup N] [--prompt N] [--dir D] [--min-bw-fraction F]\n"
-                  "                 [--gemv-sweep|--no-gemv-sweep] [--sweep-batches 1,2,4,8,16,64]\n");
+                  "                 [--gemv-sweep|--no-gemv-sweep] [--sweep-batches 1,2,4,8,16,64] [--memory-check]\n");
       std::exit(0);
     } else {
       throw InputError("unknown option " + a);
@@ -154,6 +162,68 @@ engine::StageLayout stage(int n_layer, std::vector<int> gpus) {
   l.tp = static_cast<int>(gpus.size());
   l.gpus = std::move(gpus);
   return l;
+}
+
+/// --memory-check (issue 17), on cuda:0 beside the TP 1 domain already
+/// built: (1) the KV pool in BF16 holds twice the tokens of float32 -- the
+/// pages that fit the KV room in BF16 are allocated, and as many float32
+/// pages are refused; (2) what a TP 1, TP 2 and TP 4 domain of ranks on
+/// the one GPU add to its memory, against weights / TP per rank (pending
+/// sharded uploads: DeviceWeights::ensure still uploads whole tensors, so
+/// ranks share one full copy and the check reports it). Returns 7 when (1)
+/// fails; (2) is reported, not asserted, until the uploads are sharded.
+int memory_check(const engine::WeightStore& store, engine::Backend& cuda, int n_layer, int B, nlohmann::json& doc) {
+  const auto& hp = store.hparams();
+  std::vector<engine::RankSpec> one(1);
+  one[0].n_layers = n_layer;
+  one[0].first_stage = one[0].last_stage = true;
+  one[0].gpu = 0;
+  const std::uint64_t room = cuda.kv_room_bytes(store, one).at(0);
+  engine::StageLayout bf = stage(n_layer, {0}), f32 = stage(n_layer, {0});
+  bf.kv_dtype = engine::KvDtype::bf16;
+  f32.kv_dtype = engine::KvDtype::f32;
+  const std::uint64_t per_bf = engine::kv_block_bytes_per_rank(hp, bf, B), per_f32 = engine::kv_block_bytes_per_rank(hp, f32, B);
+  // 90 % of the room: the pool's own buffers and the driver's granularity.
+  const int blocks = static_cast<int>(0.9 * static_cast<double>(room) / static_cast<double>(per_bf));
+  bool bf_ok = false, f32_refused = false;
+  std::string f32_error;
+  try {
+    engine::Executor e(store, {bf}, blocks, B, &cuda, 64);
+    bf_ok = true;
+  } catch (const std::exception& e) {
+    std::printf("kv check: %d BF16 pages refused: %s\n", blocks, e.what());
+  }
+  try {
+    engine::Executor e(store, {f32}, blocks, B, &cuda, 64);
+  } catch (const std::exception& e) {
+    f32_refused = true;
+    f32_error = e.what();
+  }
+  std::printf("kv check: room %.2f GB; a page of %d tokens: BF16 %llu bytes, F32 %llu (ratio %.2f); %d BF16 pages (%lld tokens) "
+              "%s, as many F32 pages %s%s\n",
+              static_cast<double>(room) / 1e9, B, static_cast<unsigned long long>(per_bf),
+              static_cast<unsigned long long>(per_f32), static_cast<double>(per_f32) / static_cast<double>(per_bf), blocks,
+              static_cast<long long>(blocks) * B, bf_ok ? "allocated" : "NOT allocated",
+              f32_refused ? "refused: " : "ALLOCATED", f32_error.c_str());
+  doc["kv_check"] = {{"room_bytes", room},        {"bf16_page_bytes", per_bf}, {"f32_page_bytes", per_f32},
+                     {"bf16_pages", blocks},      {"bf16_allocated", bf_ok},   {"f32_refused", f32_refused}};
+  // (2) rank weight bytes at TP 1, 2, 4 on the one GPU.
+  std::uint64_t weights = 0;
+  for (const auto& L : store.model().weights.layers)
+    for (const model::TensorView* t : L.tensors()) weights += t->bytes;
+  nlohmann::json tps = nlohmann::json::array();
+  for (int tp : {1, 2, 4}) {
+    std::size_t free_before = 0, free_after = 0, total = 0;
+    cudaMemGetInfo(&free_before, &total);
+    engine::Executor e(store, {stage(n_layer, std::vector<int>(static_cast<std::size_t>(tp), 0))}, 16, B, &cuda, 64);
+    cudaMemGetInfo(&free_after, &total);
+    const double added = static_cast<double>(free_before) - static_cast<double>(free_after);
+    std::printf("ranks on cuda:0: TP %d domain adds %.2f GB (layer weights %.2f GB; weights / TP = %.2f GB a rank)\n", tp,
+                added / 1e9, static_cast<double>(weights) / 1e9, static_cast<double>(weights) / tp / 1e9);
+    tps.push_back({{"tp", tp}, {"added_bytes", added}, {"weights_per_rank_goal_bytes", static_cast<double>(weights) / tp}});
+  }
+  doc["rank_weights"] = tps;
+  return bf_ok && f32_refused ? 0 : 7;
 }
 
 /// One layer's matrix products alone (see the file's head), on `layers`
@@ -369,6 +439,11 @@ int main(int argc, char** argv) {
                   first_s, other_s * 1e3);
       doc["first_domain_build_s"] = first_s;
       doc["another_gear_build_ms"] = other_s * 1e3;
+    }
+
+    if (o.memory_check) {
+      const int mc = memory_check(store, cuda, shape.n_layer, B, doc);
+      if (mc != 0) rc = mc;
     }
 
     nlohmann::json runs = nlohmann::json::array();

@@ -77,7 +77,8 @@ run gpu-kernels 120 "$work/bin/test-kernels"
 run gpu-engine 150 "$work/bin/test-cuda-engine"
 run gpu-bench-tiny 60 "$work/bin/gpu-bench" --shape tiny --steps 4 --prompt 8
 if [ $quick -eq 0 ]; then
-  run gpu-bench-8b 360 "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32 --batches "$batches"
+  run gpu-bench-8b 360 "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32 --batches "$batches" \
+    --memory-check
   IFS=';' read -ra settings <<< "$ab"
   i=0
   for setting in "${settings[@]}"; do

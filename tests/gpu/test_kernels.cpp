@@ -23,6 +23,7 @@
 #include "engine/kv_cache.hpp"
 #include "engine/ops.hpp"
 #include "engine/sampler.hpp"
+#include "model/quant.hpp"
 #include "kernels/add.cuh"
 #include "kernels/add_rmsnorm.cuh"
 #include "kernels/argmax.cuh"
@@ -727,22 +728,25 @@ void test_attention(int hd) {
   done(k::kv_write_f32(dkp.p(), dvp.p(), dk.p(), dv.p(), kvn, t, kvh, hd, B, dslots.p(), nullptr), "kv_write_f32");
 
   ftp::engine::KvStore kv(1, n_blocks, B, kvh, hd);
+  // float32 pages (the store's k() and v() are untyped).
+  auto kpage = [&](int b, int j) { return static_cast<float*>(kv.k(0, b, j)); };
+  auto vpage = [&](int b, int j) { return static_cast<float*>(kv.v(0, b, j)); };
   for (std::size_t b = 0; b < static_cast<std::size_t>(n_blocks); ++b)
     for (int j = 0; j < kvh; ++j) {
-      std::fill_n(kv.k(0, static_cast<int>(b), j), B * hd, 0.0f);
-      std::fill_n(kv.v(0, static_cast<int>(b), j), B * hd, 0.0f);
+      std::fill_n(kpage(static_cast<int>(b), j), B * hd, 0.0f);
+      std::fill_n(vpage(static_cast<int>(b), j), B * hd, 0.0f);
     }
   for (int r = 0; r < t; ++r) {
     const int blk = slots[r] / B, slot = slots[r] % B;
     for (int j = 0; j < kvh; ++j) {
-      std::copy_n(&kx[static_cast<std::size_t>(r) * kvn + j * hd], hd, kv.k(0, blk, j) + slot * hd);
-      std::copy_n(&vx[static_cast<std::size_t>(r) * kvn + j * hd], hd, kv.v(0, blk, j) + slot * hd);
+      std::copy_n(&kx[static_cast<std::size_t>(r) * kvn + j * hd], hd, kpage(blk, j) + slot * hd);
+      std::copy_n(&vx[static_cast<std::size_t>(r) * kvn + j * hd], hd, vpage(blk, j) + slot * hd);
     }
   }
   std::vector<float> gk = dkp.get(), gv = dvp.get();
   std::size_t bad = 0;
-  const float* ck = kv.k(0, 0, 0);
-  const float* cv = kv.v(0, 0, 0);
+  const float* ck = kpage(0, 0);
+  const float* cv = vpage(0, 0);
   for (std::size_t i = 0; i < page_floats; ++i) bad += (gk[i] != ck[i]) + (gv[i] != cv[i]);
   report_exact("kv_write_f32 hd=" + std::to_string(hd) + " (pages as KvStore)", bad, 2 * page_floats);
 
@@ -755,7 +759,7 @@ void test_attention(int hd) {
       const float* qh = &q[static_cast<std::size_t>(r) * qn + h * hd];
       const int kvj = (q_head0 + h) / group - kv_head0;
       for (int p = 0; p <= pos; ++p) {
-        const float* kp = kv.k(0, tables[s][p / B], kvj) + (p % B) * hd;
+        const float* kp = kpage(tables[s][p / B], kvj) + (p % B) * hd;
         float d = 0;
         for (int e = 0; e < hd; ++e) d += qh[e] * kp[e];
         scores[p] = d * scale;
@@ -763,7 +767,7 @@ void test_attention(int hd) {
       ftp::engine::ops::softmax(scores.data(), pos + 1);
       float* out = &want[static_cast<std::size_t>(r) * qn + h * hd];
       for (int p = 0; p <= pos; ++p) {
-        const float* vp = kv.v(0, tables[s][p / B], kvj) + (p % B) * hd;
+        const float* vp = vpage(tables[s][p / B], kvj) + (p % B) * hd;
         for (int e = 0; e < hd; ++e) out[e] += scores[p] * vp[e];
       }
     }
@@ -819,6 +823,90 @@ void test_attention(int hd) {
   report("attention_prefill hd=" + std::to_string(hd) + " chunks starting at 30 and 250", nmse(dout2.get(), sub_want), 1e-6);
   done(k::attention_decode(a, nullptr), "attention_decode");
   report("attention_decode hd=" + std::to_string(hd) + " rows at 30.. and 250..", nmse(dout2.get(), sub_want), 1e-6);
+}
+
+/// 16-bit KV pages (ftp-serve's default, --kv-cache-dtype f16|bf16): the
+/// KV write rounds each value to nearest even (bits equal to the CPU's
+/// model::quant::f32_to_f16 / engine::f32_to_bf16), and decode and prefill
+/// attention over those pages equal a float32 attention over the rounded
+/// values (what the CPU backend computes from its 16-bit pages). One
+/// sequence of 300 positions, 2 KV heads, group 2, blocks in order.
+void test_attention_16bit(int hd, k::KvElem elem) {
+  const int B = 16, kvh = 2, nq = 4, group = 2, len = 300, n_blocks = (len + B - 1) / B;
+  const int kvn = kvh * hd, qn = nq * hd, t = len;
+  const char* what = elem == k::KvElem::f16 ? "f16" : "bf16";
+  auto kx = randn(static_cast<std::size_t>(t) * kvn), vx = randn(static_cast<std::size_t>(t) * kvn);
+  auto q = randn(static_cast<std::size_t>(t) * qn);
+  auto round16 = [&](float x) -> std::uint16_t {
+    return elem == k::KvElem::f16 ? ftp::model::quant::f32_to_f16(x) : ftp::engine::f32_to_bf16(x);
+  };
+  auto widen = [&](std::uint16_t b) {
+    return elem == k::KvElem::f16 ? ftp::model::quant::f16_to_f32(b) : ftp::engine::bf16_to_f32(b);
+  };
+  std::vector<int> slots(t), seq(t, 0), pos(t), table(n_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  for (int p = 0; p < t; ++p) slots[p] = p, pos[p] = p;
+  const std::size_t page_elems = static_cast<std::size_t>(n_blocks) * kvh * B * hd;
+  Dev<std::uint16_t> dkp(page_elems), dvp(page_elems);
+  Dev<float> dk(kx), dv(vx), dq(q), dout(static_cast<std::size_t>(t) * qn);
+  Dev<int> dslots(slots), dseq(seq), dpos(pos), dtab(table);
+  done(k::kv_write(dkp.p(), dvp.p(), elem, dk.p(), dv.p(), kvn, t, kvh, hd, B, dslots.p(), nullptr), "kv_write");
+  // Expected pages: [block][kv_head][slot][head_dim], each value rounded.
+  std::vector<std::uint16_t> wk(page_elems), wv(page_elems);
+  for (int p = 0; p < t; ++p)
+    for (int j = 0; j < kvh; ++j)
+      for (int d = 0; d < hd; ++d) {
+        const std::size_t dst = ((static_cast<std::size_t>(p / B) * kvh + j) * B + p % B) * hd + d;
+        wk[dst] = round16(kx[static_cast<std::size_t>(p) * kvn + j * hd + d]);
+        wv[dst] = round16(vx[static_cast<std::size_t>(p) * kvn + j * hd + d]);
+      }
+  const auto gk = dkp.get(), gv = dvp.get();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < page_elems; ++i) bad += (gk[i] != wk[i]) + (gv[i] != wv[i]);
+  report_exact(std::string("kv_write ") + what + " hd=" + std::to_string(hd) + " (rounded as the CPU)", bad,
+               2 * page_elems);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> want(static_cast<std::size_t>(t) * qn, 0.0f), scores(len);
+  for (int r = 0; r < t; ++r)
+    for (int h = 0; h < nq; ++h) {
+      const int kvj = h / group;
+      for (int p = 0; p <= r; ++p) {
+        float dsum = 0;
+        for (int d = 0; d < hd; ++d)
+          dsum += q[static_cast<std::size_t>(r) * qn + h * hd + d] *
+                  widen(wk[((static_cast<std::size_t>(p / B) * kvh + kvj) * B + p % B) * hd + d]);
+        scores[p] = dsum * scale;
+      }
+      ftp::engine::ops::softmax(scores.data(), r + 1);
+      for (int p = 0; p <= r; ++p)
+        for (int d = 0; d < hd; ++d)
+          want[static_cast<std::size_t>(r) * qn + h * hd + d] +=
+              scores[p] * widen(wv[((static_cast<std::size_t>(p / B) * kvh + kvj) * B + p % B) * hd + d]);
+    }
+  k::AttentionArgs a;
+  a.q = dq.p();
+  a.q_ld = qn;
+  a.out = dout.p();
+  a.out_ld = qn;
+  a.k_pages = dkp.p();
+  a.v_pages = dvp.p();
+  a.kv_elem = elem;
+  a.block_tables = dtab.p();
+  a.bt_ld = n_blocks;
+  a.row_seq = dseq.p();
+  a.row_pos = dpos.p();
+  a.t = t;
+  a.n_q_heads = nq;
+  a.group = group;
+  a.kv_heads = kvh;
+  a.head_dim = hd;
+  a.block_tokens = B;
+  a.scale = scale;
+  done(k::attention_decode(a, nullptr), "attention_decode");
+  report(std::string("attention_decode ") + what + " pages hd=" + std::to_string(hd), nmse(dout.get(), want), 1e-6);
+  cu(cudaMemset(dout.p(), 0, static_cast<std::size_t>(t) * qn * 4), "memset");
+  done(k::attention_prefill(a, nullptr), "attention_prefill");
+  report(std::string("attention_prefill ") + what + " pages hd=" + std::to_string(hd), nmse(dout.get(), want), 1e-6);
 }
 
 /// GEMV bandwidth at batch 1 on a BF16 matrix of 8192 x 8192 (128 MiB,
@@ -908,6 +996,8 @@ int main() {
     test_sampling_by_hand();
     test_logprobs();
     for (int hd : {6, 8, 64, 80, 128, 256}) test_attention(hd);
+    for (int hd : {8, 64, 128})
+      for (k::KvElem e : {k::KvElem::f16, k::KvElem::bf16}) test_attention_16bit(hd, e);
     report_matvec_bandwidth();
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());

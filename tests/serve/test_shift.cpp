@@ -429,7 +429,8 @@ TEST_F(ShiftFixture, KvPoolFollowsTheGearsCapOfFreeDeviceMemory) {
   c.kv_blocks = 0;
   c.max_running = 64;
   // economy: TP 1 on vd0, every KV head of every layer on one rank.
-  const std::uint64_t per_page = 2ull * hp.n_layer * hp.n_head_kv * bt * hp.head_dim * sizeof(float);
+  // 16-bit pages: ftp-serve's default KV cache (--kv-cache-dtype auto).
+  const std::uint64_t per_page = 2ull * hp.n_layer * hp.n_head_kv * bt * hp.head_dim * 2;
   const int needed = 64 * full;
   std::uint64_t budget = 0;
   {

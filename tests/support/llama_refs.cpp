@@ -186,7 +186,14 @@ RefOutcome run_llama_ref(const engine::WeightStore& store, const RefGear& gear, 
   const int block_tokens = 16;
   const int positions = static_cast<int>(ref.prompt_tokens.size()) + steps;
   const int n_blocks = (positions + block_tokens - 1) / block_tokens;
-  engine::Executor ex(store, gear.stages, n_blocks, block_tokens, backend);
+  // The references come from llama.cpp with an F32 K/V cache (refs.cpp):
+  // compared with float32 pages. With ftp-serve's default 16-bit pages the
+  // F32 models' first-step logits differ by 2.0e-4 to 2.6e-4 of max |logit|
+  // (over this file's 1e-4), and qwen2-Q4_K_M's "The little dog" takes
+  // token 249 at step 28, where llama.cpp's 152 leads by a margin of 0.030.
+  std::vector<engine::StageLayout> stages = gear.stages;
+  for (auto& st : stages) st.kv_dtype = engine::KvDtype::f32;
+  engine::Executor ex(store, stages, n_blocks, block_tokens, backend);
   std::vector<int> blocks(static_cast<std::size_t>(n_blocks));
   for (int i = 0; i < n_blocks; ++i) blocks[static_cast<std::size_t>(i)] = i;
   // The whole prompt in one chunk (llama.cpp decodes it in one batch), then

@@ -31,12 +31,19 @@ for c in "$src"/examples/clusters/*.json; do
       jq -e 'all(.gears[]; .name|IN("economy","standard","performance","memory-guard")) and ([.gears[]|select(.role=="memory-guard")]|length)<=1' "$out"
     check "$cn $m: nothing on stderr in a pipe" test ! -s "$tmp/err"
     # Only feasible gears: each is a candidate that --explain calls feasible, with its devices
-    # once each, in the topology, heads divisible by tp, and every device's share of the
-    # weights (parameters x bytes x its stage's share of the layers / tp) below its memory.
+    # (ranks may be reordered so that shards nest) once each, in the topology, heads divisible
+    # by tp, and every device's share of the weights (parameters x bytes x its stage's share of
+    # the layers / tp) below its memory.
     "$plan" --topology "$tmp/$cn.topo.json" --model "$models/$m.json" --explain --json=short >/dev/null 2>"$tmp/explain"
     check "$cn $m: only gears that --explain calls feasible" jq -e --slurpfile c <(jq -c . "$tmp/explain") \
       'all(.gears[]; . as $g | [$g.replicas[].stages[].devices[]] as $d
-         | any($c[]; .feasible and .tp==$g.tp and .pp==$g.pp and .dp==$g.dp and .devices==$d))' "$out"
+         | any($c[]; .feasible and .tp==$g.tp and .pp==$g.pp and .dp==$g.dp and (.devices|sort)==($d|sort)))' "$out"
+    # --explain's per-device table: one row per device of the table, each fitting its memory.
+    check "$cn $m: --explain's device rows cover the table and fit" jq -e --slurpfile c <(jq -c . "$tmp/explain") \
+      '[.gears[].replicas[].stages[].devices[]] | unique as $d
+         | [$c[] | select(has("device_memory")) | .device_memory] as $rows
+         | ($rows | map(.device) | sort) == $d
+           and all($rows[]; .fits and .need_bytes <= .memory_bytes and .weights_bytes > 0)' "$out"
     bpp=$(jq -r '{"f32":4,"f16":2,"bf16":2}[.dtype] // 1' "$models/$m.json")
     check "$cn $m: devices once each, heads divisible, weight shards fit" \
       jq -e --slurpfile t "$tmp/$cn.topo.json" --argjson bpp "$bpp" '.model as $m
@@ -72,10 +79,11 @@ for m in llama-7b llama-70b; do
 done
 "$plan" --topology "$fp" --model "$models/llama-70b.json" --explain --json=short >/dev/null 2>"$tmp/explain"
 check "flexpipe llama-70b --explain: rejected layouts name a device and the bytes short" \
-  jq -e -s '[.[]|select(.feasible|not)] | length>0 and all(.[]; (.device|type)=="string" and .short_bytes>0 and (.reason|test("short")))' "$tmp/explain"
+  jq -e -s '[.[]|select(has("feasible") and (.feasible|not))] | length>0 and all(.[]; (.device|type)=="string" and .short_bytes>0 and (.reason|test("short")))' "$tmp/explain"
 
 "$plan" --topology "$a100" --model "$models/llama-7b.json" --explain --json=short >"$tmp/out" 2>"$tmp/explain"
-check "--explain: JSON Lines of candidates on stderr" jq -e -s 'length>10 and all(.[]; has("tp") and has("feasible"))' "$tmp/explain"
+check "--explain: JSON Lines of candidates on stderr" \
+  jq -e -s '[.[]|select(has("device_memory")|not)] | length>10 and all(.[]; has("tp") and has("feasible"))' "$tmp/explain"
 check "--explain: stdout is still one table" test "$(wc -l <"$tmp/out")" -eq 1
 "$plan" --topology "$a100" --model "$models/llama-7b.json" --max-gears 1 >"$tmp/out"
 check "--max-gears 1: one gear, standard" jq -e '(.gears|length)==1 and .gears[0].name=="standard"' "$tmp/out"

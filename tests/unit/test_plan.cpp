@@ -63,7 +63,7 @@ TEST(ModelShape, ParameterCountsOfTheExamples) {
   ModelShape s = model("stories260K");
   EXPECT_EQ(s.n_params, 260032ull);  // the trained parameters of stories260K.bin
   EXPECT_EQ(s.head_dim, 8);
-  EXPECT_EQ(s.kv_bytes_per_token_layer(), 2.0 * 4 * 8 * 4);
+  EXPECT_EQ(s.kv_bytes_per_token_layer(), 2.0 * 4 * 8 * 2);  // 16-bit KV by default, f32 weights too
   EXPECT_EQ(model("llama-70b").kv_bytes_per_token_layer(2), 2.0 * 4 * 128 * 2);
   EXPECT_EQ(model("llama-70b").kv_bytes_per_token_layer(16), 2.0 * 1 * 128 * 2);  // KV heads replicated
 }

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "doc/gear_table.hpp"
 #include "doc/topology.hpp"
+#include "plan/device_memory.hpp"
 #include "plan/planner.hpp"
 #include "sim/simulate.hpp"
 
@@ -51,7 +52,10 @@ int main(int argc, char** argv) {
                  "(repeat it): NAME:tp=T[,pp=P][,dp=D], e.g. --layout tp4:tp=4 --layout tp8:tp=8")
       ->option_text("SPEC")
       ->allow_extra_args(false);
-  app.add_flag("--explain", explain, "Print every candidate layout and why it was kept or rejected, as JSON Lines on stderr");
+  app.add_flag("--explain", explain,
+               "Print every candidate layout and why it was kept or rejected, then the chosen table's bytes per "
+               "device (weights as the shard union over the gears, KV, activations), as "
+               "JSON Lines on stderr");
 
   std::string gears_path, policy_path, policy_name = "gear-shifter";
   auto* decide = app.add_subcommand("decide", "Read observations (ftp.observation/v1, JSON Lines) on stdin, write one\n"
@@ -185,6 +189,9 @@ int main(int argc, char** argv) {
         std::cerr << ftp::json::dump(to_json(c), ftp::json::Style::short_) << "\n" << std::flush;
       };
     ftp::plan::Plan plan = ftp::plan::plan(topo, model, opts);
+    if (explain)
+      for (const auto& d : ftp::plan::device_memory(model, plan.table, topo, ftp::plan::resolve(opts.workload, model)))
+        std::cerr << ftp::json::dump(ftp::json::Json{{"device_memory", to_json(d)}}, ftp::json::Style::short_) << "\n";
     tool.emit(ftp::doc::to_json(plan.table));
     if (ftp::cli::is_tty(2)) std::cerr << ftp::plan::summary_table(plan.table) << std::flush;
     return 0;

@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "doc/gear_table.hpp"
+#include "engine/kv_cache.hpp"
 #include "hub/fetch.hpp"
 #include "member/channel.hpp"
 #include "member/worker.hpp"
@@ -129,6 +130,13 @@ int main(int argc, char** argv) {
                  "KV-cache pages of 16 tokens per domain (default: the gear's kv_cache_cap of each virtual device's "
                  "free memory, at most what --max-running requests of the full context need)")
       ->check(ftp::cli::positive());
+  app.add_option_function<std::string>(
+         "--kv-cache-dtype",
+         [&d](const std::string& s) { d.service.kv_dtype = ftp::engine::kv_dtype_from_string(s, "--kv-cache-dtype"); },
+         "Element type of the KV pages: auto (16 bits in the model's compute type: bf16 for a BF16 model, f16 "
+         "otherwise), f16, bf16 or f32 (default auto)")
+      ->check(CLI::IsMember({"auto", "f16", "bf16", "f32"}))
+      ->option_text("TYPE");
   app.add_option("--max-running", d.service.max_running, "Sequences in a domain's running batch (default 64)")
       ->check(ftp::cli::positive());
   app.add_option("--max-batched-tokens", d.service.max_batched_tokens, "Token budget of one step (default 256)")

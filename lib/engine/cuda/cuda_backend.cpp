@@ -233,8 +233,13 @@ class CudaRank final : public RankBackend {
 
       const RankLayerView v = split_rank(hp_, spec.tp, spec.rank);
       kvh_ = v.kv_heads.size();
-      layer_floats_ = static_cast<std::size_t>(spec.kv_blocks) * kvh_ * spec.block_tokens * hp_.head_dim;
-      kv_bytes_ = 2 * layer_floats_ * spec.n_layers * sizeof(float);
+      kv_dtype_ = resolve_kv_dtype(spec.kv_dtype, w.matrix_dtype());
+      kv_elem_ = kv_dtype_ == KvDtype::f32 ? kernels::KvElem::f32
+                 : kv_dtype_ == KvDtype::bf16 ? kernels::KvElem::bf16
+                                              : kernels::KvElem::f16;
+      layer_bytes_ = static_cast<std::size_t>(spec.kv_blocks) * kvh_ * spec.block_tokens * hp_.head_dim *
+                     kv_element_bytes(kv_dtype_);
+      kv_bytes_ = 2 * layer_bytes_ * spec.n_layers;
       std::size_t free_b = 0, total_b = 0;
       check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo", where_);
       if (kv_bytes_ > free_b)
@@ -477,24 +482,23 @@ class CudaRank final : public RankBackend {
           "rope_f32", where_);
   }
   void kv_write(int layer, const float* k, const float* v) override {
-    const std::size_t off = static_cast<std::size_t>(layer) * layer_floats_;
+    const std::size_t off = static_cast<std::size_t>(layer) * layer_bytes_;
     if (rope_n_ == 2 && rope_[1].v == k && rope_[1].n_heads == kvh_ && rope_[0].v != v && rope_[1].v != v) {
       rope_n_ = 0;
-      check(kernels::rope_kv_write_f32(rope_[0].v, rope_[0].n_heads, rope_[1].v, v, kvh_, n_rows_, hp_.head_dim,
-                                       hp_.n_rot, pos(), hp_.rope_theta, neox_, rope_freqs_, kv_k_ + off, kv_v_ + off,
-                                       spec_.block_tokens,
-                                       slots(), stream_),
-            "rope_kv_write_f32", where_);
+      check(kernels::rope_kv_write(rope_[0].v, rope_[0].n_heads, rope_[1].v, v, kvh_, n_rows_, hp_.head_dim, hp_.n_rot,
+                                   pos(), hp_.rope_theta, neox_, rope_freqs_, kv_k_ + off, kv_v_ + off, kv_elem_,
+                                   spec_.block_tokens, slots(), stream_),
+            "rope_kv_write", where_);
       return;
     }
     flush();
-    check(kernels::kv_write_f32(kv_k_ + off, kv_v_ + off, k, v, kvh_ * hp_.head_dim, n_rows_, kvh_, hp_.head_dim,
-                                spec_.block_tokens, slots(), stream_),
-          "kv_write_f32", where_);
+    check(kernels::kv_write(kv_k_ + off, kv_v_ + off, kv_elem_, k, v, kvh_ * hp_.head_dim, n_rows_, kvh_, hp_.head_dim,
+                            spec_.block_tokens, slots(), stream_),
+          "kv_write", where_);
   }
   void attention(int layer, const float* q, float* out, int nq, int q_head0, int kv_head0) override {
     flush();
-    const std::size_t off = static_cast<std::size_t>(layer) * layer_floats_;
+    const std::size_t off = static_cast<std::size_t>(layer) * layer_bytes_;
     kernels::AttentionArgs a;
     a.q = q;
     a.q_ld = nq * hp_.head_dim;
@@ -502,6 +506,7 @@ class CudaRank final : public RankBackend {
     a.out_ld = nq * hp_.head_dim;
     a.k_pages = kv_k_ + off;
     a.v_pages = kv_v_ + off;
+    a.kv_elem = kv_elem_;
     a.block_tables = layout_dev_ + 4 * static_cast<std::size_t>(rows_cap_);
     a.bt_ld = bt_cap_;
     a.row_seq = layout_dev_ + 2 * static_cast<std::size_t>(rows_cap_);
@@ -849,10 +854,12 @@ class CudaRank final : public RankBackend {
   kernels::MatvecConfig gemv_config_{};
 
   int kvh_ = 0;
-  std::size_t layer_floats_ = 0;
+  KvDtype kv_dtype_ = KvDtype::f16;
+  kernels::KvElem kv_elem_ = kernels::KvElem::f16;
+  std::size_t layer_bytes_ = 0;  // one layer's K (or V) pages
   std::uint64_t kv_bytes_ = 0;
-  float* kv_k_ = nullptr;
-  float* kv_v_ = nullptr;
+  std::byte* kv_k_ = nullptr;
+  std::byte* kv_v_ = nullptr;
 
   std::array<DevBuf, static_cast<std::size_t>(Buf::count)> bufs_{};
   DevBuf layout_buf_, half_buf_, tile_buf_, choice_buf_;

@@ -17,7 +17,7 @@
 ///   every gear on that device views the same copy (only the views change);
 ///   the copy lives while any rank of any domain uses it.
 /// * KV pages: one allocation per rank ([layer][block][kv_head][slot][dim],
-///   float32, as engine::KvStore); creation fails with a BackendError naming
+///   in the spec's KvDtype -- 16 bits by default -- as engine::KvStore); creation fails with a BackendError naming
 ///   the device when they do not fit in its free memory.
 /// * matmul: kernels::matvec (weights converted in registers) up to
 ///   `gemv_max_rows` rows; cuBLAS beyond (F32 sgemm; F16/BF16 cublasGemmEx
