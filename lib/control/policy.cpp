@@ -406,7 +406,9 @@ int GearShifter::target_for(double forecast, const std::vector<int>& ranked) con
 }
 
 double GearShifter::load_on(const std::string& gear, double rps) const {
-  if (!config_.gear_shifter.work_load) return rps;
+  // Until both lengths are seen (no request finished yet), requests: a mix
+  // of prompt tokens alone would count a fraction of the work.
+  if (!config_.gear_shifter.work_load || !(mix_prompt_ > 0 && mix_output_ > 0)) return rps;
   return work_rps(capacity_.capacity(gear), rps, mix_prompt_, mix_output_);
 }
 

@@ -210,7 +210,8 @@ class GearShifter final : public Policy {
   std::int64_t confirm_t_ms_ = 0;
   std::deque<std::pair<std::int64_t, double>> p99_history_;
   double mix_prompt_ = 0, mix_output_ = 0;  ///< tokens per request, as last observed
-  /// The forecast as gear `gear` sees it: work_rps at the mix, or rps (work_load false).
+  /// The forecast as gear `gear` sees it: work_rps at the mix, or rps
+  /// (work_load false, or before both lengths of the mix are observed).
   double load_on(const std::string& gear, double rps) const;
 };
 

@@ -774,7 +774,7 @@ TEST(GearShifter, LongPromptsLoadAGearMoreThanTheirRequestRate) {
   // 40 x (750/60000 + 10/12000) x 600 = 320 <= 0.85 x 480 = 408, so the
   // target is standard.
   const ftp::doc::GearTable table = token_gears();
-  auto run = [&](bool work) {
+  auto run = [&](bool work, double output_tokens = 10) {
     PolicyConfig c;
     c.gear_shifter.work_load = work;
     GearShifter g(table, c);
@@ -782,7 +782,7 @@ TEST(GearShifter, LongPromptsLoadAGearMoreThanTheirRequestRate) {
     for (int t = 0; t <= 20; t += 10) {
       Observation o = busy(t, "economy", 40);
       o.prompt_token_rate = 40 * 750;
-      o.mean_output_tokens = 10;
+      o.mean_output_tokens = output_tokens;
       d = g.observe(o);
     }
     return d;
@@ -792,8 +792,10 @@ TEST(GearShifter, LongPromptsLoadAGearMoreThanTheirRequestRate) {
   EXPECT_EQ(d.to, "standard");
   EXPECT_NEAR(signal(d, "forecast_load")->value, 320, 1e-6);
   EXPECT_CONTAINS(d.reason, "req/s in work");
-  // Counted in requests (load "requests"), the same traffic holds.
+  // Counted in requests (load "requests"), the same traffic holds; so it
+  // does before a request has finished (no output length seen yet).
   EXPECT_EQ(run(false).action, "hold");
+  EXPECT_EQ(run(true, 0).action, "hold");
 }
 
 TEST(GearShifter, TokenBacklogVotesUpOnly) {
