@@ -7,6 +7,12 @@
 
 namespace ftp::control {
 
+double work_rps(const doc::Capacity& c, double rps, double prompt_tokens, double output_tokens) {
+  if (!(c.prefill_tokens_s > 0 && c.decode_tokens_s > 0 && c.max_rps > 0)) return rps;
+  if (!(prompt_tokens > 0 || output_tokens > 0)) return rps;
+  return rps * (prompt_tokens / c.prefill_tokens_s + output_tokens / c.decode_tokens_s) * c.max_rps;
+}
+
 CapacityTracker::CapacityTracker(const doc::GearTable& table, CapacityConfig config) : config_(config) {
   for (std::size_t i = 0; i < table.gears.size(); ++i) {
     const doc::Gear& g = table.gears[i];
@@ -17,6 +23,13 @@ CapacityTracker::CapacityTracker(const doc::GearTable& table, CapacityConfig con
     doc::Capacity c = *from;
     c.gear = g.name;
     if (c.safe_rps <= 0) c.safe_rps = config_.safe_fraction * c.max_rps;
+    // A measured capacity without token rates takes the cost model's, scaled to its max_rps.
+    if (!(c.prefill_tokens_s > 0 && c.decode_tokens_s > 0) && g.measured && g.estimated &&
+        g.estimated->max_rps > 0) {
+      const double scale = c.max_rps / g.estimated->max_rps;
+      c.prefill_tokens_s = g.estimated->prefill_tokens_s * scale;
+      c.decode_tokens_s = g.estimated->decode_tokens_s * scale;
+    }
     caps_[g.name] = c;
   }
 }
@@ -74,9 +87,12 @@ bool CapacityTracker::refresh(std::int64_t now_ms) {
     else
       continue;
     if (max_rps <= 0) continue;
-    double tokens_per_req = cap.max_rps > 0 ? cap.max_tokens_s / cap.max_rps : 0;
+    const double tokens_per_req = cap.max_rps > 0 ? cap.max_tokens_s / cap.max_rps : 0;
     cap.max_rps = max_rps;
     cap.safe_rps = config_.safe_fraction * max_rps;
+    const double scale = cap.max_rps > 0 ? max_rps / cap.max_rps : 1;
+    cap.prefill_tokens_s *= scale;
+    cap.decode_tokens_s *= scale;
     cap.max_tokens_s = tokens_per_req * max_rps;
     cap.safe_tokens_s = config_.safe_fraction * cap.max_tokens_s;
     cap.source = "live";

@@ -19,6 +19,14 @@ struct CapacityConfig {
   double saturation_queue = 4;     ///< queue_depth_mean (requests) at which a gear counts as saturated
 };
 
+/// The request rate at the gear's own reference mix that takes as much of
+/// the gear as `rps` requests/s of `prompt_tokens` prompt and
+/// `output_tokens` output tokens each: rps x (prompt / prefill_tokens_s +
+/// output / decode_tokens_s) x max_rps. Load in work, comparable with
+/// safe_rps whatever the mix. `rps` itself when the capacity has no token
+/// rates or the mix is unknown (both lengths 0).
+double work_rps(const doc::Capacity& c, double rps, double prompt_tokens, double output_tokens);
+
 /// The capacity of every gear of a table, as the controller plans with it.
 ///
 /// It starts from the table: a gear's `measured` capacity (ftp-gear-bench)
@@ -33,7 +41,8 @@ struct CapacityConfig {
 /// * otherwise max can only go up: when the gear served a higher rate
 ///   without a queue than its max says, max = that rate.
 ///
-/// A refreshed capacity has source "live", t_ms the refresh time and
+/// A refresh scales the token rates (max_tokens_s, prefill_tokens_s,
+/// decode_tokens_s) with max_rps. A refreshed capacity has source "live", t_ms the refresh time and
 /// window_s the span of data it used. Time is the observations' t_ms.
 class CapacityTracker {
  public:

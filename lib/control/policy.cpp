@@ -119,6 +119,10 @@ Json to_json(const PolicyConfig& c) {
         {"queue_time_down_ms", g.queue_time_down_ms},
         {"bubble_ratio", g.bubble_ratio},
         {"contention_index", g.contention_index},
+        {"load", g.work_load ? "work" : "requests"},
+        {"backlog_up_s", g.backlog_up_s},
+        {"kv_pressure_up", g.kv_pressure_up},
+        {"kv_pressure_down", g.kv_pressure_down},
         {"memory_guard_kv", g.memory_guard_kv},
         {"memory_guard_exit_kv", g.memory_guard_exit_kv},
         {"replicas", g.replicas},
@@ -184,6 +188,12 @@ PolicyConfig policy_config_from_json(const Json& j) {
     s.number("queue_time_down_ms", g.queue_time_down_ms);
     s.number("bubble_ratio", g.bubble_ratio);
     s.number("contention_index", g.contention_index);
+    std::string load = g.work_load ? "work" : "requests";
+    s.one_of("load", load, {"work", "requests"});
+    g.work_load = load == "work";
+    s.number("backlog_up_s", g.backlog_up_s);
+    s.number("kv_pressure_up", g.kv_pressure_up);
+    s.number("kv_pressure_down", g.kv_pressure_down);
     s.number("memory_guard_kv", g.memory_guard_kv);
     s.number("memory_guard_exit_kv", g.memory_guard_exit_kv);
     s.integer("replicas", g.replicas);
@@ -250,14 +260,18 @@ void validate(const PolicyConfig& c) {
         "must be in (down_threshold, 1] = (" + num(g.down_threshold) + ", 1]", g.up_threshold);
   check(g.confirmations >= 1, "gear_shifter.confirmations", "must be at least 1", g.confirmations);
   nonneg("gear_shifter.confirmation_period_s", g.confirmation_period_s);
-  check(g.min_agreeing_signals >= 1 && g.min_agreeing_signals <= 5, "gear_shifter.min_agreeing_signals",
-        "must be in [1, 5] (there are 5 signals)", g.min_agreeing_signals);
+  check(g.min_agreeing_signals >= 1 && g.min_agreeing_signals <= 7, "gear_shifter.min_agreeing_signals",
+        "must be in [1, 7] (there are 7 load signals)", g.min_agreeing_signals);
   nonneg("gear_shifter.queue_depth_down", g.queue_depth_down);
   check(g.queue_depth_up > g.queue_depth_down, "gear_shifter.queue_depth_up",
         "must exceed queue_depth_down (" + num(g.queue_depth_down) + ")", g.queue_depth_up);
   nonneg("gear_shifter.queue_time_down_ms", g.queue_time_down_ms);
   check(g.queue_time_up_ms > g.queue_time_down_ms, "gear_shifter.queue_time_up_ms",
         "must exceed queue_time_down_ms (" + num(g.queue_time_down_ms) + ")", g.queue_time_up_ms);
+  positive("gear_shifter.backlog_up_s", g.backlog_up_s);
+  ratio("gear_shifter.kv_pressure_down", g.kv_pressure_down);
+  check(g.kv_pressure_up > g.kv_pressure_down && g.kv_pressure_up <= 1, "gear_shifter.kv_pressure_up",
+        "must be in (kv_pressure_down, 1] = (" + num(g.kv_pressure_down) + ", 1]", g.kv_pressure_up);
   ratio("gear_shifter.bubble_ratio", g.bubble_ratio);
   ratio("gear_shifter.contention_index", g.contention_index);
   ratio("gear_shifter.memory_guard_kv", g.memory_guard_kv);
@@ -386,8 +400,16 @@ GearShifter::GearShifter(const doc::GearTable& table, const PolicyConfig& config
 int GearShifter::target_for(double forecast, const std::vector<int>& ranked) const {
   const auto& gs = config_.gear_shifter;
   for (int i : ranked)
-    if (forecast <= gs.up_threshold * capacity_.capacity(table_.gears[i].name).safe_rps) return i;
+    if (load_on(table_.gears[i].name, forecast) <= gs.up_threshold * capacity_.capacity(table_.gears[i].name).safe_rps)
+      return i;
   return ranked.back();
+}
+
+double GearShifter::load_on(const std::string& gear, double rps) const {
+  // Until both lengths are seen (no request finished yet), requests: a mix
+  // of prompt tokens alone would count a fraction of the work.
+  if (!config_.gear_shifter.work_load || !(mix_prompt_ > 0 && mix_output_ > 0)) return rps;
+  return work_rps(capacity_.capacity(gear), rps, mix_prompt_, mix_output_);
 }
 
 double GearShifter::baseline_p99() const {
@@ -427,24 +449,36 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   if (!last_gear_.empty() && o.gear != last_gear_ && !o.shifting) last_shift_ms_ = o.t_ms;
   if (!o.shifting) last_gear_ = o.gear;
 
-  const double safe = capacity_.capacity(o.gear).safe_rps;
+  // The token mix per request: prompt tokens of the arrivals, output tokens of the finished.
+  if (o.request_rate > 0 && o.prompt_token_rate > 0) mix_prompt_ = o.prompt_token_rate / o.request_rate;
+  else if (o.mean_prompt_tokens > 0) mix_prompt_ = o.mean_prompt_tokens;
+  if (o.mean_output_tokens > 0) mix_output_ = o.mean_output_tokens;
+
+  const doc::Capacity& cap = capacity_.capacity(o.gear);
+  const double safe = cap.safe_rps;
   const double forecast = predictor_.forecast();
+  const double load = load_on(o.gear, forecast);  // in work on this gear
   const bool in_guard = table_.gears[cur].role == "memory-guard";
 
   // Load direction from the forecast; the other signals vote.
   int dir = 0;
   if (!in_guard) {
-    if (forecast > gs.up_threshold * safe) dir = +1;
-    else if (forecast < gs.down_threshold * safe) dir = -1;
+    if (load > gs.up_threshold * safe) dir = +1;
+    else if (load < gs.down_threshold * safe) dir = -1;
   }
+  const std::string fc = num(forecast) + " req/s" + (load != forecast ? " (" + num(load) + " req/s in work)" : "");
+  // The queue's token backlog in seconds of this gear's prefill (0: not measured).
+  const double backlog_s = cap.prefill_tokens_s > 0 ? o.queued_prompt_tokens / cap.prefill_tokens_s : 0;
   // A signal with a band: it agrees going up above `up`, going down below `down`.
   auto band = [dir](const char* name, double value, double up, double down) {
     return doc::Signal{name, value, dir < 0 ? down : up, dir > 0 ? value > up : dir < 0 && value < down};
   };
   std::vector<doc::Signal> sig;
-  sig.push_back(band("forecast_load", forecast, gs.up_threshold * safe, gs.down_threshold * safe));
+  sig.push_back(band("forecast_load", load, gs.up_threshold * safe, gs.down_threshold * safe));
   sig.push_back(band("queue_depth", o.queue_depth_mean, gs.queue_depth_up, gs.queue_depth_down));
   sig.push_back(band("queue_time_ms", o.est_queue_time_ms, gs.queue_time_up_ms, gs.queue_time_down_ms));
+  sig.push_back({"token_backlog_s", backlog_s, gs.backlog_up_s, dir > 0 && backlog_s > gs.backlog_up_s});
+  sig.push_back(band("kv_pressure", o.kv_watermark, gs.kv_pressure_up, gs.kv_pressure_down));
   sig.push_back({"bubble_ratio", o.bubble_ratio, gs.bubble_ratio, dir != 0 && o.bubble_ratio > gs.bubble_ratio});
   sig.push_back({"contention_index", o.contention_index, gs.contention_index,
                  dir > 0 && o.contention_index > gs.contention_index});
@@ -532,7 +566,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   auto rank = [&](int i) { return static_cast<int>(std::find(ranked.begin(), ranked.end(), i) - ranked.begin()); };
   if (dir < 0 && !in_guard && cur == ranked.front()) {
     confirm_dir_ = confirm_count_ = 0;
-    return hold(o, name(), "forecast " + num(forecast) + " req/s below the band of " + o.gear +
+    return hold(o, name(), "forecast " + fc + " below the band of " + o.gear +
                                ", already the smallest gear", sig);
   }
   if (dir == 0) {
@@ -540,7 +574,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     if (in_guard)
       return hold(o, name(), "memory guard: KV watermark " + num(o.kv_watermark) + " not below " +
                                  num(gs.memory_guard_exit_kv), sig);
-    return hold(o, name(), "forecast " + num(forecast) + " req/s inside the band [" + num(gs.down_threshold * safe) +
+    return hold(o, name(), "forecast " + fc + " inside the band [" + num(gs.down_threshold * safe) +
                                ", " + num(gs.up_threshold * safe) + "] of " + o.gear + "'s safe capacity " + num(safe),
                 sig);
   }
@@ -580,7 +614,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
                                secs(b->second.not_before_ms - o.t_ms) + " more",
                 sig);
 
-  std::string reason = std::string(what) + ": forecast " + num(forecast) + " req/s " +
+  std::string reason = std::string(what) + ": forecast " + fc + " " +
                        (dir > 0 ? "> " + num(gs.up_threshold) : dir == -1 ? "< " + num(gs.down_threshold) : "vs") +
                        " x safe " + num(safe) + " of " + o.gear + ", " + std::to_string(agree) +
                        " signals agree over " + std::to_string(gs.confirmations) + " observations";

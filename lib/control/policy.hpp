@@ -34,6 +34,17 @@ struct GearShifterConfig {
   double queue_time_down_ms = 100;     ///< ours: below which it votes down
   double bubble_ratio = 0.2;           ///< bubble ratio above which the pipeline shape no longer fits (votes for any shift)
   double contention_index = 0.3;       ///< ours: contention above which the gear is short of compute (votes up)
+  /// ours: the load the forecast is weighed in: true ("work"): the forecast
+  /// request rate at the observed mix of prompt and output tokens, as
+  /// control::work_rps makes it (a gear's capacity without token rates
+  /// counts requests); false ("requests"): requests/s alone.
+  bool work_load = true;
+  /// ours: queued prompt tokens / the gear's prefill_tokens_s above which
+  /// the token backlog votes up, s (it never votes down: an empty queue is
+  /// the queue-depth signal's to say)
+  double backlog_up_s = 2;
+  double kv_pressure_up = 0.8;         ///< ours: KV watermark above which KV pressure votes up
+  double kv_pressure_down = 0.5;       ///< ours: below which it votes down
   double memory_guard_kv = 0.90;       ///< KV watermark above which the memory-guard gear is taken at once
   double memory_guard_exit_kv = 0.70;  ///< ours: KV watermark below which the memory guard may be left
   int replicas = 1;                    ///< replicas that would shift together; > 1 turns on the stagger
@@ -145,13 +156,15 @@ class Policy {
 /// 3. Memory guard: KV watermark > memory_guard_kv shifts to the table's
 ///    memory-guard gear at once (no dwell, confirmation or stagger).
 ///    It is left, by load, when KV < memory_guard_exit_kv.
-/// 4. Load: the forecast against up/down_threshold x the current gear's safe
-///    capacity gives a direction; the other signals (queue depth, queue
-///    time, bubble ratio, contention) vote; at least min_agreeing_signals
+/// 4. Load: the forecast, in work (work_rps at the observed token mix),
+///    against up/down_threshold x the current gear's safe capacity gives a
+///    direction; the other signals (queue depth, queue time, the queue's
+///    token backlog in seconds of the gear's prefill, KV pressure, bubble
+///    ratio, contention) vote; at least min_agreeing_signals
 ///    (forecast included) over `confirmations` consecutive observations
 ///    confirmation_period_s apart, and min_dwell_s since the last shift.
-///    The target is the smallest normal gear with forecast <= up_threshold x
-///    its safe capacity (the largest when none). With replicas > 1 the shift
+///    The target is the smallest normal gear with the forecast, in its own
+///    work, <= up_threshold x its safe capacity (the largest when none). With replicas > 1 the shift
 ///    starts at a random offset within stagger_max_s (not_before_ms).
 class GearShifter final : public Policy {
  public:
@@ -196,6 +209,10 @@ class GearShifter final : public Policy {
   int confirm_dir_ = 0, confirm_count_ = 0;
   std::int64_t confirm_t_ms_ = 0;
   std::deque<std::pair<std::int64_t, double>> p99_history_;
+  double mix_prompt_ = 0, mix_output_ = 0;  ///< tokens per request, as last observed
+  /// The forecast as gear `gear` sees it: work_rps at the mix, or rps
+  /// (work_load false, or before both lengths of the mix are observed).
+  double load_on(const std::string& gear, double rps) const;
 };
 
 /// Load-following TP planner (ARCHITECTURE.md §4). Every loop_ms:

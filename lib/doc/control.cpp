@@ -61,6 +61,7 @@ Json to_json(const Observation& o) {
               {"request_rate", o.request_rate},
               {"prompt_token_rate", o.prompt_token_rate},
               {"decode_token_rate", o.decode_token_rate},
+              {"queued_prompt_tokens", o.queued_prompt_tokens},
               {"predicted_rate", o.predicted_rate},
               {"mean_prompt_tokens", o.mean_prompt_tokens},
               {"mean_output_tokens", o.mean_output_tokens},
@@ -87,6 +88,7 @@ Observation observation_from_json(const Json& j) {
   o.request_rate = nonneg_or_zero(r, "request_rate");
   o.prompt_token_rate = nonneg_or_zero(r, "prompt_token_rate");
   o.decode_token_rate = nonneg_or_zero(r, "decode_token_rate");
+  o.queued_prompt_tokens = nonneg_or_zero(r, "queued_prompt_tokens");
   o.predicted_rate = nonneg_or_zero(r, "predicted_rate");
   o.mean_prompt_tokens = nonneg_or_zero(r, "mean_prompt_tokens");
   o.mean_output_tokens = nonneg_or_zero(r, "mean_output_tokens");

@@ -48,6 +48,8 @@ struct Observation {
   double prompt_token_rate = 0;
   /// Tokens generated (decode served), tokens/s; 0 where not measured.
   double decode_token_rate = 0;
+  /// Prompt tokens of the requests waiting (the queue's token backlog); 0 where not measured.
+  double queued_prompt_tokens = 0;
   double predicted_rate = 0;          ///< predictor's forecast, requests/s
   double mean_prompt_tokens = 0;
   double mean_output_tokens = 0;

@@ -50,6 +50,8 @@ Json to_json(const Capacity& c, bool with_kind) {
   o["safe_rps"] = c.safe_rps;
   o["max_tokens_s"] = c.max_tokens_s;
   o["safe_tokens_s"] = c.safe_tokens_s;
+  if (c.prefill_tokens_s > 0) o["prefill_tokens_s"] = c.prefill_tokens_s;
+  if (c.decode_tokens_s > 0) o["decode_tokens_s"] = c.decode_tokens_s;
   o["source"] = c.source;
   o["t_ms"] = c.t_ms;
   o["window_s"] = c.window_s;
@@ -66,6 +68,8 @@ Capacity capacity_from_node(const Node& n) {
   c.safe_rps = n.has("safe_rps") ? n.positive("safe_rps", true) : 0;
   c.max_tokens_s = n.has("max_tokens_s") ? n.positive("max_tokens_s", true) : 0;
   c.safe_tokens_s = n.has("safe_tokens_s") ? n.positive("safe_tokens_s", true) : 0.8 * c.max_tokens_s;
+  c.prefill_tokens_s = n.has("prefill_tokens_s") ? n.positive("prefill_tokens_s", true) : 0;
+  c.decode_tokens_s = n.has("decode_tokens_s") ? n.positive("decode_tokens_s", true) : 0;
   c.source = n.one_of("source", {"estimate", "bench", "live"});
   c.t_ms = n.integer_or("t_ms", 0);
   c.window_s = n.has("window_s") ? n.positive("window_s", true) : 0;

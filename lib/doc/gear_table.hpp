@@ -29,6 +29,13 @@ struct Capacity {
   double safe_rps = 0;          ///< requests/s the controller plans with; 0: not given (its safe_fraction of max)
   double max_tokens_s = 0;      ///< output tokens/s at max_rps
   double safe_tokens_s = 0;
+  /// The work a gear does, apart from requests (0: not known): its peak
+  /// prefill rate, prompt tokens/s when it only prefills, and its peak
+  /// decode rate, tokens/s of a full decode batch. A mix of p prompt and
+  /// o output tokens per request then takes p / prefill_tokens_s +
+  /// o / decode_tokens_s of the gear per request (control::work_rps).
+  double prefill_tokens_s = 0;
+  double decode_tokens_s = 0;
   std::string source;           ///< "estimate" | "bench" | "live"
   std::int64_t t_ms = 0;        ///< clock time of the measurement, ms
   double window_s = 0;          ///< span of data it was computed from, s; 0 for an estimate

@@ -127,6 +127,8 @@ ReplicaEstimate estimate_replica(const ModelShape& m, const std::vector<ReplicaS
   e.spread = decode_max > 0 ? (decode_max - decode_sum / pp) / decode_max : 0;
   e.rps = e.batch / (e.prefill_s + w.output_tokens * e.decode_round_s);
   e.tokens_s = e.rps * w.output_tokens;
+  e.prefill_tokens_s = e.prefill_s > 0 ? prompt_total / e.prefill_s : 0;
+  e.decode_tokens_s = e.decode_round_s > 0 ? e.batch / e.decode_round_s : 0;
   return e;
 }
 

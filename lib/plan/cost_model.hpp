@@ -154,6 +154,8 @@ struct ReplicaEstimate {
   double spread = 0;        ///< (slowest - mean) / slowest decode stage time
   double rps = 0;           ///< batch / (prefill_s + output_tokens x decode_round_s)
   double tokens_s = 0;      ///< rps x output_tokens
+  double prefill_tokens_s = 0;  ///< batch x prompt_tokens / prefill_s: prefill only
+  double decode_tokens_s = 0;   ///< batch / decode_round_s: decode only
 };
 /// Throughput of one replica whose KV pool holds `kv_tokens` tokens:
 ///   prefill_s = (chunks x m + pp - 1) x max_s (prefill_s(batch x prompt / (chunks x m)) + send)

@@ -244,7 +244,7 @@ Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int conte
     c.gear.replicas.push_back(std::move(rep));
   }
   const int conc = static_cast<int>((static_cast<std::int64_t>(w.concurrency) + dp - 1) / dp);  // no overflow at INT_MAX
-  double rps = 0, tokens_s = 0;
+  double rps = 0, tokens_s = 0, prefill_s = 0, decode_s = 0;
   double kv_min = kInf;
   int micro = 1;
   for (std::size_t ri = 0; ri < replicas.size(); ++ri) {
@@ -290,6 +290,8 @@ Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int conte
     ReplicaEstimate e = estimate_replica(m, stages, w, kv);
     rps += e.rps;
     tokens_s += e.tokens_s;
+    prefill_s += e.prefill_tokens_s;
+    decode_s += e.decode_tokens_s;
     kv_min = std::min(kv_min, kv);
     micro = std::max(micro, e.micro_batches);
     ev.spans.push_back(std::move(spans));
@@ -302,6 +304,8 @@ Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int conte
   cap.safe_rps = kSafeFraction * rps;
   cap.max_tokens_s = tokens_s;
   cap.safe_tokens_s = kSafeFraction * tokens_s;
+  cap.prefill_tokens_s = prefill_s;
+  cap.decode_tokens_s = decode_s;
   cap.source = "estimate";
   c.gear.estimated = cap;
   return ev;

@@ -302,18 +302,18 @@ void Service::drain_and_stop() {
 
 std::shared_ptr<DomainRunner> Service::route(const CompletionRequest& r, int prompt_len) {
   std::vector<std::shared_ptr<DomainRunner>> doms;
-  std::vector<RouteCandidate> cands;
+  std::vector<control::RouteCandidate> cands;
   for (auto& d : domains_.all()) {
     const doc::DomainState st = d->state();
     // A shadow takes its ramp share while it is still warming.
     if ((st == doc::DomainState::serving || st == doc::DomainState::warming) && d->weight() > 0 &&
         d->domain().failure().empty()) {
-      cands.push_back(RouteCandidate{d->id(), d->weight(), d->tp()});
+      cands.push_back(control::RouteCandidate{d->id(), d->weight(), d->tp()});
       doms.push_back(d);
     }
   }
   std::lock_guard lk(route_mu_);
-  const int i = router_.pick(cands, RouteRequest{r.priority, prompt_len});
+  const int i = router_.pick(cands, control::RouteRequest{r.priority, prompt_len});
   return i < 0 ? nullptr : doms[static_cast<std::size_t>(i)];
 }
 

@@ -21,6 +21,7 @@
 #include "doc/control.hpp"
 #include "doc/gear_table.hpp"
 #include "backend/cpu/virtual_device.hpp"
+#include "control/router.hpp"
 #include "control/clock.hpp"
 #include "engine/domain.hpp"
 #include "member/leader.hpp"
@@ -33,7 +34,6 @@
 #include "serve/generate.hpp"
 #include "serve/output_processor.hpp"
 #include "serve/request.hpp"
-#include "serve/router.hpp"
 #include "serve/shifter.hpp"
 #include "serve/telemetry.hpp"
 
@@ -225,7 +225,7 @@ class Service {
   std::unique_ptr<OutputProcessor> output_;
   std::unique_ptr<Shifter> shifter_;
   mutable std::mutex route_mu_;                            // router_
-  Router router_;
+  control::Router router_;
   mutable std::mutex table_mu_;                            // cfg_.gears
   /// Told of members' joins and losses while the service lives.
   struct MemberHook {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <queue>
 
+#include "control/router.hpp"
 #include "core/error.hpp"
 #include "doc/kinds.hpp"
 #include "engine/domain.hpp"
@@ -89,6 +90,7 @@ using State = doc::DomainState;
 struct Req {
   double arrival = 0, first = -1, done = -1;
   int prompt = 0, output = 0, generated = 0;
+  int dom = -1;  // the domain whose token backlog counts it until its first token
   bool failed = false;
 };
 
@@ -99,13 +101,15 @@ struct SimDomain {
   std::unique_ptr<engine::Domain> dom;
   SimulatedEngine* eng = nullptr;          // owned by dom
   std::vector<int> devs;                    // device indices
-  double weight = 0, current = 0;           // router share; smooth weighted round robin
+  double weight = 0;                        // router share
+  double capacity_rps = 0;                  // plan::estimate_replica at the trace's mix
   /// Requests routed here that the Domain does not hold yet: it is given
   /// only what a step could admit (max_running waiting), the rest waits
   /// here in arrival order, so a backlog of millions costs no prompts in
   /// memory. The Domain admits from the front of its queue, so its
   /// schedule is the same as with everything submitted at once.
   std::deque<int> backlog;
+  double backlog_prompt = 0;                // prompt tokens routed here and not yet at their first token
   bool scheduled = false;                   // has an entry in the step heap
   double free_at = 0;                       // end of its last step, s
   double busy_s = 0;                        // stepping, total
@@ -149,7 +153,8 @@ class EngineReplay {
   void account_devices(double t);
   // --- data plane
   void arrive(int i, double t);
-  int route();
+  int route(const Req& r);
+  void set_shares(const std::vector<int>& doms, double share);
   void schedule(int di, double t);
   void feed(SimDomain& d, double t);
   void step(int di, double t);
@@ -199,6 +204,9 @@ class EngineReplay {
   SimDomain* cur_ = nullptr;  // the domain stepping (its events' time is its engine's)
   int gear_ = 0;
   int token_ = 0;             // the one token id of prompts and outputs
+  control::Router router_;
+  std::vector<control::RouteCandidate> cands_;
+  std::vector<int> cand_doms_;
 
   // Shifts.
   std::optional<Shift> shift_;
@@ -287,6 +295,13 @@ int EngineReplay::build_domain(int gear, const doc::Replica& rep, double t, bool
     SimulatedEngineOptions o;
     o.shape = ec_.shape;
     o.stages = replica_stages(ec_.shape, ec_.topology, rep, c);
+    plan::Workload w;
+    w.prompt_tokens = std::clamp(static_cast<int>(std::lround(mean_prompt_)), 1, std::max(1, c.max_context - 2));
+    w.output_tokens = std::clamp(static_cast<int>(std::lround(mean_output_)), 1,
+                                 std::max(1, c.max_context - 1 - w.prompt_tokens));
+    w.max_batched_tokens = c.max_batched_tokens;
+    d.capacity_rps =
+        plan::estimate_replica(ec_.shape, o.stages, w, static_cast<double>(c.kv_blocks) * c.block_tokens).rps;
     o.calibration = ec_.calibration;
     o.kv_blocks = c.kv_blocks;
     o.block_tokens = c.block_tokens;
@@ -306,19 +321,24 @@ int EngineReplay::build_domain(int gear, const doc::Replica& rep, double t, bool
   return static_cast<int>(doms_.size()) - 1;
 }
 
-int EngineReplay::route() {
-  // Smooth weighted round robin (nginx): deterministic, in proportion to the shares.
-  double total = 0;
-  int best = -1;
+int EngineReplay::route(const Req& r) {
+  cands_.clear();
+  cand_doms_.clear();
   for (std::size_t i = 0; i < doms_.size(); ++i) {
-    SimDomain& d = doms_[i];
+    const SimDomain& d = doms_[i];
     if (d.state == State::retired || d.state == State::draining || !(d.weight > 0)) continue;
-    d.current += d.weight;
-    total += d.weight;
-    if (best < 0 || d.current > doms_[static_cast<std::size_t>(best)].current) best = static_cast<int>(i);
+    cands_.push_back(control::RouteCandidate{d.id, d.weight, table_.gears[static_cast<std::size_t>(d.gear)].tp});
+    cand_doms_.push_back(static_cast<int>(i));
   }
-  if (best >= 0) doms_[static_cast<std::size_t>(best)].current -= total;
-  return best;
+  const int k = router_.pick(cands_, control::RouteRequest{0, r.prompt});
+  return k < 0 ? -1 : cand_doms_[static_cast<std::size_t>(k)];
+}
+
+void EngineReplay::set_shares(const std::vector<int>& ds, double share) {
+  std::vector<double> cap;
+  for (int i : ds) cap.push_back(doms_[static_cast<std::size_t>(i)].capacity_rps);
+  const std::vector<double> w = control::capacity_shares(cap, share);
+  for (std::size_t k = 0; k < ds.size(); ++k) doms_[static_cast<std::size_t>(ds[k])].weight = w[k];
 }
 
 void EngineReplay::schedule(int di, double t) {
@@ -332,7 +352,7 @@ void EngineReplay::arrive(int i, double t) {
   Req& r = reqs_[static_cast<std::size_t>(i)];
   arrivals_w_.add(t, r.prompt);
   iv_.arrivals += 1;
-  const int di = route();
+  const int di = route(r);
   if (di < 0) {  // no serving domain: cannot happen while a gear serves, but never a hang
     r.failed = true;
     finish_request(r, t);
@@ -349,6 +369,8 @@ void EngineReplay::arrive(int i, double t) {
     return;
   }
   doms_[static_cast<std::size_t>(di)].backlog.push_back(i);
+  doms_[static_cast<std::size_t>(di)].backlog_prompt += r.prompt;
+  r.dom = di;
   schedule(di, t);
 }
 
@@ -376,6 +398,10 @@ void EngineReplay::feed(SimDomain& d, double t) {
 }
 
 void EngineReplay::finish_request(Req& r, double t) {
+  if (r.dom >= 0) {
+    doms_[static_cast<std::size_t>(r.dom)].backlog_prompt -= r.prompt;
+    r.dom = -1;
+  }
   r.done = t;
   finished_ += 1;
   iv_.finished += 1;
@@ -407,6 +433,10 @@ void EngineReplay::on_event(int i, const engine::GenerationEvent& e) {
     ++r.generated;
     if (r.first < 0) {
       r.first = t;
+      if (r.dom >= 0) {
+        doms_[static_cast<std::size_t>(r.dom)].backlog_prompt -= r.prompt;
+        r.dom = -1;
+      }
       const double ttft = (t - r.arrival) * 1000;
       iv_.ttft.push_back(ttft);
       ttft_w_.add(t, ttft);
@@ -513,6 +543,7 @@ void EngineReplay::maybe_retire(int di, double t) {
   if (d.state != State::draining || has_work(d)) return;
   d.state = State::retired;
   d.weight = 0;
+  router_.forget(d.id);
   hold_devices(d.devs, -1, std::max(t, d.free_at));
   if (!shift_ || shift_->phase != Shift::Phase::drain) return;
   const auto& leaving = shift_->rolled_back ? shift_->fresh : shift_->old;
@@ -541,8 +572,8 @@ void EngineReplay::start_shift(int to, double t) {
 
 void EngineReplay::apply_share(double share) {
   Shift& s = *shift_;
-  for (int i : s.fresh) doms_[static_cast<std::size_t>(i)].weight = share / static_cast<double>(s.fresh.size());
-  for (int i : s.old) doms_[static_cast<std::size_t>(i)].weight = (1 - share) / static_cast<double>(s.old.size());
+  set_shares(s.fresh, share);
+  set_shares(s.old, 1 - share);
 }
 
 void EngineReplay::advance_shift(double t) {
@@ -597,7 +628,7 @@ void EngineReplay::advance_shift(double t) {
         // Roll back: traffic returns to the old domains, the new ones drain and retire.
         s.rolled_back = true;
         ++rollbacks_;
-        for (int i : s.old) doms_[static_cast<std::size_t>(i)].weight = 1.0 / static_cast<double>(s.old.size());
+        set_shares(s.old, 1.0);
         for (int i : s.fresh) doms_[static_cast<std::size_t>(i)].weight = 0;
         for (int i : s.fresh) doms_[static_cast<std::size_t>(i)].state = State::draining;
         s.phase = Shift::Phase::drain;
@@ -708,6 +739,7 @@ void EngineReplay::observe(double t) {
     v.running = d.dom->running();
     v.waiting = d.dom->waiting() + static_cast<int>(d.backlog.size());
     o.queue_depth += v.waiting;
+    o.queued_prompt_tokens += std::max(0.0, d.backlog_prompt);
     o.kv_watermark = std::max(o.kv_watermark, d.dom->kv_usage());
     o.bubble_ratio = std::max(o.bubble_ratio, d.bubble);
     o.domains.push_back(std::move(v));
@@ -788,6 +820,7 @@ json::Json EngineReplay::run(const std::string& start_gear) {
   gear_ = table_.index_of(start_gear);
   if (gear_ < 0) throw InputError("--start-gear: gear \"" + start_gear + "\" is not in the gear table");
   load_slice();
+  router_ = control::Router(ec_.long_prompt_tokens);
   token_ = ec_.shape.vocab_size > 3 ? 3 : 0;
   for (std::size_t i = 0; i < ec_.topology.devices.size(); ++i) {
     dev_index_[ec_.topology.devices[i].id] = static_cast<int>(i);
@@ -805,11 +838,13 @@ json::Json EngineReplay::run(const std::string& start_gear) {
   claim_.assign(nd, -1);
 
   const doc::Gear& g0 = table_.gears[static_cast<std::size_t>(gear_)];
+  std::vector<int> first;
   for (const auto& rep : g0.replicas) {
     const int di = build_domain(gear_, rep, 0, false);
     doms_[static_cast<std::size_t>(di)].state = State::serving;
-    doms_[static_cast<std::size_t>(di)].weight = 1.0 / static_cast<double>(g0.replicas.size());
+    first.push_back(di);
   }
+  set_shares(first, 1.0);
 
   const double hard_end = span_s_ + ec_.tail_s;
   std::size_t ai = 0;

@@ -32,6 +32,10 @@ struct EngineReplayConfig {
   /// served for at most this long (virtual s); what is left then is
   /// counted unfinished.
   double tail_s = 600;
+  /// Router rule: a prompt of at least this many tokens goes to the serving
+  /// domain of the largest TP degree (during a shift, old and new gears
+  /// serve together); 0: off (as ftp-serve's --route-long-prompt-tokens).
+  int long_prompt_tokens = 0;
   plan::ShiftCostConfig shift;         ///< reserve, warm-up, weight reload, ramp
 };
 
@@ -55,13 +59,17 @@ int kv_pages_for(const plan::ModelShape& shape, const doc::Topology& topo, const
 /// intervals) or the next phase of a shift; a domain steps again when its
 /// step ends and it has work. Domains that share a device take turns (a
 /// step waits for the device). Arrivals go to the serving domains by
-/// traffic share (smooth weighted round robin). A shift follows the
+/// traffic share through control::Router, as the daemon routes: smooth
+/// weighted round robin, shares in proportion to each domain's capacity
+/// (control::capacity_shares of plan::estimate_replica at the trace's mean
+/// mix), long prompts to the largest TP when long_prompt_tokens is set. A shift follows the
 /// daemon's: reserve (plan::reserve_phase_s), warm (a one-token request on
 /// each new domain plus plan::ShiftCostConfig::warm_s), the ramp's shares
 /// with a check after each wait (errors or P99 E2E over the factor roll it
 /// back), then the old domains drain while the new ones serve and retire
 /// when idle. Every observation_period_s the policy sees an observation
-/// built as the daemon's (man ftp-plan(1), SIMULATE) and a shift decision
+/// built as the daemon's (man ftp-plan(1), SIMULATE), with the queue's
+/// token backlog (queued_prompt_tokens) and the bubble ratio of the last step, and a shift decision
 /// starts a shift at its not_before_ms.
 ///
 /// `emit` gets one ftp.sim-interval/v1 record per interval_s; the return

@@ -732,3 +732,106 @@ TEST(Predictor, AnOverflowingStepStartsOver) {
   EXPECT_TRUE(std::isfinite(p.forecast(60)));
   EXPECT_GT(p.forecast(60), 400);
 }
+
+namespace {
+/// sample_gears with token rates: economy prefills 15000 prompt tokens/s
+/// and decodes 3000 tokens/s, standard and performance 4 and 8 times that.
+/// At economy's 150 req/s a request then takes 1/150 s of the gear, e.g.
+/// 750 prompt + 10 output tokens: 750/15000 + 10/3000 = 0.05 + 0.00333,
+/// that is 0.0533 s x 150 = 8 reference requests each.
+ftp::doc::GearTable token_gears() {
+  ftp::doc::GearTable t = ftp::test::sample_gears();
+  const double k[] = {1, 4, 8, 2};
+  for (std::size_t i = 0; i < t.gears.size(); ++i) {
+    t.gears[i].estimated->prefill_tokens_s = 15000 * k[i];
+    t.gears[i].estimated->decode_tokens_s = 3000 * k[i];
+  }
+  return t;
+}
+}  // namespace
+
+TEST(Capacity, WorkRpsWeighsTheTokenMix) {
+  ftp::doc::Capacity c;
+  c.max_rps = 150;
+  c.prefill_tokens_s = 15000;
+  c.decode_tokens_s = 3000;
+  // 10 req/s of 750 prompt and 10 output tokens: 10 x (0.05 + 1/300) x 150 = 80.
+  EXPECT_NEAR(ftp::control::work_rps(c, 10, 750, 10), 80, 1e-9);
+  // 500 prompt tokens, no output: 500/15000 s = 5 reference requests (of
+  // 1/150 s) each, so 10 req/s are 50.
+  EXPECT_NEAR(ftp::control::work_rps(c, 10, 500, 0), 50, 1e-9);
+  // Without token rates, or without a mix: requests.
+  c.decode_tokens_s = 0;
+  EXPECT_DOUBLE_EQ(ftp::control::work_rps(c, 10, 750, 10), 10);
+  c.decode_tokens_s = 3000;
+  EXPECT_DOUBLE_EQ(ftp::control::work_rps(c, 10, 0, 0), 10);
+}
+
+TEST(GearShifter, LongPromptsLoadAGearMoreThanTheirRequestRate) {
+  // 40 req/s on economy (safe 120): inside its band in requests, but at
+  // 750 prompt + 10 output tokens it is 40 x 0.0533 x 150 = 320 req/s of
+  // work, over 0.85 x 120 = 102; standard (4x the rates, 4x max_rps) sees
+  // 40 x (750/60000 + 10/12000) x 600 = 320 <= 0.85 x 480 = 408, so the
+  // target is standard.
+  const ftp::doc::GearTable table = token_gears();
+  auto run = [&](bool work, double output_tokens = 10) {
+    PolicyConfig c;
+    c.gear_shifter.work_load = work;
+    GearShifter g(table, c);
+    Decision d;
+    for (int t = 0; t <= 20; t += 10) {
+      Observation o = busy(t, "economy", 40);
+      o.prompt_token_rate = 40 * 750;
+      o.mean_output_tokens = output_tokens;
+      d = g.observe(o);
+    }
+    return d;
+  };
+  Decision d = run(true);
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "standard");
+  EXPECT_NEAR(signal(d, "forecast_load")->value, 320, 1e-6);
+  EXPECT_CONTAINS(d.reason, "req/s in work");
+  // Counted in requests (load "requests"), the same traffic holds; so it
+  // does before a request has finished (no output length seen yet).
+  EXPECT_EQ(run(false).action, "hold");
+  EXPECT_EQ(run(true, 0).action, "hold");
+}
+
+TEST(GearShifter, TokenBacklogVotesUpOnly) {
+  // economy prefills 15000 tokens/s: 45000 queued prompt tokens are 3 s > 2 s.
+  const ftp::doc::GearTable table = token_gears();
+  GearShifter g(table, PolicyConfig{});
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) {
+    Observation o = obs(t, "economy", 300);  // the queue-depth signals are quiet
+    o.queued_prompt_tokens = 45000;
+    d = g.observe(o);
+  }
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_TRUE(signal(d, "token_backlog_s")->agrees);
+  EXPECT_NEAR(signal(d, "token_backlog_s")->value, 3, 1e-9);
+  // 15000 tokens (1 s) do not vote.
+  GearShifter h(table, PolicyConfig{});
+  for (int t = 0; t <= 20; t += 10) {
+    Observation o = obs(t, "economy", 300);
+    o.queued_prompt_tokens = 15000;
+    d = h.observe(o);
+  }
+  EXPECT_EQ(d.action, "hold");
+  EXPECT_FALSE(signal(d, "token_backlog_s")->agrees);
+}
+
+TEST(GearShifter, KvPressureIsAVoice) {
+  // KV at 0.85 (under the guard's 0.9) votes up next to the forecast.
+  const ftp::doc::GearTable table = ftp::test::sample_gears();
+  GearShifter g(table, PolicyConfig{});
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) {
+    Observation o = obs(t, "economy", 300);
+    o.kv_watermark = 0.85;
+    d = g.observe(o);
+  }
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_TRUE(signal(d, "kv_pressure")->agrees);
+}

@@ -294,3 +294,52 @@ TEST(EngineReplay, ARampCheckRollsBackASlowerGear) {
   EXPECT_EQ(ok.summary.at("final_gear"), "tp1");
   EXPECT_LT(ok.summary.at("gear_time_s").at("tp2").get<double>(), r.summary.at("gear_time_s").at("tp2").get<double>());
 }
+
+TEST(EngineReplay, UnequalReplicasShareByCapacityAndTheBacklogIsInTokens) {
+  // Two devices, the second at half the compute and memory bandwidth of
+  // the first (same memory): a dp=2 gear's replica on the slow one can do
+  // at most half, and a little more than half where fixed per-step costs
+  // weigh in, so its traffic share is about 1/3, not 1/2.
+  json::Json fast = {{"id", "fast"},   {"count", 1},   {"type", "gpu"}, {"name", "A100"}, {"memory_gib", 80},
+                     {"tflop_s", 312}, {"dtype", "bf16"}, {"memory_bandwidth_gb_s", 2039}};
+  json::Json slow = fast;
+  slow["id"] = "slow";
+  slow["name"] = "A100-half";
+  slow["tflop_s"] = 156;
+  slow["memory_bandwidth_gb_s"] = 1019.5;
+  json::Json spec = {{"kind", "ftp.cluster/v1"},
+                     {"name", "mixed"},
+                     {"nodes", json::Json::array({{{"id", "n0"}, {"devices", json::Json::array({fast, slow})}}})}};
+  const doc::Topology topo = doc::topology_from_cluster_spec(spec);
+  const doc::GearTable t = table(topo, llama7b(), {"dp2:tp=1,dp=2"});
+  ASSERT_EQ(t.gears.front().replicas.size(), 2u);
+  control::SyntheticConfig sc;
+  sc.pattern = "const:40";  // far beyond both: a queue forms
+  sc.duration_s = 60;
+  sc.prompt = control::parse_length_dist("2000", "p");
+  sc.output = control::parse_length_dist("20", "o");
+  const control::Trace tr = control::synthesize(sc);
+  sim::EngineReplayConfig ec;
+  ec.shape = llama7b();
+  ec.topology = topo;
+  ec.tail_s = 0;
+  Recorder rec;
+  sim::replay_engine(tr, rec, "recorder", t, t.gears.front().name, control::ReplayConfig{}, ec,
+                     [](const json::Json&) {});
+  ASSERT_FALSE(rec.seen.empty());
+  const doc::Observation& o = rec.seen.back();
+  ASSERT_EQ(o.domains.size(), 2u);
+  double share_fast = 0, share_slow = 0;
+  for (const auto& d : o.domains) (d.devices.front().find("slow") == std::string::npos ? share_fast : share_slow) = d.traffic_share;
+  EXPECT_NEAR(share_fast + share_slow, 1, 1e-9);
+  EXPECT_GT(share_fast, 0.6);
+  EXPECT_LT(share_fast, 0.7);
+  // Each request waiting holds 2000 prompt tokens of backlog; one partly
+  // prefilled may count whole, so the backlog is 2000 x the waiting and
+  // at most 2000 x (waiting + running).
+  double waiting = 0, running = 0;
+  for (const auto& d : o.domains) waiting += d.waiting, running += d.running;
+  EXPECT_GT(waiting, 0);
+  EXPECT_GE(o.queued_prompt_tokens, 2000 * waiting);
+  EXPECT_LE(o.queued_prompt_tokens, 2000 * (waiting + running));
+}

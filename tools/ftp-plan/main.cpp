@@ -117,6 +117,9 @@ int main(int argc, char** argv) {
           ->check(ftp::cli::positive()),
       sim->add_option("--block-tokens", so.engine.block_tokens, "Engine: KV page size, tokens (default 16)")
           ->check(ftp::cli::in_range(1, 4096)),
+      sim->add_option("--route-long-prompt-tokens", so.engine.long_prompt_tokens,
+                      "Engine: prompts of at least this many tokens go to the largest-TP domain (default 0: off)")
+          ->check(ftp::cli::non_negative()),
       sim->add_option("--tail-s", so.engine.tail_s, "Engine: serve in-flight requests this long after the slice, s (default 600)")
           ->check(ftp::cli::non_negative()),
       sim->add_option("--warm-s", so.engine.shift.warm_s, "Engine: a shift's warm-up besides its first request, s (default 2)")

@@ -1,7 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "serve/router.hpp"
+#include "control/router.hpp"
 
-namespace ftp::serve {
+namespace ftp::control {
+
+std::vector<double> capacity_shares(const std::vector<double>& capacity, double share) {
+  std::vector<double> out(capacity.size(), capacity.empty() ? 0 : share / static_cast<double>(capacity.size()));
+  double total = 0;
+  for (double c : capacity) {
+    if (!(c > 0)) return out;
+    total += c;
+  }
+  for (std::size_t i = 0; i < capacity.size(); ++i) out[i] = share * capacity[i] / total;
+  return out;
+}
 
 int Router::pick(const std::vector<RouteCandidate>& cands, const RouteRequest& r) {
   const bool to_largest_tp = r.priority > 0 || (long_prompt_tokens_ > 0 && r.prompt_tokens >= long_prompt_tokens_);
@@ -24,4 +35,4 @@ int Router::pick(const std::vector<RouteCandidate>& cands, const RouteRequest& r
   return best;
 }
 
-}  // namespace ftp::serve
+}  // namespace ftp::control

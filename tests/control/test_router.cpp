@@ -5,11 +5,11 @@
 
 #include <map>
 
-#include "serve/router.hpp"
+#include "control/router.hpp"
 
-using ftp::serve::RouteCandidate;
-using ftp::serve::RouteRequest;
-using ftp::serve::Router;
+using ftp::control::RouteCandidate;
+using ftp::control::RouteRequest;
+using ftp::control::Router;
 
 namespace {
 
@@ -84,4 +84,30 @@ TEST(Router, ForgetStartsADomainsCreditAfresh) {
   r.forget("a");
   r.forget("b");
   EXPECT_EQ(r.pick(c, {}), 0);  // as from a fresh router: the first wins ties
+}
+
+TEST(CapacityShares, InProportionToCapacity) {
+  // 30 and 10 req/s of capacity split 0.8: 0.6 and 0.2 (each at the same
+  // fraction of what it can do).
+  const std::vector<double> s = ftp::control::capacity_shares({30, 10}, 0.8);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_DOUBLE_EQ(s[0], 0.6);
+  EXPECT_DOUBLE_EQ(s[1], 0.2);
+}
+
+TEST(CapacityShares, EqualWhenACapacityIsUnknown) {
+  const std::vector<double> s = ftp::control::capacity_shares({30, 0, 10}, 0.9);
+  ASSERT_EQ(s.size(), 3u);
+  for (double x : s) EXPECT_DOUBLE_EQ(x, 0.3);
+  EXPECT_TRUE(ftp::control::capacity_shares({}, 1.0).empty());
+}
+
+TEST(CapacityShares, RoutedPicksFollowCapacity) {
+  // Through the router: 3:1 capacity, 400 picks, 300 and 100 exactly.
+  ftp::control::Router r;
+  const std::vector<double> w = ftp::control::capacity_shares({3, 1}, 1.0);
+  std::vector<RouteCandidate> c = {{"big", w[0], 2}, {"small", w[1], 1}};
+  auto n = picks(r, c, 400);
+  EXPECT_EQ(n["big"], 300);
+  EXPECT_EQ(n["small"], 100);
 }

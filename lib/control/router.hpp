@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace ftp::serve {
+namespace ftp::control {
 
 /// What the router knows of a domain that may take new requests.
 struct RouteCandidate {
@@ -20,12 +20,20 @@ struct RouteRequest {
   int prompt_tokens = 0;
 };
 
+/// Shares of new requests for domains of unequal capacity: `share` split in
+/// proportion to `capacity` (requests/s, or any unit common to all), so
+/// that each domain runs at the same fraction of what it can do. Equal
+/// shares when any capacity is not above 0 (unknown); empty for none.
+std::vector<double> capacity_shares(const std::vector<double>& capacity, double share);
+
 /// Assigns each new request to one domain (ARCHITECTURE.md section 2):
 /// by weight, with smooth weighted round robin (deterministic, each
 /// domain's share of picks follows its weight); a high-priority request,
 /// or a prompt of at least `long_prompt_tokens` tokens, goes to the
 /// candidate of the largest TP degree. It never moves an in-flight request.
-/// Pure: no clock, no locks (the caller serialises its calls).
+/// Pure: no clock, no locks (the caller serialises its calls). The daemon
+/// (serve::Service) and the engine-model replay (sim::replay_engine) both
+/// route with it; both give domains of unequal capacity capacity_shares.
 class Router {
  public:
   /// `long_prompt_tokens` 0: no long-prompt rule.
@@ -42,4 +50,4 @@ class Router {
   std::map<std::string, double> credit_;  // smooth weighted round robin
 };
 
-}  // namespace ftp::serve
+}  // namespace ftp::control
