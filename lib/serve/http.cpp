@@ -34,6 +34,7 @@ namespace {
 struct ApiError {
   int status;
   std::string type, param, code, message;
+  int retry_after_s = 0;  ///< > 0: a Retry-After header (a Refused request)
 };
 
 [[noreturn]] void bad(std::string param, std::string message, std::string code = "") {
@@ -53,6 +54,7 @@ Json error_json(const ApiError& e) {
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
   res.set_content(dumps(error_json(e)), "application/json");
 }
 
@@ -598,6 +600,7 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
       st->ids[i] = n == 1 ? id : id + "-" + std::to_string(i);
       CompletionRequest& r = p.prompts[i];
       r.id = st->ids[i];
+      r.group = id;
       r.on_event = [st, log = log, i, rid = st->ids[i]](const CompletionEvent& e) {
         bool gone;
         {
@@ -638,8 +641,9 @@ void HttpServer::Impl::completion(const std::string& body_text, httplib::Respons
         if (param == "max_tokens") param = p.max_tokens_key;
         std::string message = e.what();
         if (n > 1) message = "prompt[" + std::to_string(i) + "]: " + message;
+        const auto* rf = dynamic_cast<const Refused*>(&e);
         throw ApiError{re ? re->status() : 400, re ? re->type() : "invalid_request_error", param, re ? re->code() : "",
-                       message};
+                       message, rf ? rf->retry_after_s() : 0};
       }
     }
     if (p.stream)

@@ -63,7 +63,7 @@ engine::GenerationRequest OutputProcessor::prepare(const CompletionRequest& r, s
       const bool failed = e.finish_reason == engine::FinishReason::error;
       std::optional<double> tpot;
       if (tr->tokens > 1 && tr->first_us >= 0) tpot = ms_since(tr->first_us) / (tr->tokens - 1);
-      telemetry_.request_finished(t, n, tr->tokens, e2e, tpot, failed);
+      telemetry_.request_finished(t, n, tr->tokens, e2e, tpot, e.finish_reason);
       dom->e2e.add(e2e, t);
       ++dom->served;
       if (failed) ++dom->errors;

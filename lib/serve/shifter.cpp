@@ -101,7 +101,14 @@ void Shifter::outside_shift(const std::function<void()>& fn) {
   fn();
 }
 
+void Shifter::set_journal(Journal* journal) {
+  std::lock_guard lk(records_mu_);
+  journal_ = journal;
+  if (journal_) next_shift_ = std::max(next_shift_, journal_->last_shift_number());
+}
+
 Json Shifter::records() const {
+  if (journal_) return journal_->records();
   Json out = Json::array();
   std::lock_guard lk(records_mu_);
   for (const auto& r : records_) out.push_back(doc::to_json(r));
@@ -147,6 +154,14 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     ev.phase_ms = static_cast<double>(t_us - phase_us) / 1000.0;
     ev.message = msg;
     phase_us = t_us;
+    telemetry_.shift_event(ev);
+    if (journal_) {
+      try {
+        journal_->append(ev);
+      } catch (const std::exception&) {
+        // A full disk must not stop a shift; the records in memory remain.
+      }
+    }
     if (progress) progress(ev);
   };
 
@@ -174,7 +189,6 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
       std::lock_guard lk(records_mu_);
       records_.push_back(ev);
     }
-    telemetry_.shift_done(outcome);
     return ev;
   };
   auto rollback = [&](const std::string& why) {
