@@ -24,6 +24,14 @@ check "promtool check metrics: no problem but vLLM's colons" test ! -s "$tmp/pro
 [ -s "$tmp/problems.txt" ] && cat "$tmp/problems.txt"
 check "promtool read every family" test "$(grep -c '^# TYPE' "$tmp/metrics.txt")" -ge 20
 
+# The shift dashboard reads only names the daemon exposes.
+missing=
+for name in $(jq -r '.. | .expr? // empty' "$src/examples/grafana/flextp-shifts.json" | grep -oE '(vllm|flextp):[a-z0-9_]+' | sort -u); do
+  grep -q "^$name[{ ]" "$tmp/metrics.txt" || missing="$missing $name"
+done
+check "grafana dashboard: every metric it reads is exposed" test -z "$missing"
+[ -n "$missing" ] && echo "missing:$missing"
+
 prom=$(command -v prometheus)
 if [ -z "$prom" ]; then echo "prometheus server not found: its part skipped"; finish; exit; fi
 ppt=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
