@@ -195,10 +195,9 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     // Traffic returns to the old domains; the shadow drains and retires.
     set_weights(old, 1.0);
     set_weights(fresh, 0.0);
-    for (auto& d : fresh) {
-      d->set_state(DomainState::draining);
-      d->set_background();
-    }
+    // Draining keeps its CPU priority (issue 20: at nice +10 a drain under
+    // full load took 45 s); drain_timeout_ms is its deadline.
+    for (auto& d : fresh) d->set_state(DomainState::draining);
     emit(ShiftPhase::rollback, 0, why);
     // A shadow that cannot drain in time stays draining and retires at the
     // next shift or drain (reap_drained).
@@ -249,8 +248,7 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
 
   for (auto& d : old) {
     d->set_state(DomainState::draining);
-    d->set_weight(0);
-    d->set_background();  // its last decodes yield to the new domain's first tokens
+    d->set_weight(0);  // at its priority, under drain_timeout_ms (see the rollback's)
   }
   for (auto& d : fresh) d->set_state(DomainState::serving);
   domains_.set_gear(target->name);
@@ -287,7 +285,6 @@ int Shifter::drain_domain(const std::string& id, bool force, int timeout_ms,
     throw ControlError("ftp.LastDomain", "domain " + id + " is the last serving domain; use force to drain it anyway");
   dom->set_state(DomainState::draining);
   dom->set_weight(0);
-  dom->set_background();
   set_weights(others, 1.0);
   const int waited = dom->inflight();
   if (progress) progress(Json{{"domain", id}, {"state", "draining"}, {"inflight", waited}});
