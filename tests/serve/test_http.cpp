@@ -478,10 +478,10 @@ TEST_F(HttpTest, ModelsHealthReadyMetrics) {
        {"vllm:num_requests_running{model_name=\"stories260K\"}", "vllm:num_requests_waiting{model_name=\"stories260K\"}",
         "vllm:time_to_first_token_seconds_bucket{model_name=\"stories260K\",le=",
         "vllm:time_per_output_token_seconds_bucket{", "vllm:e2e_request_latency_seconds_bucket{",
-        "vllm:request_queue_time_seconds_count{model_name=\"stories260K\"} 1\n",
+        "vllm:request_queue_time_seconds_count{model_name=\"stories260K\"} ",
         "vllm:prompt_tokens_total{", "vllm:generation_tokens_total{", "vllm:request_prompt_tokens_bucket{",
-        "vllm:request_generation_tokens_count{model_name=\"stories260K\"} 1\n", "vllm:gpu_cache_usage_perc{",
-        "vllm:num_preemptions_total{", "vllm:request_success_total{model_name=\"stories260K\",finished_reason=\"length\"} 1\n",
+        "vllm:request_generation_tokens_count{model_name=\"stories260K\"} ", "vllm:gpu_cache_usage_perc{",
+        "vllm:num_preemptions_total{", "vllm:request_success_total{model_name=\"stories260K\",finished_reason=\"length\"} ",
         "flextp:gear_info{model_name=\"stories260K\",gear=\"standard\"} 1", "flextp:domains{model_name=\"stories260K\",state=\"serving\"} 1",
         "flextp:shifts_total{", "flextp:devices_leased{", "flextp:shift_phase_duration_seconds_bucket{",
         "flextp:requests_refused_total{model_name=\"stories260K\",reason=\"service_queue_requests\"} 0"})
