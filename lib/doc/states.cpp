@@ -25,7 +25,7 @@ const std::vector<std::string>& shift_phase_names() {
 }
 
 const std::vector<std::string>& shift_outcome_names() {
-  static const std::vector<std::string> names = {"committed", "rolled-back", "failed"};
+  static const std::vector<std::string> names = {"committed", "rolled-back", "failed", "interrupted"};
   return names;
 }
 

@@ -20,11 +20,11 @@ enum class DomainState { warming, serving, draining, retired };
 enum class ShiftPhase { reserve, warm, ramp, drain, retire, rollback, done };
 
 /// How a shift ended (the `done` record).
-enum class ShiftOutcome { committed, rolled_back, failed };
+enum class ShiftOutcome { committed, rolled_back, failed, interrupted };  ///< interrupted: the daemon stopped mid-shift (the journal)
 
 std::string_view to_string(DomainState s) noexcept;
 std::string_view to_string(ShiftPhase p) noexcept;
-/// "committed" | "rolled-back" | "failed".
+/// "committed" | "rolled-back" | "failed" | "interrupted".
 std::string_view to_string(ShiftOutcome o) noexcept;
 
 /// Writes the JSON name (log lines, test messages).

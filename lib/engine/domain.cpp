@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -32,10 +33,12 @@ struct Domain::Seq {
   int shared_tokens = 0;     // choice 0: the prompt positions whose full pages the choices share
   std::vector<TokenLogprobs> prompt_lp;  // with req.prompt_logprobs: entry j for prompt token j + 1
   bool prompt_lp_sent = false;
+  std::string group;         // req.group, or its id
 
   Seq(GenerationRequest r, std::uint64_t a, int c = 0) : req(std::move(r)), sampler(choice_params(req.sampling, c)),
                                                          arrival(a), choice(c) {
     tokens = req.prompt;
+    group = req.group.empty() ? req.id : req.group;
   }
   int pending() const { return static_cast<int>(tokens.size()) - computed; }
   /// A prompt position whose logits give the next prompt token's log-probability.
@@ -197,21 +200,33 @@ void Domain::release(Seq& s) {
   s.blocks.clear();
 }
 
-bool Domain::preempt_newest(const Seq* keep) {
-  // The newest running sequence gives its pages back and waits to be
+std::unordered_map<std::string, int> Domain::running_per_group() const {
+  std::unordered_map<std::string, int> n;
+  for (const auto& s : running_) ++n[s->group];
+  return n;
+}
+
+std::size_t Domain::victim(std::size_t from) const {
+  // The newest sequence of the group that runs the most: with one sequence
+  // per group, the newest of all. It gives its pages back and waits to be
   // recomputed (prompt + output so far); it is never dropped.
-  auto newest = running_.end();
-  for (auto it = running_.begin(); it != running_.end(); ++it)
-    if (it->get() != keep && (newest == running_.end() || (*it)->arrival > (*newest)->arrival)) newest = it;
-  if (newest == running_.end()) return false;
-  Seq& s = **newest;
+  const auto per_group = running_per_group();
+  std::size_t best = from;
+  for (std::size_t j = from + 1; j < running_.size(); ++j) {
+    const int nj = per_group.at(running_[j]->group), nb = per_group.at(running_[best]->group);
+    if (nj > nb || (nj == nb && running_[j]->arrival > running_[best]->arrival)) best = j;
+  }
+  return best;
+}
+
+void Domain::preempt_at(std::size_t i) {
+  Seq& s = *running_[i];
   release(s);
   s.computed = 0;
-  waiting_.push_front(std::move(*newest));
-  running_.erase(newest);
+  waiting_.push_front(std::move(running_[i]));
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
   std::lock_guard lk(mu_);
   ++stats_.preemptions;
-  return true;
 }
 
 void Domain::finish(Seq& s, FinishReason reason, const std::string& error, EventList& events) {
@@ -300,40 +315,92 @@ int Domain::step() {
   int budget = cfg_.max_batched_tokens;
   std::vector<std::pair<Seq*, int>> plan;  // sequence, tokens this step
 
-  // 1. Running sequences, oldest first: decodes (one token) and prefill chunks.
-  std::sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
-  for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
+  // 0. Fairness: while several groups have work, one holds at most `cap`
+  // of the batch. A waiting group with nothing running gets a place from
+  // the group over its cap that runs the most (its newest sequence).
+  std::unordered_set<std::string> groups;
+  for (const auto& s : running_) groups.insert(s->group);
+  for (const auto& s : waiting_) groups.insert(s->group);
+  const int cap = groups.size() > 1
+                      ? std::max(1, static_cast<int>(cfg_.max_group_share * max_running))
+                      : max_running;
+  auto per_group = running_per_group();
+  {
+    // The first waiting sequence of each group with nothing running wants
+    // a slot and the pages of its first chunk. (Collected first: a
+    // preemption pushes onto waiting_.)
+    std::unordered_set<std::string> seen;
+    std::vector<const Seq*> starved;
+    for (const auto& w : waiting_)
+      if (!per_group.count(w->group) && seen.insert(w->group).second) starved.push_back(w.get());
+    for (const Seq* w : starved) {
+      const int need = kv_pages(std::min(w->pending(), cfg_.max_batched_tokens), cfg_.block_tokens);
+      while (!running_.empty() &&
+             (static_cast<int>(running_.size()) >= max_running || blocks_.free_blocks() < need)) {
+        const std::size_t v = victim(0);
+        if (per_group[running_[v]->group] <= cap) break;
+        --per_group[running_[v]->group];
+        preempt_at(v);
+      }
+    }
+  }
+
+  // 1. Running sequences: decodes (one token) first, then prefill chunks,
+  // oldest first within each.
+  std::sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
+    const bool da = a->pending() <= 1, db = b->pending() <= 1;
+    return da != db ? da : a->arrival < b->arrival;
+  });
+  for (std::size_t i = 0; i < running_.size() && budget > 0;) {
     Seq& s = *running_[i];
     int n = std::min(s.pending(), budget);
     if (s.prompt_row()) n = std::min(n, 1);  // each prompt position's logits
+    bool self_went = false;
     while (!ensure_blocks(s, s.computed + n)) {
-      // Out of pages: preempt the newest other sequence, or this one if it is the newest.
-      Seq* self = &s;
-      bool newest_is_self = std::all_of(running_.begin(), running_.end(),
-                                        [&](const auto& o) { return o->arrival <= self->arrival; });
-      if (newest_is_self || !preempt_newest(self)) {
-        preempt_newest(nullptr);
-        n = 0;
+      // Out of pages: preempt a sequence not yet planned (victim), this one
+      // if it is the one.
+      const std::size_t v = victim(i);
+      preempt_at(v);
+      if (v == i) {
+        self_went = true;
         break;
       }
     }
-    if (n == 0) break;  // this sequence itself went back to waiting
+    if (self_went) continue;  // running_[i] is now the next one
     plan.emplace_back(&s, n);
     budget -= n;
+    ++i;
   }
-  // 2. Admit waiting sequences in arrival order while pages and budget last.
-  while (!waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < max_running) {
-    Seq& s = *waiting_.front();
-    int n = std::min(s.pending(), budget);
-    if (s.prompt_row()) n = std::min(n, 1);
-    if (!ensure_blocks(s, s.computed + n)) {
-      release(s);
-      break;
+  // 2. Admit waiting sequences while pages and budget last: round robin
+  // across groups (each group's own in arrival order), a group under `cap`.
+  per_group = running_per_group();
+  bool out_of_pages = false;
+  for (bool admitted = true; admitted && !out_of_pages;) {
+    admitted = false;
+    std::unordered_set<std::string> turn;  // groups that had their turn in this round
+    for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 &&
+                                     static_cast<int>(running_.size()) < max_running;) {
+      Seq& s = **it;
+      if (turn.count(s.group) || per_group[s.group] >= cap) {
+        ++it;
+        continue;
+      }
+      turn.insert(s.group);
+      int n = std::min(s.pending(), budget);
+      if (s.prompt_row()) n = std::min(n, 1);  // each prompt position's logits
+      if (!ensure_blocks(s, s.computed + n)) {
+        release(s);
+        out_of_pages = true;
+        break;
+      }
+      plan.emplace_back(&s, n);
+      budget -= n;
+      ++per_group[s.group];
+      if (s.req.on_scheduled) std::exchange(s.req.on_scheduled, nullptr)();
+      running_.push_back(std::move(*it));
+      it = waiting_.erase(it);
+      admitted = true;
     }
-    plan.emplace_back(&s, n);
-    budget -= n;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
   }
   {
     std::lock_guard lk(mu_);

@@ -9,6 +9,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -27,6 +28,10 @@ struct DomainConfig {
   int block_tokens = 16;         ///< positions per page
   int max_batched_tokens = 256;  ///< token budget of one step (chunked prefill)
   int max_running = 64;          ///< sequences in the running batch
+  /// Fair scheduling: while more than one request group has work, one
+  /// group (GenerationRequest::group) holds at most this share of the
+  /// running batch (at least one sequence); alone, it may use all of it.
+  double max_group_share = 0.5;
   int micro_batches = 1;         ///< pipeline micro-batches per step
   int max_context = 0;           ///< positions per sequence; 0: the model's trained context
   Backend* backend = nullptr;    ///< real engine: where its ranks run; null: the CPU backend
@@ -66,6 +71,10 @@ struct GenerationEvent {
 /// One completion to generate.
 struct GenerationRequest {
   std::string id;
+  /// The client request it belongs to (the prompts of one batched
+  /// completion share it); the scheduler admits round robin across groups
+  /// and caps one group's share of the batch. Empty: a group of its own (id).
+  std::string group;
   std::vector<int> prompt;
   SamplingParams sampling;
   int max_tokens = 16;
@@ -91,6 +100,9 @@ struct GenerationRequest {
   /// that choice ("stop"), e.g. for stop strings.
   std::function<bool(int choice, const std::vector<int>& output)> stop_check;
   std::function<void(const GenerationEvent&)> on_event;
+  /// Called once, on the domain's thread, when the request first joins the
+  /// running batch (the end of its queue time); null: none.
+  std::function<void()> on_scheduled;
 };
 
 /// Counters of a domain.
@@ -105,9 +117,14 @@ struct DomainStats {
 
 /// A domain's scheduler over its executor: continuous batching (requests
 /// join and leave the batch at every step), chunked prefill under the
-/// token budget, paged KV under the block cap. When pages run out, the
-/// newest running sequence is preempted and recomputed later; a request is
-/// never dropped: it finishes, or fails with an error event.
+/// token budget, paged KV under the block cap. Fair between request
+/// groups: waiting sequences are admitted round robin across groups, one
+/// group holds at most max_group_share of the batch while others have
+/// work (its newest sequences are preempted to make room for a group with
+/// none running), and decodes are planned before prefill chunks. When
+/// pages run out, the newest sequence of the group running the most is
+/// preempted and recomputed later; a request is never dropped: it
+/// finishes, or fails with an error event.
 class Domain {
  public:
   /// Builds the engine of `config` with `make` (after filling in the
@@ -164,12 +181,18 @@ class Domain {
   void release(Seq& s);
   void finish(Seq& s, FinishReason reason, const std::string& error,
               std::vector<std::pair<std::function<void(const GenerationEvent&)>, GenerationEvent>>& events);
-  bool preempt_newest(const Seq* keep);
   /// The choices 1..n-1 of `s` (choice 0), sharing its prompt's full pages.
   void fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out);
   /// Whether a row of `s` needs the logits on the host (top-k, penalties,
   /// min_tokens masking, prompt log-probabilities).
   bool host_samples(const Seq& s) const;
+  /// Preempts running_[i] (its pages back, recomputed later), returns it to waiting.
+  void preempt_at(std::size_t i);
+  /// The index in running_ of the sequence to preempt among running_[from..]:
+  /// the newest of the group that runs the most sequences.
+  std::size_t victim(std::size_t from) const;
+  /// Running sequences per group.
+  std::unordered_map<std::string, int> running_per_group() const;
 
   model::HParams hp_;
   DomainConfig cfg_;

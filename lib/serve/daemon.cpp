@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/daemon.hpp"
+#include "serve/journal.hpp"
+
+#include <cstdlib>
 
 #include <chrono>
 #include <csignal>
@@ -209,6 +212,18 @@ int run_daemon(DaemonOptions o) {
         if (auto_loop) control::make_policy(name, t, pc);
       };
   }
+  // The shift journal: --state-dir, else systemd's, else /var/lib/flextp.
+  o.service.state_dir = o.state_dir;
+  if (o.service.state_dir.empty()) {
+    const char* sd = std::getenv("STATE_DIRECTORY");
+    std::string dir = sd && *sd ? std::string(sd).substr(0, std::string(sd).find(':')) : "/var/lib/flextp";
+    try {
+      Journal probe(dir);
+      o.service.state_dir = dir;
+    } catch (const InputError& e) {
+      log(std::string("warning: no shift journal, records kept in memory only: ") + e.what());
+    }
+  }
   // The table's errors (its model shapes against the loaded model) name it.
   std::optional<Service> svc_slot;
   try {
@@ -219,6 +234,9 @@ int run_daemon(DaemonOptions o) {
   Service& svc = *svc_slot;
   svc.start();
   log("service started: model=" + name + " gear=" + svc.current_gear());
+  if (!o.service.state_dir.empty()) log("shift journal: " + o.service.state_dir + "/shifts.jsonl");
+  for (const auto& id : svc.interrupted_shifts())
+    log("shift journal: " + id + " was interrupted (the daemon stopped during it); recorded as interrupted");
 
   ipc::ServerOptions so;
   so.socket_path = o.socket_path;

@@ -25,6 +25,11 @@ struct DaemonOptions {
   /// The control socket's reload reads a given path only below it; empty:
   /// the directory of gears_path (none without one).
   std::string config_dir;
+  /// The shift journal's directory (--state-dir); empty: $STATE_DIRECTORY
+  /// (systemd's StateDirectory=, its first entry), else /var/lib/flextp.
+  /// A given one that cannot be written stops the daemon; the default
+  /// falls back to records in memory, with a warning.
+  std::string state_dir;
   /// Test hooks on the control socket (shift's inject_fault); off: refused.
   bool test_hooks = false;
   /// CPU virtual devices vd0..vd<N-1> the gears may use; 0: whatever the table names.

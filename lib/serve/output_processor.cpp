@@ -118,11 +118,13 @@ engine::GenerationRequest OutputProcessor::prepare(const CompletionRequest& r, s
       const bool failed = e.finish_reason == engine::FinishReason::error;
       tr->failed = tr->failed || failed;
       if (++tr->finished == static_cast<int>(tr->choices.size())) {
-        // The request's numbers once, when its last choice ends.
+        // The request's numbers once, when its last choice ends (its finish
+        // reason: error if a choice failed, else the last choice's).
         const double e2e = ms_since(tr->arrival_us);
         std::optional<double> tpot;
         if (tr->tokens > 1 && tr->first_us >= 0) tpot = ms_since(tr->first_us) / (tr->tokens - 1);
-        telemetry_.request_finished(t, n, tr->tokens, e2e, tpot, tr->failed);
+        telemetry_.request_finished(t, n, tr->tokens, e2e, tpot,
+                                    tr->failed ? engine::FinishReason::error : e.finish_reason);
         dom->e2e.add(e2e, t);
         ++dom->served;
         if (tr->failed) ++dom->errors;

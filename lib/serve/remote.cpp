@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/remote.hpp"
 
+#include <regex>
+
 #include <chrono>
 #include <thread>
 
@@ -169,6 +171,29 @@ Json remote_drain(ipc::Client& client, const std::string& domain, const std::vec
   } catch (const ipc::RpcError& e) {
     rethrow_rpc(e);
   }
+}
+
+std::vector<json::Json> shift_history(ipc::Client& client, const std::string& since) {
+  // The journal's times are "YYYY-MM-DDTHH:MM:SS.mmmZ": `since` in that
+  // form compares as text.
+  std::string from;
+  if (!since.empty()) {
+    static const std::regex iso(R"(^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.(\d{1,3}))?Z$)");
+    std::smatch m;
+    if (!std::regex_match(since, m, iso))
+      throw InputError("--since: expected an ISO 8601 UTC time such as 2026-12-02T04:00:00Z, got \"" + since + "\"");
+    std::string frac = m[3].str();
+    frac.resize(3, '0');
+    from = m[1].str() + "." + frac + "Z";
+  }
+  std::vector<json::Json> out;
+  const json::Json records = client.call("records");
+  if (!records.is_array()) throw Error("records: the daemon did not answer an array");
+  for (const auto& r : records) {
+    if (!from.empty() && !(r.contains("time") && r["time"].is_string() && r["time"].get<std::string>() >= from)) continue;
+    out.push_back(r);
+  }
+  return out;
 }
 
 }  // namespace ftp::serve

@@ -39,6 +39,11 @@ json::Json remote_shift(ipc::Client& client, const ShiftRequest& req,
 /// 0 for a committed shift, 6 for a rollback, 1 for a failure.
 int shift_exit_code(const json::Json& done);
 
+/// The daemon's shift records (`records`: its journal), oldest first; with
+/// `since` (ISO 8601 UTC, "2026-12-02T04:00:00Z", fraction optional) only
+/// those whose "time" is at or after it. Throws InputError for a bad `since`.
+std::vector<json::Json> shift_history(ipc::Client& client, const std::string& since);
+
 /// Reads ftp.decision/v1 JSON Lines and executes each "shift" (a "hold" is
 /// skipped; a decision with not_before_ms is executed when read: the
 /// producer paces the stream). A bad line is skipped with a warning naming

@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.hpp"
@@ -20,6 +21,7 @@ enum class Refusal {
   context_exceeded,  ///< the prompt, or prompt + max_tokens, is over the context
   draining,          ///< the service is stopping and accepts no new request
   no_domain,         ///< no domain serves now (between gears)
+  queue_full,        ///< admission control: a waiting queue is at its bound (Refused says which)
 };
 
 /// A request the service refuses: the kind, the field at fault (empty:
@@ -46,6 +48,41 @@ struct TokenLogprobText {
   std::vector<int> top_ids;            ///< their ids, in the same order
 };
 
+/// Why admission control refused a request that was well formed.
+enum class RefusalReason {
+  service_queue_requests,  ///< the service's waiting queue holds its most requests
+  service_queue_tokens,    ///< ... or its most prompt tokens
+  domain_queue_requests,   ///< the routed domain's waiting queue holds its most requests
+  domain_queue_tokens,     ///< ... or its most prompt tokens
+  draining,                ///< the service is draining (shutdown) and takes no new request
+  no_domain,               ///< no domain is serving
+};
+/// "service_queue_requests", ...: the metric's reason label.
+std::string_view to_string(RefusalReason r) noexcept;
+/// Every reason, in declaration order (metrics list each, zero or not).
+inline constexpr RefusalReason kRefusalReasons[] = {
+    RefusalReason::service_queue_requests, RefusalReason::service_queue_tokens, RefusalReason::domain_queue_requests,
+    RefusalReason::domain_queue_tokens,    RefusalReason::draining,             RefusalReason::no_domain};
+
+/// A well-formed request that the service cannot take now: try again after
+/// retry_after_s seconds (the API layer answers 429 for a full queue, 503
+/// while draining or with no serving domain, with Retry-After).
+class Refused : public RequestError {
+ public:
+  Refused(RefusalReason reason, int retry_after_s, std::string message)
+      : RequestError(reason == RefusalReason::draining    ? Refusal::draining
+                     : reason == RefusalReason::no_domain ? Refusal::no_domain
+                                                          : Refusal::queue_full,
+                     "", std::move(message)),
+        reason_(reason), retry_after_s_(retry_after_s) {}
+  RefusalReason reason() const noexcept { return reason_; }
+  int retry_after_s() const noexcept { return retry_after_s_; }
+
+ private:
+  RefusalReason reason_;
+  int retry_after_s_;
+};
+
 /// What the output processor tells a request's client: new text, then one
 /// finished event, for each of its choices.
 struct CompletionEvent {
@@ -69,6 +106,9 @@ struct CompletionEvent {
 /// A completion to serve (already validated for shape by the API layer).
 struct CompletionRequest {
   std::string id;                      ///< request_id, on every log line and event
+  /// The client request it is part of (the prompts of one batched
+  /// completion share it): fair scheduling's unit (engine::GenerationRequest::group).
+  std::string group;
   std::string prompt;                  ///< text; tokenised with BOS per the tokenizer
   std::vector<int> prompt_tokens;      ///< used instead of `prompt` when not empty
   int max_tokens = 16;

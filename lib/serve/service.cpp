@@ -3,6 +3,7 @@
 #include "serve/service.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <future>
 #include <sstream>
 
@@ -27,7 +28,8 @@ DevicePool::Kind pool_kind(const ServiceConfig& c) {
 
 Service::Service(const model::Model& model, ServiceConfig config)
     : model_(model), cfg_(std::move(config)), tok_(model::tokenizer_of(model)),
-      eog_(end_of_generation(model, *tok_)), router_(cfg_.route_long_prompt_tokens) {
+      eog_(end_of_generation(model, *tok_)), telemetry_(cfg_.model_name, context_length()),
+      admission_(cfg_.admission), router_(cfg_.route_long_prompt_tokens) {
   if (!cfg_.clock) cfg_.clock = std::make_shared<control::SystemClock>();
   t0_us_ = cfg_.clock->now_us();
   check_model(cfg_.gears);
@@ -74,6 +76,11 @@ Service::Service(const model::Model& model, ServiceConfig config)
         std::lock_guard lk(route_mu_);
         router_.forget(id);
       });
+  if (!cfg_.state_dir.empty()) {
+    journal_ = std::make_unique<Journal>(cfg_.state_dir);
+    interrupted_ = journal_->recover();
+    shifter_->set_journal(journal_.get());
+  }
 }
 
 Service::~Service() {
@@ -352,8 +359,25 @@ void Service::check_generation_fields(const CompletionRequest& r) const {
     bad("repetition_penalty", "must be greater than 0, got " + std::to_string(r.sampling.repetition_penalty));
 }
 
+int Service::retry_after_s() const {
+  const double p50_ms = telemetry_.e2e_since(now_ms() - 30000).p50;
+  return std::clamp(static_cast<int>(std::ceil(p50_ms / 1000.0)), 1, 60);
+}
+
 void Service::submit(CompletionRequest r) {
-  if (!accepting_) throw RequestError(Refusal::draining, "", "the service is draining and accepts no new requests");
+  try {
+    admit_and_route(r);
+  } catch (const Refused& e) {
+    telemetry_.refused(e.reason());
+    throw;
+  } catch (const RequestError&) {
+    telemetry_.invalid_request();
+    throw;
+  }
+}
+
+void Service::admit_and_route(CompletionRequest& r) {
+  if (!accepting_) throw Refused(RefusalReason::draining, 1, "the service is draining and accepts no new requests");
   std::vector<int> prompt = r.prompt_tokens;
   if (prompt.empty()) {
     check_prompt_bytes(r.prompt.size());
@@ -386,19 +410,36 @@ void Service::submit(CompletionRequest r) {
   // events come after).
   auto where = std::make_shared<DomainRunner*>(nullptr);
   const std::int64_t arrival_ms = now_ms();
+  // Its place in the waiting queue, given back at its first event.
+  auto ticket = std::make_shared<std::shared_ptr<Admission::Ticket>>();
+  if (r.on_event)
+    r.on_event = [ticket, next = std::move(r.on_event)](const CompletionEvent& e) {
+      if (*ticket) (*ticket)->release();
+      next(e);
+    };
   engine::GenerationRequest g = output_->prepare(r, prompt, where);
+  g.group = r.group;
+  // Its queue time ends, and its place in the waiting queue is given back,
+  // when it first joins a running batch.
+  g.on_scheduled = [this, ticket, arrival_ms] {
+    if (*ticket) (*ticket)->release();
+    telemetry_.queued(static_cast<double>(now_ms() - arrival_ms));
+  };
   // A domain can retire between route() and its submit (a shift's last
   // step, a drain, a rollback): it then refuses, and the request goes to
   // the domains that serve now.
   for (int attempt = 0;; ++attempt) {
     auto dom = route(r, n);
-    if (!dom || attempt == 4) throw RequestError(Refusal::no_domain, "", "no serving domain");
+    if (!dom || attempt == 4) throw Refused(RefusalReason::no_domain, 1, "no serving domain");
     *where = dom.get();
+    *ticket = admission_.admit(dom->id(), n, retry_after_s());  // throws Refused past the bounds
     try {
       if (dom->submit(std::move(g))) break;
     } catch (const InputError& e) {
+      (*ticket)->release();
       throw RequestError(Refusal::invalid_input, "prompt", e.what());
     }
+    (*ticket)->release();
   }
   // Counted once accepted: a refused request is neither traffic nor load.
   telemetry_.request_accepted(arrival_ms, n);
@@ -464,6 +505,7 @@ std::vector<DomainSample> Service::samples() const {
     s.kv_usage = d->domain().kv_usage();
     s.bubble_ratio = d->bubble_ratio();
     s.busy_s = d->busy_s();
+    s.preemptions = d->domain().stats().preemptions;
     out.push_back(std::move(s));
   }
   return out;
@@ -504,6 +546,11 @@ doc::Observation Service::observe() const {
   return telemetry_.observe(now_ms(), current_gear(), shifter_->shifting(), samples());
 }
 
-std::string Service::prometheus() const { return telemetry_.prometheus(current_gear(), samples()); }
+std::string Service::prometheus() const {
+  ServiceSample s;
+  s.gear = current_gear();
+  for (const auto& d : pool_->status()) s.devices_leased += d.value("state", "") == "leased" ? 1 : 0;
+  return telemetry_.prometheus(s, samples());
+}
 
 }  // namespace ftp::serve

@@ -28,10 +28,12 @@
 #include "model/model.hpp"
 #include "model/tokenizer.hpp"
 #include "doc/topology.hpp"
+#include "serve/admission.hpp"
 #include "serve/device_pool.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/domain_set.hpp"
 #include "serve/generate.hpp"
+#include "serve/journal.hpp"
 #include "serve/output_processor.hpp"
 #include "serve/request.hpp"
 #include "serve/shifter.hpp"
@@ -56,6 +58,11 @@ struct ServiceConfig {
   engine::KvDtype kv_dtype = engine::KvDtype::automatic;
   int max_batched_tokens = 256;
   int max_running = 64;
+  /// The shift journal's directory (Journal); empty: no journal, the
+  /// records live in memory only.
+  std::string state_dir;
+  /// Admission control: the waiting queue's bounds (service and per domain).
+  AdmissionLimits admission;
   int max_prompt_tokens = 0;           ///< 0: the model's context - 1
   int max_tokens_limit = 2048;         ///< largest max_tokens a request may ask
   std::vector<double> ramp = {0.1, 0.5, 1.0};
@@ -138,9 +145,10 @@ class Service {
   const ServiceConfig& config() const noexcept { return cfg_; }
   int context_length() const noexcept;
 
-  /// Tokenises, validates and routes a request to one serving domain, where
-  /// it stays until it finishes. Throws RequestError on bad input or when
-  /// the service is not accepting.
+  /// Tokenises, validates, admits and routes a request to one serving
+  /// domain, where it stays until it finishes. Throws RequestError on bad
+  /// input, Refused past the waiting queue's bounds (Admission), while
+  /// draining or with no serving domain; each refusal is counted by reason.
   void submit(CompletionRequest request);
   /// Refuses, before any encoding, a prompt text of `bytes` bytes that must
   /// take more tokens than the prompt limit whatever its text
@@ -180,6 +188,9 @@ class Service {
   doc::GearTable gear_table() const;
   std::uint64_t gear_table_generation() const noexcept { return table_generation_.load(); }
   json::Json records() const { return shifter_->records(); }
+  /// The shifts the journal found open at start (a crash mid-shift), now
+  /// recorded as interrupted.
+  const std::vector<std::string>& interrupted_shifts() const noexcept { return interrupted_; }
   /// The observation of ARCHITECTURE.md from live data (Telemetry::observe).
   doc::Observation observe() const;
   /// Prometheus text exposition of the live numbers.
@@ -208,6 +219,11 @@ class Service {
   std::vector<std::vector<std::uint64_t>> gpu_kv_room(const std::vector<engine::DomainConfig>& domains) const;
   /// The domain that takes a request: Router::pick over the domains that may.
   std::shared_ptr<DomainRunner> route(const CompletionRequest& r, int prompt_len);
+  /// submit's work (submit counts what it throws).
+  void admit_and_route(CompletionRequest& r);
+  /// Retry-After of a refusal: the median E2E of the last 30 s, whole
+  /// seconds, 1..60.
+  int retry_after_s() const;
   std::vector<DomainSample> samples() const;
   std::int64_t now_us() const;  ///< the service's clock since it was made, us
   std::int64_t now_ms() const;
@@ -222,8 +238,11 @@ class Service {
   std::unique_ptr<DevicePool> pool_;
   DomainSet domains_;
   Telemetry telemetry_;
+  Admission admission_;
   std::unique_ptr<OutputProcessor> output_;
   std::unique_ptr<Shifter> shifter_;
+  std::unique_ptr<Journal> journal_;                      // null without state_dir
+  std::vector<std::string> interrupted_;
   mutable std::mutex route_mu_;                            // router_
   control::Router router_;
   mutable std::mutex table_mu_;                            // cfg_.gears

@@ -101,7 +101,14 @@ void Shifter::outside_shift(const std::function<void()>& fn) {
   fn();
 }
 
+void Shifter::set_journal(Journal* journal) {
+  std::lock_guard lk(records_mu_);
+  journal_ = journal;
+  if (journal_) next_shift_ = std::max(next_shift_, journal_->last_shift_number());
+}
+
 Json Shifter::records() const {
+  if (journal_) return journal_->records();
   Json out = Json::array();
   std::lock_guard lk(records_mu_);
   for (const auto& r : records_) out.push_back(doc::to_json(r));
@@ -147,6 +154,14 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     ev.phase_ms = static_cast<double>(t_us - phase_us) / 1000.0;
     ev.message = msg;
     phase_us = t_us;
+    telemetry_.shift_event(ev);
+    if (journal_) {
+      try {
+        journal_->append(ev);
+      } catch (const std::exception&) {
+        // A full disk must not stop a shift; the records in memory remain.
+      }
+    }
     if (progress) progress(ev);
   };
 
@@ -174,17 +189,15 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
       std::lock_guard lk(records_mu_);
       records_.push_back(ev);
     }
-    telemetry_.shift_done(outcome);
     return ev;
   };
   auto rollback = [&](const std::string& why) {
     // Traffic returns to the old domains; the shadow drains and retires.
     set_weights(old, 1.0);
     set_weights(fresh, 0.0);
-    for (auto& d : fresh) {
-      d->set_state(DomainState::draining);
-      d->set_background();
-    }
+    // Draining keeps its CPU priority (issue 20: at nice +10 a drain under
+    // full load took 45 s); drain_timeout_ms is its deadline.
+    for (auto& d : fresh) d->set_state(DomainState::draining);
     emit(ShiftPhase::rollback, 0, why);
     // A shadow that cannot drain in time stays draining and retires at the
     // next shift or drain (reap_drained).
@@ -235,8 +248,7 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
 
   for (auto& d : old) {
     d->set_state(DomainState::draining);
-    d->set_weight(0);
-    d->set_background();  // its last decodes yield to the new domain's first tokens
+    d->set_weight(0);  // at its priority, under drain_timeout_ms (see the rollback's)
   }
   for (auto& d : fresh) d->set_state(DomainState::serving);
   domains_.set_gear(target->name);
@@ -273,7 +285,6 @@ int Shifter::drain_domain(const std::string& id, bool force, int timeout_ms,
     throw ControlError("ftp.LastDomain", "domain " + id + " is the last serving domain; use force to drain it anyway");
   dom->set_state(DomainState::draining);
   dom->set_weight(0);
-  dom->set_background();
   set_weights(others, 1.0);
   const int waited = dom->inflight();
   if (progress) progress(Json{{"domain", id}, {"state", "draining"}, {"inflight", waited}});

@@ -17,6 +17,7 @@
 #include "engine/weight_store.hpp"
 #include "serve/device_pool.hpp"
 #include "serve/domain_set.hpp"
+#include "serve/journal.hpp"
 #include "serve/telemetry.hpp"
 
 namespace ftp::serve {
@@ -97,8 +98,12 @@ class Shifter {
   void outside_shift(const std::function<void()>& fn);
 
   bool shifting() const noexcept { return shifting_.load(); }
-  /// Closing records of every shift so far.
+  /// Closing records of every shift so far: the journal's (earlier runs
+  /// included) when there is one, else this run's.
   json::Json records() const;
+  /// Appends every shift event to `journal` (null: none; it must outlive
+  /// the shifter); shift ids continue after the journal's last.
+  void set_journal(Journal* journal);
 
  private:
   void set_weights(const DomainList& doms, double share);
@@ -125,6 +130,7 @@ class Shifter {
   mutable std::mutex records_mu_;
   std::vector<doc::ShiftEvent> records_;
   std::uint64_t next_shift_ = 0;
+  Journal* journal_ = nullptr;
 };
 
 }  // namespace ftp::serve

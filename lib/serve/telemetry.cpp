@@ -14,15 +14,83 @@ namespace ftp::serve {
 
 namespace {
 
-/// Histogram bucket bounds, ms (Prometheus "le").
-const std::vector<double> kBoundsMs = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000};
-
 /// A sample value of the Prometheus text format at full precision: a
 /// histogram's _sum grows for as long as the daemon runs.
 std::string prom(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.15g", v);
   return b;
+}
+
+// vLLM's buckets (v1 engine, seconds), so that its dashboards' quantiles
+// read the same.
+const std::vector<double> kTtftS = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kTpotS = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kRequestS = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,   5.0,    10.0,   15.0,  20.0,
+                                       30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+/// A shift phase's duration, seconds.
+const std::vector<double> kPhaseS = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
+
+/// vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to `most`.
+std::vector<double> buckets_1_2_5(int most) {
+  std::vector<double> b;
+  for (double e = 1;; e *= 10)
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (m * e > most) return b;
+      b.push_back(m * e);
+    }
+}
+
+/// vLLM's finished_reason label.
+const char* finished_reason(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::length: return "length";
+    case engine::FinishReason::cancelled: return "abort";
+    case engine::FinishReason::error: return "error";
+    default: return "stop";
+  }
+}
+
+/// The Prometheus text format: families with HELP and TYPE, samples with labels.
+class Exposition {
+ public:
+  void family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  }
+  /// labels: `k="v"` pairs already joined, e.g. model_name="m",state="x" ("" for none).
+  template <class V>
+  void sample(std::string_view name, const std::string& labels, V v) {
+    out_ << name;
+    if (!labels.empty()) out_ << "{" << labels << "}";
+    out_ << " " << value(v) << "\n";
+  }
+  template <class H>
+  void histogram(std::string_view name, const std::string& labels, const H& h) {
+    std::uint64_t acc = 0;
+    const std::string sep = labels.empty() ? "" : labels + ",";
+    for (std::size_t b = 0; b < h.bounds.size(); ++b) {
+      acc += h.counts[b];
+      out_ << name << "_bucket{" << sep << "le=\"" << number_text(h.bounds[b]) << "\"} " << acc << "\n";
+    }
+    acc += h.counts.back();
+    out_ << name << "_bucket{" << sep << "le=\"+Inf\"} " << acc << "\n";
+    sample(std::string(name) + "_sum", labels, h.sum);
+    sample(std::string(name) + "_count", labels, h.count);
+  }
+  std::string str() const { return out_.str(); }
+
+ private:
+  static std::string value(double v) { return prom(v); }
+  static std::string value(std::uint64_t v) { return std::to_string(v); }
+  static std::string value(int v) { return std::to_string(v); }
+  std::ostringstream out_;
+};
+
+/// `k="v"` with v escaped as the text format wants.
+std::string label(std::string_view k, std::string_view v) {
+  return std::string(k) + "=\"" + backslash_escape(v) + "\"";
 }
 
 /// Jiffies of the whole machine (total, busy) and of this process, from /proc.
@@ -52,14 +120,15 @@ bool read_cpu_ticks(std::uint64_t& total, std::uint64_t& busy, std::uint64_t& se
 
 }  // namespace
 
-Telemetry::Telemetry() {
-  for (auto& h : hist_) h.counts.assign(kBoundsMs.size() + 1, 0);
-}
+Telemetry::Telemetry(std::string model_name, int max_model_len)
+    : model_name_(std::move(model_name)), ttft_s_(kTtftS), tpot_s_(kTpotS), e2e_s_(kRequestS), queue_s_(kRequestS),
+      prompt_tokens_h_(buckets_1_2_5(max_model_len > 0 ? max_model_len : 100000)),
+      generation_tokens_h_(buckets_1_2_5(max_model_len > 0 ? max_model_len : 100000)) {}
 
-void Telemetry::observe_ms(Histogram& h, double ms) {
-  h.counts[static_cast<std::size_t>(std::lower_bound(kBoundsMs.begin(), kBoundsMs.end(), ms) - kBoundsMs.begin())]++;
-  h.sum += ms;
-  ++h.count;
+void Telemetry::Histogram::observe(double v) {
+  counts[static_cast<std::size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin())]++;
+  sum += v;
+  ++count;
 }
 
 void Telemetry::request_accepted(std::int64_t t_ms, int prompt_tokens) {
@@ -85,24 +154,45 @@ void Telemetry::token(std::int64_t t_ms) {
 void Telemetry::first_token(std::int64_t t_ms, double ttft_ms) {
   ttft_.add(ttft_ms, t_ms);
   std::lock_guard lk(mu_);
-  observe_ms(hist_[0], ttft_ms);
+  ttft_s_.observe(ttft_ms / 1000.0);
+}
+
+void Telemetry::queued(double queue_ms) {
+  std::lock_guard lk(mu_);
+  queue_s_.observe(queue_ms / 1000.0);
+}
+
+void Telemetry::refused(RefusalReason reason) {
+  std::lock_guard lk(mu_);
+  ++refused_[reason];
+}
+
+void Telemetry::invalid_request() {
+  std::lock_guard lk(mu_);
+  ++invalid_;
 }
 
 void Telemetry::request_finished(std::int64_t t_ms, int prompt_tokens, int output_tokens, double e2e_ms,
-                                 std::optional<double> tpot_ms, bool failed) {
+                                 std::optional<double> tpot_ms, engine::FinishReason reason) {
   e2e_.add(e2e_ms, t_ms);
   if (tpot_ms) tpot_.add(*tpot_ms, t_ms);
-  if (failed) ++requests_failed_;
+  if (reason == engine::FinishReason::error) ++requests_failed_;
   std::lock_guard lk(mu_);
   finished_.emplace_back(t_ms, prompt_tokens, output_tokens);
   while (!finished_.empty() && std::get<0>(finished_.front()) < t_ms - 60000) finished_.pop_front();
-  observe_ms(hist_[2], e2e_ms);
-  if (tpot_ms) observe_ms(hist_[1], *tpot_ms);
+  e2e_s_.observe(e2e_ms / 1000.0);
+  if (tpot_ms) tpot_s_.observe(*tpot_ms / 1000.0);
+  prompt_tokens_h_.observe(prompt_tokens);
+  generation_tokens_h_.observe(output_tokens);
+  ++finished_by_reason_[reason];
 }
 
-void Telemetry::shift_done(doc::ShiftOutcome outcome) {
+void Telemetry::shift_event(const doc::ShiftEvent& e) {
   std::lock_guard lk(mu_);
-  ++shifts_by_outcome_[outcome];
+  auto [it, fresh] = phase_s_.try_emplace(e.phase, kPhaseS);
+  if (e.phase != doc::ShiftPhase::done) it->second.observe(e.phase_ms / 1000.0);
+  if (e.phase == doc::ShiftPhase::rollback) ++rollbacks_;
+  if (e.phase == doc::ShiftPhase::done && e.outcome) ++shifts_[{*e.outcome, e.trigger}];
 }
 
 doc::Percentiles Telemetry::e2e_since(std::int64_t since_ms) const {
@@ -192,63 +282,102 @@ doc::Observation Telemetry::observe(std::int64_t t_ms, const std::string& gear, 
   return o;
 }
 
-std::string Telemetry::prometheus(const std::string& gear, const std::vector<DomainSample>& domains) const {
-  std::ostringstream m;
+std::string Telemetry::prometheus(const ServiceSample& svc, const std::vector<DomainSample>& domains) const {
+  Exposition m;
+  const std::string model = label("model_name", model_name_);
   int running = 0, waiting = 0;
   double kv = 0;
   std::map<doc::DomainState, int> by_state;
   for (auto s : {doc::DomainState::warming, doc::DomainState::serving, doc::DomainState::draining,
                  doc::DomainState::retired})
     by_state[s] = 0;
+  std::lock_guard lk(mu_);
   for (const auto& d : domains) {
     running += d.view.running;
     waiting += d.view.waiting;
     kv = std::max(kv, d.kv_usage);
     ++by_state[d.view.state];
+    std::uint64_t& seen = preemptions_seen_[d.view.id];
+    seen = std::max(seen, d.preemptions);
   }
-  m << "# HELP ftp_requests_running Requests in a running batch.\n# TYPE ftp_requests_running gauge\n"
-    << "ftp_requests_running " << running << "\n";
-  m << "# HELP ftp_requests_waiting Requests queued in a domain.\n# TYPE ftp_requests_waiting gauge\n"
-    << "ftp_requests_waiting " << waiting << "\n";
-  m << "# HELP ftp_requests_total Requests accepted.\n# TYPE ftp_requests_total counter\n"
-    << "ftp_requests_total " << requests_total_.load() << "\n";
-  m << "# HELP ftp_requests_failed_total Requests that finished with an error.\n# TYPE ftp_requests_failed_total counter\n"
-    << "ftp_requests_failed_total " << requests_failed_.load() << "\n";
-  m << "# HELP ftp_tokens_in_total Prompt tokens.\n# TYPE ftp_tokens_in_total counter\n"
-    << "ftp_tokens_in_total " << tokens_in_.load() << "\n";
-  m << "# HELP ftp_tokens_out_total Generated tokens.\n# TYPE ftp_tokens_out_total counter\n"
-    << "ftp_tokens_out_total " << tokens_out_.load() << "\n";
-  m << "# HELP ftp_kv_usage_ratio KV pages in use over the cap (largest domain).\n# TYPE ftp_kv_usage_ratio gauge\n"
-    << "ftp_kv_usage_ratio " << kv << "\n";
-  m << "# HELP ftp_gear_info The current gear.\n# TYPE ftp_gear_info gauge\n"
-    << "ftp_gear_info{gear=\"" << backslash_escape(gear) << "\"} 1\n";
-  m << "# HELP ftp_domains Domains by state.\n# TYPE ftp_domains gauge\n";
-  // In the order of the names (draining, retired, serving, warming), as before the states were enums.
-  std::vector<std::pair<std::string, int>> states;
-  for (const auto& [s, n] : by_state) states.emplace_back(std::string(doc::to_string(s)), n);
-  std::sort(states.begin(), states.end());
-  for (const auto& [s, n] : states) m << "ftp_domains{state=\"" << s << "\"} " << n << "\n";
-  std::lock_guard lk(mu_);
-  m << "# HELP ftp_shifts_total Shifts by outcome.\n# TYPE ftp_shifts_total counter\n";
-  for (auto o : {doc::ShiftOutcome::committed, doc::ShiftOutcome::rolled_back, doc::ShiftOutcome::failed}) {
-    auto it = shifts_by_outcome_.find(o);
-    m << "ftp_shifts_total{outcome=\"" << doc::to_string(o) << "\"} " << (it == shifts_by_outcome_.end() ? 0 : it->second)
-      << "\n";
+  std::uint64_t preemptions = 0;
+  for (const auto& [id, n] : preemptions_seen_) preemptions += n;
+
+  // vLLM's production metrics.
+  m.family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.");
+  m.sample("vllm:num_requests_running", model, running);
+  m.family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
+  m.sample("vllm:num_requests_waiting", model, waiting);
+  m.family("vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage (the fullest domain). 1 means 100 percent usage.");
+  m.sample("vllm:gpu_cache_usage_perc", model, kv);
+  m.family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage (the fullest domain). 1 means 100 percent usage.");
+  m.sample("vllm:kv_cache_usage_perc", model, kv);
+  m.family("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.");
+  m.sample("vllm:num_preemptions_total", model, preemptions);
+  m.family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.");
+  m.sample("vllm:prompt_tokens_total", model, tokens_in_.load());
+  m.family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.");
+  m.sample("vllm:generation_tokens_total", model, tokens_out_.load());
+  m.family("vllm:request_success_total", "counter", "Count of processed requests by finish reason.");
+  for (const char* r : {"stop", "length", "abort", "error"}) {
+    std::uint64_t n = 0;
+    for (const auto& [reason, c] : finished_by_reason_)
+      if (std::string_view(finished_reason(reason)) == r) n += c;
+    m.sample("vllm:request_success_total", model + "," + label("finished_reason", r), n);
   }
-  const char* names[3] = {"ftp_ttft_seconds", "ftp_tpot_seconds", "ftp_e2e_seconds"};
-  const char* helps[3] = {"Time to first token.", "Time per output token after the first.", "End-to-end request latency."};
-  for (int i = 0; i < 3; ++i) {
-    const Histogram& h = hist_[i];
-    m << "# HELP " << names[i] << " " << helps[i] << "\n# TYPE " << names[i] << " histogram\n";
-    std::uint64_t acc = 0;
-    for (std::size_t b = 0; b < kBoundsMs.size(); ++b) {
-      acc += h.counts[b];
-      m << names[i] << "_bucket{le=\"" << number_text(kBoundsMs[b] / 1000.0) << "\"} " << acc << "\n";
-    }
-    acc += h.counts.back();
-    m << names[i] << "_bucket{le=\"+Inf\"} " << acc << "\n";
-    m << names[i] << "_sum " << prom(h.sum / 1000.0) << "\n" << names[i] << "_count " << h.count << "\n";
+  struct Hist {
+    const char* name;
+    const char* help;
+    const Histogram& h;
+  };
+  for (const Hist& x : {Hist{"vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_s_},
+                        Hist{"vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", tpot_s_},
+                        Hist{"vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e2e_s_},
+                        Hist{"vllm:request_queue_time_seconds",
+                             "Histogram of time spent waiting in the queue (arrival to first step) in seconds.", queue_s_},
+                        Hist{"vllm:request_prompt_tokens", "Number of prefill tokens processed.", prompt_tokens_h_},
+                        Hist{"vllm:request_generation_tokens", "Number of generation tokens processed.",
+                             generation_tokens_h_}}) {
+    m.family(x.name, "histogram", x.help);
+    m.histogram(x.name, model, x.h);
   }
+
+  // flextp's own: gears, domains, shifts, admission.
+  m.family("flextp:gear_info", "gauge", "The current gear (value 1).");
+  m.sample("flextp:gear_info", model + "," + label("gear", svc.gear), 1);
+  m.family("flextp:domains", "gauge", "Domains by state.");
+  for (const auto& [st, n] : by_state) m.sample("flextp:domains", model + "," + label("state", doc::to_string(st)), n);
+  m.family("flextp:devices_leased", "gauge", "Devices held by a domain.");
+  m.sample("flextp:devices_leased", model, svc.devices_leased);
+  m.family("flextp:shifts_total", "counter", "Shifts by outcome and trigger.");
+  std::map<doc::ShiftOutcome, bool> any;
+  for (const auto& [k, n] : shifts_) {
+    m.sample("flextp:shifts_total", model + "," + label("outcome", doc::to_string(k.first)) + "," + label("trigger", k.second), n);
+    any[k.first] = true;
+  }
+  for (auto o : {doc::ShiftOutcome::committed, doc::ShiftOutcome::rolled_back, doc::ShiftOutcome::failed})
+    if (!any.count(o))  // every outcome is listed, zero until it happens
+      m.sample("flextp:shifts_total", model + "," + label("outcome", doc::to_string(o)) + "," + label("trigger", "manual"), 0);
+  m.family("flextp:shift_rollbacks_total", "counter", "Shifts rolled back (a failed ramp check).");
+  m.sample("flextp:shift_rollbacks_total", model, rollbacks_);
+  m.family("flextp:shift_phase_duration_seconds", "histogram", "Duration of each shift phase in seconds.");
+  for (auto p : {doc::ShiftPhase::reserve, doc::ShiftPhase::warm, doc::ShiftPhase::ramp, doc::ShiftPhase::drain,
+                 doc::ShiftPhase::retire, doc::ShiftPhase::rollback}) {
+    auto it = phase_s_.find(p);
+    m.histogram("flextp:shift_phase_duration_seconds", model + "," + label("phase", doc::to_string(p)),
+                it == phase_s_.end() ? Histogram(kPhaseS) : it->second);
+  }
+  m.family("flextp:requests_refused_total", "counter", "Requests refused, by reason (admission control, invalid input).");
+  for (RefusalReason r : kRefusalReasons) {
+    auto it = refused_.find(r);
+    m.sample("flextp:requests_refused_total", model + "," + label("reason", to_string(r)),
+             it == refused_.end() ? std::uint64_t{0} : it->second);
+  }
+  m.sample("flextp:requests_refused_total", model + "," + label("reason", "invalid_request"), invalid_);
+  m.family("flextp:requests_total", "counter", "Requests accepted.");
+  m.sample("flextp:requests_total", model, requests_total_.load());
+  m.family("flextp:requests_failed_total", "counter", "Requests that finished with an error.");
+  m.sample("flextp:requests_failed_total", model, requests_failed_.load());
   return m.str();
 }
 

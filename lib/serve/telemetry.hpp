@@ -13,7 +13,9 @@
 
 #include "doc/control.hpp"
 #include "doc/states.hpp"
+#include "engine/domain.hpp"
 #include "serve/latency.hpp"
+#include "serve/request.hpp"
 
 namespace ftp::serve {
 
@@ -24,6 +26,13 @@ struct DomainSample {
   double kv_usage = 0;      ///< KV pages in use / cap
   double bubble_ratio = 0;  ///< DomainRunner::bubble_ratio
   double busy_s = 0;        ///< seconds its thread has stepped, since it started
+  std::uint64_t preemptions = 0;  ///< engine::DomainStats::preemptions so far
+};
+
+/// What the exposition reads of the service besides the domains.
+struct ServiceSample {
+  std::string gear;       ///< the current gear
+  int devices_leased = 0; ///< devices some domain holds (DevicePool)
 };
 
 /// The service's live numbers (ARCHITECTURE.md rule 3): latency windows
@@ -34,7 +43,9 @@ struct DomainSample {
 /// Thread-safe.
 class Telemetry {
  public:
-  Telemetry();
+  /// `model_name`: the model_name label of the vllm: metrics; `max_model_len`:
+  /// the top of the token histograms' 1-2-5 buckets (0: 100,000).
+  explicit Telemetry(std::string model_name = "", int max_model_len = 0);
 
   /// A request was accepted at `t_ms` with `prompt_tokens` tokens.
   void request_accepted(std::int64_t t_ms, int prompt_tokens);
@@ -45,9 +56,21 @@ class Telemetry {
   /// It finished at `t_ms`: `e2e_ms` after its arrival, `tpot_ms` per token
   /// after the first (none with fewer than two tokens).
   void request_finished(std::int64_t t_ms, int prompt_tokens, int output_tokens, double e2e_ms,
-                        std::optional<double> tpot_ms, bool failed);
-  /// A shift closed with `outcome`.
-  void shift_done(doc::ShiftOutcome outcome);
+                        std::optional<double> tpot_ms, engine::FinishReason reason);
+  /// The same with only failed (error) or not (stop).
+  void request_finished(std::int64_t t_ms, int prompt_tokens, int output_tokens, double e2e_ms,
+                        std::optional<double> tpot_ms, bool failed) {
+    request_finished(t_ms, prompt_tokens, output_tokens, e2e_ms, tpot_ms,
+                     failed ? engine::FinishReason::error : engine::FinishReason::stop);
+  }
+  /// A request waited `queue_ms` between its arrival and its first step.
+  void queued(double queue_ms);
+  /// A request was refused by admission control, or as invalid (400).
+  void refused(RefusalReason reason);
+  void invalid_request();
+  /// A step of a shift (Shifter's events): its phase's duration, and at
+  /// `done` the outcome by trigger (a rollback counts in rollbacks too).
+  void shift_event(const doc::ShiftEvent& e);
 
   /// P50/P99 E2E of the requests finished at or after `since_ms`.
   doc::Percentiles e2e_since(std::int64_t since_ms) const;
@@ -64,11 +87,17 @@ class Telemetry {
   /// per-device utilization (share of time its domain was stepping).
   doc::Observation observe(std::int64_t t_ms, const std::string& gear, bool shifting,
                            const std::vector<DomainSample>& domains) const;
-  /// Prometheus text exposition of the live numbers and these domains.
-  std::string prometheus(const std::string& gear, const std::vector<DomainSample>& domains) const;
+  /// Prometheus text exposition of the live numbers and these domains:
+  /// vLLM's production metrics (vllm:*, label model_name) where they mean
+  /// the same thing, flextp's own under flextp:*.
+  std::string prometheus(const ServiceSample& service, const std::vector<DomainSample>& domains) const;
 
  private:
+  /// A Prometheus histogram over fixed bounds.
   struct Histogram {
+    explicit Histogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+    void observe(double v);
+    std::vector<double> bounds;
     std::vector<std::uint64_t> counts;  // one per bound, then +Inf
     double sum = 0;
     std::uint64_t count = 0;
@@ -78,14 +107,20 @@ class Telemetry {
     std::int64_t t_ms;
     std::uint64_t total, busy, self;
   };
-  static void observe_ms(Histogram& h, double ms);
   static constexpr std::int64_t kContentionWindowMs = 300000;  ///< the contention index's window, 5 min
 
   LatencyWindow ttft_, tpot_, e2e_;
   std::atomic<std::uint64_t> requests_total_{0}, requests_failed_{0}, tokens_in_{0}, tokens_out_{0};
+  std::string model_name_;
   mutable std::mutex mu_;  // everything below
-  Histogram hist_[3];      // ttft, tpot, e2e (ms)
-  std::map<doc::ShiftOutcome, std::uint64_t> shifts_by_outcome_;
+  Histogram ttft_s_, tpot_s_, e2e_s_, queue_s_;  // seconds
+  Histogram prompt_tokens_h_, generation_tokens_h_;
+  std::map<engine::FinishReason, std::uint64_t> finished_by_reason_;
+  std::map<RefusalReason, std::uint64_t> refused_;
+  std::uint64_t invalid_ = 0, rollbacks_ = 0;
+  std::map<std::pair<doc::ShiftOutcome, std::string>, std::uint64_t> shifts_;  // (outcome, trigger)
+  std::map<doc::ShiftPhase, Histogram> phase_s_;
+  mutable std::map<std::string, std::uint64_t> preemptions_seen_;  // domain -> its count (retired ones stay)
   std::deque<std::pair<std::int64_t, int>> arrivals_;                        // (arrival ms, prompt tokens), last 60 s
   std::deque<std::pair<std::int64_t, std::uint32_t>> decoded_;              // (second, tokens generated in it), last 10 s
   std::deque<std::tuple<std::int64_t, int, int>> finished_;                  // (t, prompt, output tokens), last 60 s

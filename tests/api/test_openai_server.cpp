@@ -488,10 +488,18 @@ TEST_F(HttpTest, ModelsHealthReadyMetrics) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/plain", 0), 0u);
-  for (const char* name : {"ftp_requests_running", "ftp_requests_waiting", "ftp_ttft_seconds_bucket",
-                           "ftp_tpot_seconds_bucket", "ftp_e2e_seconds_bucket", "ftp_tokens_in_total",
-                           "ftp_tokens_out_total", "ftp_kv_usage_ratio", "ftp_gear_info{gear=\"standard\"}",
-                           "ftp_domains{state=\"serving\"}", "ftp_shifts_total{outcome="})
+  // vLLM's names with the model_name label, so that its dashboards work.
+  for (const char* name :
+       {"vllm:num_requests_running{model_name=\"stories260K\"}", "vllm:num_requests_waiting{model_name=\"stories260K\"}",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"stories260K\",le=",
+        "vllm:time_per_output_token_seconds_bucket{", "vllm:e2e_request_latency_seconds_bucket{",
+        "vllm:request_queue_time_seconds_count{model_name=\"stories260K\"} ",
+        "vllm:prompt_tokens_total{", "vllm:generation_tokens_total{", "vllm:request_prompt_tokens_bucket{",
+        "vllm:request_generation_tokens_count{model_name=\"stories260K\"} ", "vllm:gpu_cache_usage_perc{",
+        "vllm:num_preemptions_total{", "vllm:request_success_total{model_name=\"stories260K\",finished_reason=\"length\"} ",
+        "flextp:gear_info{model_name=\"stories260K\",gear=\"standard\"} 1", "flextp:domains{model_name=\"stories260K\",state=\"serving\"} 1",
+        "flextp:shifts_total{", "flextp:devices_leased{", "flextp:shift_phase_duration_seconds_bucket{",
+        "flextp:requests_refused_total{model_name=\"stories260K\",reason=\"service_queue_requests\"} 0"})
     EXPECT_NE(r->body.find(name), std::string::npos) << name << "\n" << r->body;
 
   r = c.Get("/no/such/path");
@@ -911,21 +919,21 @@ TEST_F(HttpTest, RefusedRequestsAreNotCounted) {
     EXPECT_TRUE(r);
     std::istringstream in(r->body);
     for (std::string line; std::getline(in, line);)
-      if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+      if (line.rfind(name + " ", 0) == 0 || line.rfind(name + "{", 0) == 0) return std::stod(line.substr(line.rfind(' ') + 1));
     ADD_FAILURE() << name << " not in /metrics";
     return -1.0;
   };
-  const double before = metric("ftp_requests_total"), tokens_before = metric("ftp_tokens_in_total");
+  const double before = metric("flextp:requests_total"), tokens_before = metric("vllm:prompt_tokens_total");
   // A token id outside the vocabulary is refused by the domain it was routed to.
   auto [s, j] = post_raw("/v1/completions", R"({"prompt":[1,2,3,99999],"max_tokens":1})");
   EXPECT_EQ(s, 400) << j.dump();
-  EXPECT_EQ(metric("ftp_requests_total"), before);
-  EXPECT_EQ(metric("ftp_tokens_in_total"), tokens_before);
+  EXPECT_EQ(metric("flextp:requests_total"), before);
+  EXPECT_EQ(metric("vllm:prompt_tokens_total"), tokens_before);
   ASSERT_EQ(post_raw("/v1/completions", R"({"prompt":"Hi","max_tokens":1})").first, 200);
-  EXPECT_EQ(metric("ftp_requests_total"), before + 1);
+  EXPECT_EQ(metric("flextp:requests_total"), before + 1);
   // Latencies are kept in microseconds: stories260K's sub-millisecond
   // first tokens add to the sum rather than counting as 0.
-  EXPECT_GT(metric("ftp_ttft_seconds_sum"), 0.0);
+  EXPECT_GT(metric("vllm:time_to_first_token_seconds_sum"), 0.0);
 }
 
 TEST_F(HttpTest, LogprobsAndChoicesInOpenAIShapes) {

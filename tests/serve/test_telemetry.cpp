@@ -67,12 +67,59 @@ TEST(Telemetry, ObservationSumsDomainsAndMetricsNameStatesAndOutcomes) {
   EXPECT_TRUE(o.shifting);
   ASSERT_EQ(o.domains.size(), 2u);
   ASSERT_EQ(o.devices.size(), 2u);  // vd0 once, though two domains hold it
-  t.shift_done(ftp::doc::ShiftOutcome::rolled_back);
-  const std::string m = t.prometheus("standard", doms);
-  EXPECT_NE(m.find("ftp_shifts_total{outcome=\"rolled-back\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("ftp_shifts_total{outcome=\"committed\"} 0"), std::string::npos);
-  EXPECT_NE(m.find("ftp_domains{state=\"draining\"} 1"), std::string::npos);
-  EXPECT_NE(m.find("ftp_domains{state=\"warming\"} 0"), std::string::npos);
-  EXPECT_NE(m.find("ftp_requests_waiting 5"), std::string::npos);
-  EXPECT_NE(m.find("ftp_gear_info{gear=\"standard\"} 1"), std::string::npos);
+  ftp::doc::ShiftEvent e;
+  e.trigger = "policy:gear-shifter";
+  e.phase = ftp::doc::ShiftPhase::rollback;
+  e.phase_ms = 1500;  // in the (1, 2.5] s bucket
+  t.shift_event(e);
+  e.phase = ftp::doc::ShiftPhase::done;
+  e.outcome = ftp::doc::ShiftOutcome::rolled_back;
+  t.shift_event(e);
+  t.refused(ftp::serve::RefusalReason::domain_queue_tokens);
+  ftp::serve::ServiceSample svc;
+  svc.gear = "standard";
+  svc.devices_leased = 3;
+  const std::string m = t.prometheus(svc, doms);
+  auto has = [&](const std::string& line) { EXPECT_NE(m.find("\n" + line + "\n"), std::string::npos) << line << "\n" << m; };
+  has("flextp:shifts_total{model_name=\"\",outcome=\"rolled-back\",trigger=\"policy:gear-shifter\"} 1");
+  has("flextp:shifts_total{model_name=\"\",outcome=\"committed\",trigger=\"manual\"} 0");
+  has("flextp:shift_rollbacks_total{model_name=\"\"} 1");
+  has("flextp:shift_phase_duration_seconds_bucket{model_name=\"\",phase=\"rollback\",le=\"1\"} 0");
+  has("flextp:shift_phase_duration_seconds_bucket{model_name=\"\",phase=\"rollback\",le=\"2.5\"} 1");
+  has("flextp:shift_phase_duration_seconds_count{model_name=\"\",phase=\"reserve\"} 0");
+  has("flextp:domains{model_name=\"\",state=\"draining\"} 1");
+  has("flextp:domains{model_name=\"\",state=\"warming\"} 0");
+  has("flextp:devices_leased{model_name=\"\"} 3");
+  has("flextp:requests_refused_total{model_name=\"\",reason=\"domain_queue_tokens\"} 1");
+  has("flextp:requests_refused_total{model_name=\"\",reason=\"draining\"} 0");
+  has("vllm:num_requests_waiting{model_name=\"\"} 5");
+  has("vllm:gpu_cache_usage_perc{model_name=\"\"} 0.5");
+  has("flextp:gear_info{model_name=\"\",gear=\"standard\"} 1");
+}
+
+TEST(Telemetry, VllmHistogramsUseItsBucketsAndFinishReasons) {
+  Telemetry t("tiny", 100);
+  t.request_accepted(0, 12);
+  t.first_token(10, 30.0);  // 0.03 s: in (0.02, 0.04]
+  t.queued(400.0);          // 0.4 s: in (0.3, 0.5]
+  t.request_finished(1000, 12, 7, 1000.0, 5.0, ftp::engine::FinishReason::length);
+  t.request_accepted(0, 3);
+  t.request_finished(1000, 3, 0, 5.0, std::nullopt, ftp::engine::FinishReason::cancelled);
+  const std::string m = t.prometheus({}, {});
+  auto has = [&](const std::string& line) { EXPECT_NE(m.find("\n" + line + "\n"), std::string::npos) << line << "\n" << m; };
+  has("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.02\"} 0");
+  has("vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.04\"} 1");
+  has("vllm:request_queue_time_seconds_bucket{model_name=\"tiny\",le=\"0.3\"} 0");
+  has("vllm:request_queue_time_seconds_bucket{model_name=\"tiny\",le=\"0.5\"} 1");
+  // 1-2-5 buckets up to max_model_len (100): 12 and 3 prompt tokens.
+  has("vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"2\"} 0");
+  has("vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"5\"} 1");
+  has("vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"20\"} 2");
+  has("vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"100\"} 2");
+  EXPECT_EQ(m.find("vllm:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"200\"}"), std::string::npos);
+  has("vllm:request_prompt_tokens_sum{model_name=\"tiny\"} 15");
+  has("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 1");
+  has("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"} 1");
+  has("vllm:request_success_total{model_name=\"tiny\",finished_reason=\"stop\"} 0");
+  has("vllm:prompt_tokens_total{model_name=\"tiny\"} 15");
 }

@@ -20,6 +20,7 @@ finish() {
 daemon_sandbox() {
   tmp=$(mktemp -d)
   export FTP_SOCKET=$tmp/control.sock
+  export STATE_DIRECTORY=$tmp/state  # the shift journal of the daemons it starts
   daemon=
   trap '[ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null; rm -rf "$tmp"' EXIT
 }

@@ -83,7 +83,7 @@ check "from-stdin: exit 2 for the skipped line" test $rc -eq 2
 
 status=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt": ')
 check "malformed body: 400" test "$status" = 400
-check "metrics: shifts by outcome" bash -c "curl -s http://127.0.0.1:$port/metrics | grep -q 'ftp_shifts_total{outcome=\"rolled-back\"} 1'"
+check "metrics: shifts by outcome" bash -c "curl -s http://127.0.0.1:$port/metrics | grep -q 'flextp:shifts_total{model_name=\"[^\"]*\",outcome=\"rolled-back\",trigger=\"[^\"]*\"} 1'"
 
 # A client killed mid-stream affects no other request.
 curl -sN "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"Once","max_tokens":400,"stream":true}' >/dev/null &
@@ -123,7 +123,7 @@ for f in "$tmp"/clients/*.txt; do
 done
 check "16 clients: completions streamed ($n)" test $n -gt 16
 check "16 clients: every completion is the golden text ($bad differ)" test $bad -eq 0
-check "16 clients: no failed request" bash -c "curl -s http://127.0.0.1:$port/metrics | grep -qx 'ftp_requests_failed_total 0'"
+check "16 clients: no failed request" bash -c "curl -s http://127.0.0.1:$port/metrics | grep -qE '^flextp:requests_failed_total[{][^}]*[}] 0$'"
 
 # SIGTERM in the middle of a shift: every in-flight request completes, exit 0.
 kill -TERM $daemon; wait $daemon; daemon=

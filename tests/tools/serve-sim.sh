@@ -63,7 +63,7 @@ check "shift: committed $first -> $second" jq -se ".[-1].outcome==\"committed\" 
 check "observation: new gear, its devices busy" jq -e ".gear == \"$second\" and (.domains | length) == $(jq ".gears[1].dp" "$tmp/gears.json")" "$tmp/obs.json"
 check "after shift: same text" test "$(complete "The cluster" 16 | jq -r '.choices[0].text')" = "$(jq -r '.choices[0].text' "$tmp/c1.json")"
 curl -s "http://127.0.0.1:$port/metrics" >"$tmp/metrics.txt"
-check "metrics: TTFT histogram counts the requests" grep -qE '^ftp_ttft_seconds_count [1-9]' "$tmp/metrics.txt"
+check "metrics: TTFT histogram counts the requests" grep -qE '^vllm:time_to_first_token_seconds_count[{][^}]*[}] [1-9]' "$tmp/metrics.txt"
 
 complete "drain me" 40 >"$tmp/last.json" &
 last=$!

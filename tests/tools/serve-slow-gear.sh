@@ -80,7 +80,7 @@ check "slower gear: the slow domain takes no new requests" bash -c "[[ '$(state_
 n=$(ls "$tmp/load" | wc -l)
 check "slower gear: every completion under load has its 4 tokens ($n)" \
   jq -se 'length > 60 and all(.[]; .usage.completion_tokens == 4 and .choices[0].finish_reason == "length")' "$tmp"/load/*.json
-check "slower gear: no failed request" bash -c "curl -s http://127.0.0.1:$port/metrics | grep -qx 'ftp_requests_failed_total 0'"
+check "slower gear: no failed request" bash -c "curl -s http://127.0.0.1:$port/metrics | grep -qE '^flextp:requests_failed_total[{][^}]*[}] 0$'"
 
 # The full text of the long request, done alone.
 full=$(complete "the long one" 50 | jq -r '.choices[0].text')

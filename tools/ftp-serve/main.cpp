@@ -75,6 +75,9 @@ int main(int argc, char** argv) {
   app.add_option("--config-dir", d.config_dir,
                  "The control socket's reload reads a path only below DIR (default: the --gears file's directory)")
       ->option_text("DIR");
+  app.add_option("--state-dir", d.state_dir,
+                 "The shift journal's directory, shifts.jsonl (default: $STATE_DIRECTORY, else /var/lib/flextp)")
+      ->option_text("DIR");
   app.add_flag("--enable-test-hooks", d.test_hooks, "Accept test hooks on the control socket (shift's inject_fault)");
   app.add_option("--http-threads", d.http.threads,
                  "Threads that parse HTTP requests (default 2); connections and streams hold none (one event loop)")
@@ -138,6 +141,18 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "f16", "bf16", "f32"}))
       ->option_text("TYPE");
   app.add_option("--max-running", d.service.max_running, "Sequences in a domain's running batch (default 64)")
+      ->check(ftp::cli::positive());
+  app.add_option("--max-waiting-requests", d.service.admission.service_requests,
+                 "Admission: requests waiting for their first step, whole service; past it 429 (default 512)")
+      ->check(ftp::cli::positive());
+  app.add_option("--max-waiting-tokens", d.service.admission.service_tokens,
+                 "Admission: prompt tokens of the waiting requests, whole service (default 524288)")
+      ->check(ftp::cli::positive());
+  app.add_option("--domain-max-waiting-requests", d.service.admission.domain_requests,
+                 "Admission: requests waiting in one domain (default 256)")
+      ->check(ftp::cli::positive());
+  app.add_option("--domain-max-waiting-tokens", d.service.admission.domain_tokens,
+                 "Admission: prompt tokens waiting in one domain (default 262144)")
       ->check(ftp::cli::positive());
   app.add_option("--max-batched-tokens", d.service.max_batched_tokens, "Token budget of one step (default 256)")
       ->check(ftp::cli::positive());

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
                       "check. Or execute ftp.decision/v1 JSON Lines read on stdin (--from-stdin).");
   ftp::serve::ShiftRequest req;
   std::string ramp;
-  bool follow = false, from_stdin = false;
+  bool follow = false, from_stdin = false, history = false;
+  std::string since;
   auto& app = tool.app();
   app.add_option("--to", req.to, "Target gear")->option_text("GEAR");
   app.add_option("--ramp", ramp, "Traffic shares of the ramp (default the daemon's, 0.1,0.5,1.0)")->option_text("LIST");
@@ -30,10 +31,21 @@ int main(int argc, char** argv) {
   app.add_option("--inject-fault", req.inject_fault,
                  "Fault injection for tests: 'check' fails the first ramp check (a test hook: the daemon must enable them)")
       ->check(CLI::IsMember({"check"}));
+  app.add_flag("--history", history,
+                "Print the daemon's shift records (its journal: earlier runs and interrupted shifts too), JSON Lines");
+  app.add_option("--since", since, "With --history: only records at or after TIME (ISO 8601 UTC, e.g. 2026-12-02T04:00:00Z)")
+      ->option_text("TIME");
   app.get_option("--to")->excludes(app.get_option("--from-stdin"));
+  app.get_option("--history")->excludes(app.get_option("--to"))->excludes(app.get_option("--from-stdin"));
 
   return tool.run(argc, argv, [&]() -> int {
-    if (req.to.empty() && !from_stdin) throw ftp::InputError("give --to GEAR or --from-stdin");
+    if (history) {
+      ftp::ipc::Client client(tool.socket_path());
+      for (const auto& r : ftp::serve::shift_history(client, since)) tool.emit_line(r);
+      return 0;
+    }
+    if (!since.empty()) throw ftp::InputError("--since: only with --history");
+    if (req.to.empty() && !from_stdin) throw ftp::InputError("give --to GEAR, --from-stdin or --history");
     req.ramp = ftp::serve::parse_ramp(ramp);
     ftp::ipc::Client client(tool.socket_path());
     auto on_event = [&](const ftp::json::Json& e) {

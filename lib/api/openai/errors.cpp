@@ -10,14 +10,18 @@ void bad(std::string param, std::string message, std::string code) {
 }
 
 ApiError from_refusal(const serve::RequestError& e, std::string param) {
+  const auto* later = dynamic_cast<const serve::Refused*>(&e);
+  const int retry = later ? later->retry_after_s() : 0;
   switch (e.kind()) {
     case serve::Refusal::invalid_input:
       return {400, "invalid_request_error", std::move(param), "", e.what()};
     case serve::Refusal::context_exceeded:
       return {400, "invalid_request_error", std::move(param), "context_length_exceeded", e.what()};
+    case serve::Refusal::queue_full:
+      return {429, "rate_limit_error", "", "", e.what(), retry};
     case serve::Refusal::draining:
     case serve::Refusal::no_domain:
-      return {503, "unavailable_error", "", "", e.what()};
+      return {503, "unavailable_error", "", "", e.what(), retry};
   }
   return {500, "server_error", "", "", e.what()};
 }

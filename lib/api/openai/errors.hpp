@@ -16,14 +16,17 @@ struct ApiError {
   int status = 400;
   std::string type = "invalid_request_error";
   std::string param, code, message;
+  int retry_after_s = 0;  ///< > 0: a Retry-After header (a request refused for now)
 };
 
 /// A 400 invalid_request_error naming `param`.
 [[noreturn]] void bad(std::string param, std::string message, std::string code = "");
 
 /// The answer to a refusal of the service: invalid_input 400, context
-/// exceeded 400 with code context_length_exceeded, draining and no domain
-/// 503 (type unavailable_error). `param` is the name the client used.
+/// exceeded 400 with code context_length_exceeded, a full waiting queue 429
+/// (rate_limit_error), draining and no domain 503 (type unavailable_error);
+/// the last three with Retry-After when the service gives one
+/// (serve::Refused). `param` is the name the client used.
 ApiError from_refusal(const serve::RequestError& e, std::string param);
 
 /// An answer of the transport itself (431, 413, 408, 503, 400): the reason

@@ -207,6 +207,7 @@ struct Server::Impl {
   http::Response error_response(const ApiError& e, const std::string& rid) const {
     http::Response r = json_response(e.status, error_json(e), rid);
     if (e.status == 401) r.headers.push_back({"WWW-Authenticate", "Bearer"});
+    if (e.retry_after_s > 0) r.headers.push_back({"Retry-After", std::to_string(e.retry_after_s)});
     return r;
   }
 
@@ -407,6 +408,7 @@ void Server::Impl::completion(const http::Request& req, const std::shared_ptr<ht
       for (std::size_t c = 0; c < per; ++c) st->ids[i * per + c] = rid;
       CompletionRequest& r = p.prompts[i];
       r.id = rid;
+      r.group = id;  // the prompts of one request share the scheduler's fair share
       r.on_event = [this, st, first = i * per, log = log](const CompletionEvent& e) {
         const std::size_t i = first + static_cast<std::size_t>(std::max(0, e.choice));
         if (e.finished) {
