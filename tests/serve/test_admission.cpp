@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/openai/server.hpp"
 #include "core/json.hpp"
 #include "model/model.hpp"
 #include "serve/admission.hpp"
@@ -21,6 +22,7 @@
 
 using ftp::json::Json;
 using namespace ftp::serve;
+using HttpServer = ftp::api::openai::Server;
 
 namespace {
 
@@ -68,7 +70,7 @@ TEST(Admission, BoundsInRequestsAndTokensForTheServiceAndEachDomain) {
   try {
     a.admit("d2", 1, 7);
   } catch (const Refused& e) {
-    EXPECT_EQ(e.status(), 429);
+    EXPECT_EQ(e.kind(), Refusal::queue_full);  // the API layer answers 429
     EXPECT_EQ(e.retry_after_s(), 7);
     EXPECT_NE(std::string(e.what()).find("retry after 7 s"), std::string::npos) << e.what();
   }

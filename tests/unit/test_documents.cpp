@@ -200,7 +200,7 @@ TEST(GearTable, AgainstTopology) {
 }
 
 TEST(Capacity, RoundTrip) {
-  Capacity c{"standard", 12.5, 10.0, 900, 720, "bench", 42000, 300};
+  Capacity c{"standard", 12.5, 10.0, 900, 720, 5000, 1200, "bench", 42000, 300};
   Json j = to_json(c);
   EXPECT_EQ(j["kind"], "ftp.capacity/v1");
   EXPECT_EQ(to_json(capacity_from_json(j)), j);
