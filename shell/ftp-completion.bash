@@ -68,7 +68,8 @@ _ftp_serve() {
     --tokenizer) COMPREPLY=($(compgen -f -X '!*.bin' -- "$cur") $(compgen -d -- "$cur")); return ;;
     --gears|--topology|--calibration) COMPREPLY=($(compgen -f -X '!*.json' -- "$cur") $(compgen -d -- "$cur")); return ;;
     --engine) COMPREPLY=($(compgen -W "real sim" -- "$cur")); return ;;
-    --config-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+    --config-dir|--state-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+    --kv-cache-dtype) COMPREPLY=($(compgen -W "auto f16 bf16 f32" -- "$cur")); return ;;
     --backend) COMPREPLY=($(compgen -W "cpu cuda" -- "$cur")); return ;;
     --socket|--secret-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --gear) COMPREPLY=($(compgen -W "tp=1,pp=1 tp=2,pp=1 tp=4,pp=1 tp=1,pp=2 tp=2,pp=2" -- "$cur")); return ;;
@@ -77,7 +78,7 @@ _ftp_serve() {
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "--help --version --json --model --engine --backend --topology --calibration --tokenizer --gears --gear --start-gear --virtual-devices --host --port --socket --config-dir --enable-test-hooks --api-key --cors-origin --http-threads --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --route-long-prompt --ramp --step-interval-ms --drain-timeout-ms --auto --policy --policy-name --observe-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop --members-listen --machine-name --wait-members --join --secret-file --name --gloo-host --gloo-timeout-ms" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --model --engine --backend --topology --calibration --tokenizer --gears --gear --start-gear --virtual-devices --host --port --socket --config-dir --enable-test-hooks --api-key --cors-origin --http-threads --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --route-long-prompt --ramp --step-interval-ms --drain-timeout-ms --auto --policy --policy-name --observe-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop --members-listen --machine-name --wait-members --join --secret-file --name --gloo-host --gloo-timeout-ms --served-model-name --kv-cache-dtype --state-dir --max-waiting-requests --max-waiting-tokens --domain-max-waiting-requests --domain-max-waiting-tokens --max-header-bytes --max-headers --max-body-bytes --header-timeout-ms --body-timeout-ms --idle-timeout-ms --max-connections --max-connections-per-address --stream-buffer-bytes" -- "$cur"))
 }
 shopt -s extglob 2>/dev/null
 complete -F _ftp_serve ftp-serve
@@ -101,9 +102,9 @@ _ftp_shift() {
     --ramp) COMPREPLY=($(compgen -W "0.1,0.5,1.0 0.5,1.0 1.0" -- "$cur")); return ;;
     --inject-fault) COMPREPLY=($(compgen -W "check" -- "$cur")); return ;;
     --socket) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-    --step-interval|--trigger) return ;;
+    --step-interval|--trigger|--since) return ;;
   esac
-  COMPREPLY=($(compgen -W "--help --version --json --to --ramp --step-interval --trigger --follow --queue --from-stdin --socket --inject-fault" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --to --ramp --step-interval --trigger --follow --queue --from-stdin --socket --inject-fault --history --since" -- "$cur"))
 }
 complete -F _ftp_shift ftp-shift
 

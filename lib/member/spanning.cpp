@@ -102,6 +102,7 @@ std::unique_ptr<engine::Engine> build_spanning_engine(Leader& leader, const std:
   for (const auto& st : d.stages) {
     std::vector<int> own;
     engine::StageLayout sl{st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), {}};
+    sl.kv_dtype = d.kv_dtype;
     for (const auto& dev : st.devices) {
       own.push_back(rank_of(dev));
       sl.devices.push_back(own.back() == 0 ? local_device(local_name(dev)) : nullptr);
@@ -112,7 +113,10 @@ std::unique_ptr<engine::Engine> build_spanning_engine(Leader& leader, const std:
     placement->owner.push_back(own);
     owners.push_back(own);
     layouts.push_back(sl);
-    stages.push_back(json::Json{{"first_layer", st.first_layer}, {"n_layers", st.n_layers}, {"devices", st.devices}});
+    stages.push_back(json::Json{{"first_layer", st.first_layer},
+                                {"n_layers", st.n_layers},
+                                {"devices", st.devices},
+                                {"kv_dtype", std::string(engine::to_string(d.kv_dtype))}});
   }
   const int size = static_cast<int>(members.size()) + 1;
   const std::string prefix = "domain/" + d.id + "/" + random_nonce().substr(0, 12);

@@ -10,6 +10,7 @@
 #include "comm/gloo.hpp"
 #include "core/json.hpp"
 #include "engine/engine.hpp"
+#include "engine/kv_cache.hpp"
 #include "engine/rank_backend.hpp"
 #include "engine/weight_store.hpp"
 #include "member/leader.hpp"
@@ -27,6 +28,8 @@ struct SpanningDomain {
   std::string id;
   std::vector<SpanningStage> stages;
   int kv_blocks = 0, block_tokens = 16, max_rows = 256;
+  /// Every rank's KV page type, on every member (the build message carries it).
+  engine::KvDtype kv_dtype = engine::KvDtype::automatic;
 };
 
 /// "n1" of "n1/vd0"; "" for "vd0".

@@ -157,6 +157,8 @@ int run_worker(const WorkerOptions& o, const model::Model& model, const std::fun
         const auto names = st.at("devices").get<std::vector<std::string>>();
         engine::StageLayout sl{st.at("first_layer").get<int>(), st.at("n_layers").get<int>(),
                                static_cast<int>(names.size()), {}};
+        if (st.contains("kv_dtype"))
+          sl.kv_dtype = engine::kv_dtype_from_string(st.at("kv_dtype").get<std::string>(), "build: kv_dtype");
         if (s >= p->owner.size() || p->owner[s].size() != names.size())
           throw InputError("stage " + std::to_string(s) + ": owners and devices disagree");
         for (std::size_t r = 0; r < names.size(); ++r) {

@@ -188,6 +188,7 @@ DomainList Service::build_domains(const doc::Gear& gear, bool slow_start) {
     std::vector<std::string> devices;
     dc.stages.clear();
     member::SpanningDomain span;
+    span.kv_dtype = cfg_.kv_dtype;
     for (const auto& st : rep.stages) {
       engine::StageLayout sl{st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), {}};
       sl.kv_dtype = cfg_.kv_dtype;

@@ -156,12 +156,19 @@ TEST_F(Spanning, LogitsWithin1e4OfTp1AndBitEqualToInProcess) {
   c.blocks = &blocks;
   c.tokens.assign(golden.begin(), golden.begin() + 40);
   c.want_logits = true;
-  engine::Executor tp1(*store, {{0, 5, 1}}, 8, 16);
+  // Float32 KV pages: the 1e-4 bound is the engine's across gears with them
+  // (16-bit pages round K and V: tests/engine's bound for them is 1e-3).
+  auto f32 = [](engine::StageLayout l) {
+    l.kv_dtype = engine::KvDtype::f32;
+    return l;
+  };
+  engine::Executor tp1(*store, {f32({0, 5, 1})}, 8, 16);
   const auto ref = tp1.forward({c}, 1);
-  engine::Executor tp2(*store, {{0, 2, 2}, {2, 3, 2}}, 8, 16);
+  engine::Executor tp2(*store, {f32({0, 2, 2}), f32({2, 3, 2})}, 8, 16);
   const auto inproc = tp2.forward({c}, 1);
   for (SpanningDomain d : {tp2_across_two(), pp2_across_two(), tp2pp2_over_three()}) {
     d.kv_blocks = 8;
+    d.kv_dtype = engine::KvDtype::f32;
     auto e = spanning(d);
     const auto got = e->forward({c}, 1);
     ASSERT_EQ(got.size(), 1u);

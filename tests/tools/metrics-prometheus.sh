@@ -12,7 +12,7 @@ if ! command -v promtool >/dev/null; then echo "SKIP: promtool not found (Debian
 source "$(dirname "$0")/common.sh"
 daemon_sandbox
 start_daemon_with "$serve" "$tmp/serve.log" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --step-interval-ms 300
-curl -s "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Once","max_tokens":8}' >/dev/null
+curl -s "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"Once","max_tokens":8}' >/dev/null
 curl -s "http://127.0.0.1:$port/metrics" >"$tmp/metrics.txt"
 # promtool's one lint on the vllm: and flextp: names is its convention
 # that colons are for recording rules: vLLM's own names carry it, and
@@ -46,7 +46,7 @@ YML
 prom_pid=$!
 trap '[ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null; kill "$prom_pid" 2>/dev/null; rm -rf "$tmp"' EXIT
 # A shift while it scrapes, with requests on the way.
-for i in 1 2 3; do curl -s "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Zoo","max_tokens":16}' >/dev/null; done
+for i in 1 2 3; do curl -s "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"Zoo","max_tokens":16}' >/dev/null; done
 "$shift_tool" --to standard >/dev/null; check "shift during the scrapes: committed" test $? -eq 0
 query() {  # PROMQL: the number of series in the answer
   curl -s "http://127.0.0.1:$ppt/api/v1/query" --data-urlencode "query=$1" | jq '.data.result | length'

@@ -30,7 +30,7 @@ printf '%s' "$golden" >"$tmp/golden"
 
 client() {  # ID: streams completions until $tmp/stop exists; one line per answer
   while [ ! -e "$tmp/stop" ]; do
-    curl -sN "http://127.0.0.1:$port/v1/completions" \
+    curl -sN "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" \
       -d '{"prompt":"Zoo","max_tokens":57,"temperature":0,"stream":true}' >"$tmp/c$1.sse"
     text=$(sed -n 's/^data: //p' "$tmp/c$1.sse" | grep -v '^\[DONE\]' | jq -j '.choices[0].text // empty' 2>/dev/null)
     if [ "$text" = "$(cat "$tmp/golden")" ] && grep -q '^data: \[DONE\]' "$tmp/c$1.sse"; then echo ok; else echo "bad: $(head -c 300 "$tmp/c$1.sse")"; fi

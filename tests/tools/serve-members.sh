@@ -21,7 +21,7 @@ gears=$src/examples/clusters/two-machines-loopback/gears.json
 (umask 077; echo "loopback-test-secret-0123456789" >"$tmp/secret")
 
 rpc() { printf '%s\n' "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"$1\",\"params\":{}}" | socat -t 10 - "UNIX-CONNECT:$FTP_SOCKET"; }
-complete() { curl -s "http://127.0.0.1:$port/v1/completions" -d "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0}"; }
+complete() { curl -s "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0}"; }
 device_state() { rpc status | jq -r --arg d "$1" '.result.devices[] | select(.id==$d) | .state'; }
 wait_state() {  # DEVICE STATE
   for _ in $(seq 1 300); do [ "$(device_state "$1")" = "$2" ] && return 0; sleep 0.1; done; return 1

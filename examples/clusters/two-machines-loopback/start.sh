@@ -5,7 +5,7 @@
 #
 #   examples/clusters/two-machines-loopback/start.sh [MODEL]
 #
-# Then: curl localhost:8080/v1/completions -d '{"prompt":"Zoo","max_tokens":40}'
+# Then: curl localhost:8080/v1/completions -H 'Content-Type: application/json' -d '{"prompt":"Zoo","max_tokens":40}'
 #       ftp-shift --to tp2-pp2-over-three --follow
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
