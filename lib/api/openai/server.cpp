@@ -335,7 +335,10 @@ void Server::Impl::handle(http::Request&& req, const std::shared_ptr<http::Excha
     if (get && path == "/health") return ex->respond(json_response(200, Json{{"status", "ok"}}, rid));
     if (get && path == "/ready") {
       const bool ok = service.ready() && service.accepting();
-      return ex->respond(json_response(ok ? 200 : 503, Json{{"status", ok ? "ready" : "unavailable"}}, rid));
+      Json body{{"status", ok ? "ready" : "unavailable"}};
+      // Devices of members that left (issue 16): why a gear may not serve.
+      if (auto lost = service.device_pool().lost(); !lost.empty()) body["lost_devices"] = lost;
+      return ex->respond(json_response(ok ? 200 : 503, body, rid));
     }
     if (get && path == "/metrics")
       return ex->respond(
