@@ -159,7 +159,7 @@ Json stream_text_chunk(Pending& st, std::size_t i, const CompletionEvent& e) {
     st.echoed[i] = 1;
     text = st.echo[i] + text;
   }
-  const auto toks = event_tokens(e);
+  const auto toks = st.logprobs >= 0 ? event_tokens(e) : std::vector<serve::TokenLogprobText>{};
   if (text.empty() && toks.empty()) return nullptr;
   Json c = chunk(st.head, i, &text, nullptr, st.include_usage);
   if (st.logprobs >= 0) c["choices"][0]["logprobs"] = event_logprobs_json(st, i, toks);
@@ -522,7 +522,8 @@ void Server::Impl::on_event(const std::shared_ptr<Pending>& st, std::size_t i, c
     if (st->done) return;
     if (!st->stream) {
       st->text[i] += e.text;
-      for (auto& t : event_tokens(e)) st->lps[i].push_back(std::move(t));
+      if (st->logprobs >= 0)
+        for (auto& t : event_tokens(e)) st->lps[i].push_back(std::move(t));
       if (!st->opened || !st->all_finished()) return;
       st->done = true;
       for (const auto& l : st->last)
