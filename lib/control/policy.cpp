@@ -348,6 +348,24 @@ std::vector<int> normal_gears(const doc::GearTable& t) {
 /// The ladder from the smallest safe capacity to the largest, as the
 /// tracker has them now (measured capacities need not follow the table's
 /// order, and they change as they are refreshed); ties keep table order.
+/// The first device of `g` that the observation says is lost, or empty.
+std::string lost_device_of(const doc::Gear& g, const doc::Observation& o) {
+  for (const auto& rep : g.replicas)
+    for (const auto& st : rep.stages)
+      for (const auto& dev : st.devices)
+        for (const auto& l : o.lost_devices)
+          if (l.id == dev) return dev;
+  return {};
+}
+
+/// The gears of `ladder` without a lost device.
+std::vector<int> without_lost(const std::vector<int>& ladder, const doc::GearTable& t, const doc::Observation& o) {
+  std::vector<int> out;
+  for (int i : ladder)
+    if (lost_device_of(t.gears[static_cast<std::size_t>(i)], o).empty()) out.push_back(i);
+  return out;
+}
+
 std::vector<int> by_safe_capacity(std::vector<int> ladder, const doc::GearTable& t, const CapacityTracker& cap) {
   std::stable_sort(ladder.begin(), ladder.end(), [&](int a, int b) {
     return cap.capacity(t.gears[static_cast<std::size_t>(a)].name).safe_rps <
@@ -485,7 +503,11 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   sig.push_back({"kv_watermark", o.kv_watermark, in_guard ? gs.memory_guard_exit_kv : gs.memory_guard_kv,
                  !in_guard && o.kv_watermark > gs.memory_guard_kv});
 
-  // 1. A shift in progress: signals muted, evaluated afresh after it.
+  // 1. A shift in progress: signals muted, evaluated afresh after it. A
+  // decided shift to a gear that has lost a device since cannot happen.
+  if (pending_ && !o.shifting && table_.index_of(pending_->to) >= 0 &&
+      !lost_device_of(table_.gears[static_cast<std::size_t>(table_.index_of(pending_->to))], o).empty())
+    pending_.reset();
   if (pending_) {
     if (o.gear == pending_->to && !o.shifting) {
       last_shift_ms_ = o.t_ms;
@@ -517,10 +539,28 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
          p99_history_.front().first < o.t_ms - static_cast<std::int64_t>(config_.rollback.baseline_window_s * 1000))
     p99_history_.pop_front();
 
+  // 1b. Lost devices: the current gear uses one, so its domains cannot
+  // serve. At once (no dwell, confirmation or stagger) to the gear without
+  // lost devices that holds the forecast (the largest of them when none).
+  if (const std::string lost = lost_device_of(table_.gears[static_cast<std::size_t>(cur)], o); !lost.empty()) {
+    rollback_.stop();
+    const std::vector<int> usable = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
+    if (usable.empty())
+      return hold(o, name(), o.gear + " uses lost device " + lost + ", and every other gear uses a lost device too", sig);
+    const int target = target_for(forecast, usable);
+    return shift(o, table_.gears[static_cast<std::size_t>(target)].name,
+                 "lost device: " + o.gear + " uses " + lost + "; " + table_.gears[static_cast<std::size_t>(target)].name +
+                     " uses none that is lost",
+                 sig, false, false);
+  }
+
   // 2. Memory guard (before rollback: a rollback out of a gear whose KV is
   // over the guard's threshold would only be followed by the guard).
   if (!in_guard && o.kv_watermark > gs.memory_guard_kv) {
     rollback_.stop();
+    if (guard_ >= 0 && !lost_device_of(table_.gears[static_cast<std::size_t>(guard_)], o).empty())
+      return hold(o, name(), "KV watermark " + num(o.kv_watermark) + " > " + num(gs.memory_guard_kv) +
+                                 " but the memory-guard gear uses a lost device", sig);
     if (guard_ >= 0)
       return shift(o, table_.gears[guard_].name,
                    "memory guard: KV watermark " + num(o.kv_watermark) + " > " + num(gs.memory_guard_kv), sig, false,
@@ -535,7 +575,8 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     sig.push_back({"p99_regression_ms", o.e2e_ms.p99, config_.rollback.p99_factor * rollback_.baseline_ms(),
                    o.e2e_ms.p99 > config_.rollback.p99_factor * rollback_.baseline_ms()});
     if (v == RollbackMonitor::Verdict::committed) backoff_.erase(o.gear);  // it held: a later shift to it is new
-    if (v == RollbackMonitor::Verdict::rollback && table_.index_of(rollback_to_) >= 0 && rollback_to_ != o.gear) {
+    if (v == RollbackMonitor::Verdict::rollback && table_.index_of(rollback_to_) >= 0 && rollback_to_ != o.gear &&
+        lost_device_of(table_.gears[static_cast<std::size_t>(table_.index_of(rollback_to_))], o).empty()) {
       // The same load would lead back to this gear after the dwell: hold
       // off a load-driven shift to it for twice the longer of the dwell and
       // the rollback window, doubling with each rollback from it in a row.
@@ -561,7 +602,9 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     for (const auto& s : sig)
       if (s.agrees && s.name != "kv_watermark" && s.name != "p99_regression_ms") ++agree;  // load signals only
   }
-  const std::vector<int> ranked = by_safe_capacity(ladder_, table_, capacity_);
+  // Gears with a lost device are no target.
+  const std::vector<int> ranked = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
+  if (ranked.empty()) return hold(o, name(), "every normal gear uses a lost device", sig);
   // Up and down by safe capacity, not by place in the table.
   auto rank = [&](int i) { return static_cast<int>(std::find(ranked.begin(), ranked.end(), i) - ranked.begin()); };
   if (dir < 0 && !in_guard && cur == ranked.front()) {

@@ -51,7 +51,7 @@ Json to_json(const Observation& o) {
                            {"traffic_share", d.traffic_share},
                            {"running", d.running},
                            {"waiting", d.waiting}});
-  return Json{{"kind", kind::observation},
+  Json j{{"kind", kind::observation},
               {"t_ms", o.t_ms},
               {"gear", o.gear},
               {"shifting", o.shifting},
@@ -73,6 +73,12 @@ Json to_json(const Observation& o) {
               {"e2e_ms", pct(o.e2e_ms)},
               {"devices", devices},
               {"domains", domains}};
+  if (!o.lost_devices.empty()) {
+    Json lost = Json::array();
+    for (const auto& d : o.lost_devices) lost.push_back(Json{{"id", d.id}, {"why", d.why}});
+    j["lost_devices"] = lost;
+  }
+  return j;
 }
 
 Observation observation_from_json(const Json& j) {
@@ -114,6 +120,8 @@ Observation observation_from_json(const Json& j) {
       o.domains.push_back(std::move(d));
     }
   }
+  if (auto ls = r.find("lost_devices"))
+    for (const auto& n : ls->items()) o.lost_devices.push_back(LostDevice{n.str("id"), n.has("why") ? n.str("why") : ""});
   return o;
 }
 

@@ -34,6 +34,12 @@ struct DeviceLoad {
   double utilization = 0;             ///< 0..1, share of time busy with our work
 };
 
+/// A device the service has lost (a member gone, a GPU taken away).
+struct LostDevice {
+  std::string id;                     ///< "n2/vd0"
+  std::string why;                    ///< "member n2 lost (...)"
+};
+
 /// ftp.observation/v1: one timestamped sample of the running system.
 struct Observation {
   std::int64_t t_ms = 0;              ///< clock time (wall or virtual), ms
@@ -59,6 +65,9 @@ struct Observation {
   Percentiles ttft_ms, tpot_ms, e2e_ms;
   std::vector<DeviceLoad> devices;
   std::vector<DomainView> domains;
+  /// Devices lost now: a policy shifts to no gear that uses one (in JSON
+  /// only when there is one).
+  std::vector<LostDevice> lost_devices;
 };
 
 /// One signal a policy weighed in a decision.

@@ -204,6 +204,26 @@ std::uint64_t Leader::epoch(const std::string& name) const {
   return it == info_.end() ? 0 : it->second.epoch;
 }
 
+std::string Leader::wait_lost(const std::vector<std::string>& names, const std::vector<std::uint64_t>& epochs,
+                              int timeout_ms) const {
+  std::string out;
+  auto gone = [&] {
+    for (std::size_t i = 0; i < names.size() && i < epochs.size(); ++i) {
+      auto it = info_.find(names[i]);
+      const bool alive = by_name_.count(names[i]) && it != info_.end() && it->second.epoch == epochs[i];
+      if (!alive) {
+        out = "member " + names[i] + " lost";
+        if (it != info_.end() && !it->second.lost_why.empty()) out += " (" + it->second.lost_why + ")";
+        return true;
+      }
+    }
+    return false;
+  };
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), gone);
+  return out;
+}
+
 void Leader::on_change(Change f) {
   std::lock_guard lk(mu_);
   changes_.push_back(std::move(f));

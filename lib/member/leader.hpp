@@ -53,6 +53,11 @@ class Leader {
   /// The epoch of member `name` while it is alive, 0 when it is not: a
   /// domain built on one epoch cannot use a later one (its group is gone).
   std::uint64_t epoch(const std::string& name) const;
+  /// Waits up to `timeout_ms` until one of `names` is no longer alive at
+  /// its epoch in `epochs` (same order); "member NAME lost (WHY)" for the
+  /// first such, or empty. A failed step across processes names its cause.
+  std::string wait_lost(const std::vector<std::string>& names, const std::vector<std::uint64_t>& epochs,
+                        int timeout_ms) const;
   /// Told of every join and loss (on the connection's thread).
   void on_change(Change f);
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <future>
 #include <thread>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "engine/executor.hpp"
@@ -50,25 +51,43 @@ class SpanningEngine final : public engine::Engine {
   int block_tokens() const override { return exec_->block_tokens(); }
   std::uint64_t kv_bytes() const override { return exec_->kv_bytes(); }
   std::vector<std::vector<float>> forward(const std::vector<engine::SeqChunk>& c, int mb) override {
-    return exec_->forward(c, mb);
+    return naming_the_member([&] { return exec_->forward(c, mb); });
   }
   void recycle(std::vector<std::vector<float>>&& l) override { exec_->recycle(std::move(l)); }
   std::vector<int> forward_choose(const std::vector<engine::SeqChunk>& c, int mb,
                                   const std::vector<engine::TokenChoice>& ch) override {
-    return exec_->forward_choose(c, mb, ch);
+    return naming_the_member([&] { return exec_->forward_choose(c, mb, ch); });
   }
   const std::vector<double>& stage_busy_s() const override { return exec_->stage_busy_s(); }
   void set_background() override { exec_->set_background(); }
   /// The executor's failure, or a member gone since the build (its ranks
   /// and the domain's group are gone with it, even if it has come back).
   std::string failure() const override {
-    if (std::string f = exec_->failure(); !f.empty()) return f;
     for (std::size_t i = 0; i < members_.size(); ++i)
       if (leader_.epoch(members_[i]) != epochs_[i]) return "member " + members_[i] + " was lost";
-    return {};
+    return exec_->failure();
   }
 
  private:
+  /// A member that dies closes its channel about when its Gloo sockets
+  /// close: a step that failed waits this long to learn which one it was.
+  static constexpr int kLostWaitMs = 2000;
+  /// Runs a step; when it fails and a member of the domain is gone, the
+  /// error names the member first (the request's error event says who).
+  template <class F>
+  std::invoke_result_t<F> naming_the_member(F&& step) {
+    try {
+      return step();
+    } catch (const std::exception& e) {
+      // Once: the steps after a failed one fail at once (the engine has failed).
+      if (!lost_asked_) lost_ = leader_.wait_lost(members_, epochs_, kLostWaitMs);
+      lost_asked_ = true;
+      if (lost_.empty()) throw;
+      throw Error(lost_ + ": " + e.what());
+    }
+  }
+  bool lost_asked_ = false;  // the domain's thread only (steps)
+  std::string lost_;
   Leader& leader_;
   std::vector<std::string> members_;
   std::vector<std::uint64_t> epochs_;  // of each member at the build

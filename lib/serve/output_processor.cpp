@@ -28,7 +28,7 @@ TokenLogprobText logprob_text(const model::Tokenizer& tok, const engine::TokenLo
 }  // namespace
 
 engine::GenerationRequest OutputProcessor::prepare(const CompletionRequest& r, std::vector<int> prompt,
-                                                   std::shared_ptr<DomainRunner*> where) const {
+                                                   std::shared_ptr<DomainRunner*> where, std::int64_t arrival_us) const {
   // One choice's output: its token count and text.
   struct Choice {
     int tokens = 0;
@@ -43,7 +43,7 @@ engine::GenerationRequest OutputProcessor::prepare(const CompletionRequest& r, s
     std::vector<Choice> choices;
   };
   auto tr = std::make_shared<Track>();
-  tr->arrival_us = now_us_();
+  tr->arrival_us = arrival_us >= 0 ? arrival_us : now_us_();
   const int n_choices = std::max(1, r.n);
   tr->choices.resize(static_cast<std::size_t>(n_choices));
   for (auto& c : tr->choices)

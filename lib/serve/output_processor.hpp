@@ -32,9 +32,11 @@ class OutputProcessor {
   /// The engine request for `request` over its tokenised `prompt`: its stop
   /// check and events go through this processor, which calls the request's
   /// on_event with text and one finished event. `*where` must name the
-  /// domain that takes it before the domain runs it.
+  /// domain that takes it before the domain runs it. `arrival_us`: when
+  /// the request arrived on the service's clock (a request run again after
+  /// its domain failed keeps its first arrival); -1: now.
   engine::GenerationRequest prepare(const CompletionRequest& request, std::vector<int> prompt,
-                                    std::shared_ptr<DomainRunner*> where) const;
+                                    std::shared_ptr<DomainRunner*> where, std::int64_t arrival_us = -1) const;
 
  private:
   const model::Tokenizer& tok_;

@@ -81,6 +81,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
     interrupted_ = journal_->recover();
     shifter_->set_journal(journal_.get());
   }
+  reruns_ = std::make_unique<Reruns>();
 }
 
 Service::~Service() {
@@ -89,6 +90,7 @@ Service::~Service() {
     member_hook_->service = nullptr;
   }
   drain_and_stop();
+  reruns_.reset();  // gives up the requests still waiting for a domain
 }
 
 void Service::on_member(const member::MemberInfo& m) {
@@ -377,6 +379,21 @@ void Service::submit(CompletionRequest r) {
   }
 }
 
+struct Service::Placed {
+  CompletionRequest request;  ///< without its prompt text; on_event gives back the ticket
+  std::vector<int> prompt;
+  std::int64_t arrival_ms = 0, arrival_us = 0;
+  int reruns = 0;             ///< runs after the first (at most kMaxReruns)
+  std::atomic<bool> scheduled{false};
+  std::shared_ptr<std::shared_ptr<Admission::Ticket>> ticket;
+};
+
+namespace {
+/// Runs of one request after its first: a request is not bounced between
+/// failing domains for ever.
+constexpr int kMaxReruns = 2;
+}  // namespace
+
 void Service::admit_and_route(CompletionRequest& r) {
   if (!accepting_) throw Refused(RefusalReason::draining, 1, "the service is draining and accepts no new requests");
   std::vector<int> prompt = r.prompt_tokens;
@@ -407,43 +424,119 @@ void Service::admit_and_route(CompletionRequest& r) {
                            std::to_string(n) + ") plus max_tokens (" + std::to_string(r.max_tokens) + ") exceed it");
   check_generation_fields(r);
 
-  // The domain that takes the request, set before it is queued there (the
-  // events come after).
-  auto where = std::make_shared<DomainRunner*>(nullptr);
-  const std::int64_t arrival_ms = now_ms();
+  auto p = std::make_shared<Placed>();
+  p->arrival_ms = now_ms();
+  p->arrival_us = now_us();
   // Its place in the waiting queue, given back at its first event.
-  auto ticket = std::make_shared<std::shared_ptr<Admission::Ticket>>();
+  p->ticket = std::make_shared<std::shared_ptr<Admission::Ticket>>();
   if (r.on_event)
-    r.on_event = [ticket, next = std::move(r.on_event)](const CompletionEvent& e) {
+    r.on_event = [ticket = p->ticket, next = std::move(r.on_event)](const CompletionEvent& e) {
       if (*ticket) (*ticket)->release();
       next(e);
     };
-  engine::GenerationRequest g = output_->prepare(r, prompt, where);
-  g.group = r.group;
-  // Its queue time ends, and its place in the waiting queue is given back,
-  // when it first joins a running batch.
-  g.on_scheduled = [this, ticket, arrival_ms] {
-    if (*ticket) (*ticket)->release();
-    telemetry_.queued(static_cast<double>(now_ms() - arrival_ms));
-  };
+  r.prompt.clear();  // tokenised: a rerun needs only the tokens
+  p->request = std::move(r);
+  p->prompt = std::move(prompt);
+  // The domain that takes the request, set before it is queued there (the
+  // events come after).
+  auto where = std::make_shared<DomainRunner*>(nullptr);
+  engine::GenerationRequest g = engine_request(p, where);
   // A domain can retire between route() and its submit (a shift's last
   // step, a drain, a rollback): it then refuses, and the request goes to
   // the domains that serve now.
   for (int attempt = 0;; ++attempt) {
-    auto dom = route(r, n);
+    auto dom = route(p->request, n);
     if (!dom || attempt == 4) throw Refused(RefusalReason::no_domain, 1, "no serving domain");
     *where = dom.get();
-    *ticket = admission_.admit(dom->id(), n, retry_after_s());  // throws Refused past the bounds
+    *p->ticket = admission_.admit(dom->id(), n, retry_after_s());  // throws Refused past the bounds
     try {
       if (dom->submit(std::move(g))) break;
     } catch (const InputError& e) {
-      (*ticket)->release();
+      (*p->ticket)->release();
       throw RequestError(Refusal::invalid_input, "prompt", e.what());
     }
-    (*ticket)->release();
+    (*p->ticket)->release();
   }
   // Counted once accepted: a refused request is neither traffic nor load.
-  telemetry_.request_accepted(arrival_ms, n);
+  telemetry_.request_accepted(p->arrival_ms, n);
+}
+
+engine::GenerationRequest Service::engine_request(const std::shared_ptr<Placed>& p,
+                                                  const std::shared_ptr<DomainRunner*>& where) {
+  engine::GenerationRequest g = output_->prepare(p->request, p->prompt, where, p->arrival_us);
+  g.group = p->request.group;
+  // Its queue time ends, and its place in the waiting queue is given back,
+  // when it first joins a running batch.
+  g.on_scheduled = [this, p] {
+    if (*p->ticket) (*p->ticket)->release();
+    if (!p->scheduled.exchange(true)) telemetry_.queued(static_cast<double>(now_ms() - p->arrival_ms));
+  };
+  // One run's state, on its domain's thread: whether a token came, and
+  // whether the run was handed over to a rerun (its later events dropped).
+  struct Run {
+    bool streamed = false, handed_over = false;
+  };
+  g.on_event = [this, p, where, run = std::make_shared<Run>(),
+                next = std::move(g.on_event)](const engine::GenerationEvent& e) {
+    if (run->handed_over) return;
+    if (e.token >= 0) run->streamed = true;
+    if (e.finished && e.finish_reason == engine::FinishReason::error && !run->streamed && *where &&
+        rerun(p, **where, e)) {
+      run->handed_over = true;
+      return;
+    }
+    next(e);
+  };
+  return g;
+}
+
+bool Service::rerun(const std::shared_ptr<Placed>& p, DomainRunner& from, const engine::GenerationEvent& e) {
+  // Only when the domain cannot run anything more (its engine failed:
+  // a member lost, a step across processes broken): a request that fails
+  // for its own sake, or a forced drain, ends as it did.
+  if (from.domain().failure().empty() || !accepting_ || p->reruns >= kMaxReruns || !reruns_) return false;
+  ++p->reruns;
+  if (*p->ticket) (*p->ticket)->release();
+  telemetry_.request_rerun();
+  reruns_->add([this, p] { return place_again(p); },
+               [this, p, why = e.error](const std::string& gave_up) { fail_placed(p, why + "; not run again: " + gave_up); },
+               cfg_.rerun_wait_ms);
+  return true;
+}
+
+bool Service::place_again(const std::shared_ptr<Placed>& p) {
+  auto where = std::make_shared<DomainRunner*>(nullptr);
+  engine::GenerationRequest g = engine_request(p, where);
+  // Admitted already: it takes no new place in the waiting queue.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    auto dom = route(p->request, static_cast<int>(p->prompt.size()));
+    if (!dom) return false;
+    *where = dom.get();
+    try {
+      if (dom->submit(std::move(g))) return true;
+    } catch (const InputError& e) {
+      fail_placed(p, std::string("run again on domain ") + dom->id() + ": " + e.what());
+      return true;
+    }
+  }
+  return false;
+}
+
+void Service::fail_placed(const std::shared_ptr<Placed>& p, const std::string& error) {
+  const int n = static_cast<int>(p->prompt.size());
+  telemetry_.request_finished(now_ms(), n, 0, static_cast<double>(now_us() - p->arrival_us) / 1000.0, std::nullopt,
+                              engine::FinishReason::error);
+  if (!p->request.on_event) return;
+  for (int c = 0; c < std::max(1, p->request.n); ++c) {
+    CompletionEvent ce;
+    ce.request_id = p->request.id;
+    ce.choice = c;
+    ce.prompt_tokens = n;
+    ce.finished = true;
+    ce.finish_reason = engine::FinishReason::error;
+    ce.error = error;
+    p->request.on_event(ce);
+  }
 }
 
 void Service::cancel(const std::string& request_id) {
@@ -534,6 +627,7 @@ Json Service::status() const {
               {"accepting", accepting_.load()},
               {"requests_total", telemetry_.requests_total()},
               {"requests_failed", telemetry_.requests_failed()},
+              {"requests_rerun", telemetry_.requests_rerun()},
               {"domains", doms}};
 }
 
@@ -544,7 +638,9 @@ Json Service::gears_json() const {
 }
 
 doc::Observation Service::observe() const {
-  return telemetry_.observe(now_ms(), current_gear(), shifter_->shifting(), samples());
+  doc::Observation o = telemetry_.observe(now_ms(), current_gear(), shifter_->shifting(), samples());
+  for (const auto& [id, why] : pool_->lost()) o.lost_devices.push_back(doc::LostDevice{id, why});
+  return o;
 }
 
 std::string Service::prometheus() const {

@@ -36,6 +36,7 @@
 #include "serve/journal.hpp"
 #include "serve/output_processor.hpp"
 #include "serve/request.hpp"
+#include "serve/rerun.hpp"
 #include "serve/shifter.hpp"
 #include "serve/telemetry.hpp"
 
@@ -69,6 +70,11 @@ struct ServiceConfig {
   int step_interval_ms = 1000;         ///< wait at each ramp step before its check
   double rollback_p99_factor = 1.5;    ///< a ramp check fails when P99 E2E > factor x baseline
   int drain_timeout_ms = 600000;
+  /// A request whose domain fails (its engine: a member lost under it)
+  /// before it streamed anything runs again on another domain; this is how
+  /// long it may wait for one (a shift, ftp-serve --auto) before it ends
+  /// with the error of its domain (ftp-serve --rerun-wait-ms).
+  int rerun_wait_ms = 30000;
   int slow_start_steps = 20;           ///< a new domain's batch cap is 70 % for this many steps
   /// Router rules: a request with priority > 0, or a prompt of at least this
   /// many tokens (0: off), goes to the serving domain of the largest TP degree.
@@ -221,6 +227,18 @@ class Service {
   std::shared_ptr<DomainRunner> route(const CompletionRequest& r, int prompt_len);
   /// submit's work (submit counts what it throws).
   void admit_and_route(CompletionRequest& r);
+  /// An admitted request across its runs (admit_and_route, rerun).
+  struct Placed;
+  /// The engine request of one run of `p`, for the domain `*where` names.
+  engine::GenerationRequest engine_request(const std::shared_ptr<Placed>& p, const std::shared_ptr<DomainRunner*>& where);
+  /// Takes over `p` after its run on `from` failed with `e` before it
+  /// streamed anything: true (the error is not delivered) when `from`'s
+  /// engine has failed and the service runs it again elsewhere (Reruns).
+  bool rerun(const std::shared_ptr<Placed>& p, DomainRunner& from, const engine::GenerationEvent& e);
+  /// Submits a run of `p` to a serving domain; false when none takes it.
+  bool place_again(const std::shared_ptr<Placed>& p);
+  /// Ends `p` with `error` on each of its choices (a rerun given up).
+  void fail_placed(const std::shared_ptr<Placed>& p, const std::string& error);
   /// Retry-After of a refusal: the median E2E of the last 30 s, whole
   /// seconds, 1..60.
   int retry_after_s() const;
@@ -255,6 +273,8 @@ class Service {
   void on_member(const member::MemberInfo& m);
   std::atomic<bool> ready_{false}, accepting_{false}, stopped_{false};
   std::atomic<std::uint64_t> table_generation_{0};
+  /// Last: its thread calls into the service until it is gone.
+  std::unique_ptr<Reruns> reruns_;
 };
 
 }  // namespace ftp::serve

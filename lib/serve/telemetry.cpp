@@ -378,6 +378,9 @@ std::string Telemetry::prometheus(const ServiceSample& svc, const std::vector<Do
   m.sample("flextp:requests_total", model, requests_total_.load());
   m.family("flextp:requests_failed_total", "counter", "Requests that finished with an error.");
   m.sample("flextp:requests_failed_total", model, requests_failed_.load());
+  m.family("flextp:requests_rerun_total", "counter",
+           "Requests run again on another domain after theirs failed before they streamed anything.");
+  m.sample("flextp:requests_rerun_total", model, requests_rerun_.load());
   return m.str();
 }
 

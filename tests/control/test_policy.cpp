@@ -285,6 +285,49 @@ TEST(GearShifter, MinimumDwell) {
   EXPECT_EQ(d.to, "performance");
 }
 
+// Issue 16: a device lost (a member gone) under the current gear.
+// sample_gears: economy d0; standard d1 d2; performance d3..d6.
+TEST(GearShifter, LostDeviceUnderTheCurrentGearShiftsAtOnceToAGearWithoutIt) {
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));
+  ASSERT_EQ(d.action, "shift");
+  s(obs(30, "standard", 300));  // shift done: the dwell runs
+  Observation o = obs(40, "standard", 300);
+  o.lost_devices = {{"d2", "member n2 lost"}};
+  d = s(o);
+  EXPECT_EQ(d.action, "shift") << "no dwell, no confirmation out of a gear with a lost device";
+  EXPECT_EQ(d.to, "performance") << "the smallest gear without d2 that holds 300 req/s";
+  EXPECT_EQ(d.not_before_ms, 0);
+  EXPECT_CONTAINS(d.reason, "lost device: standard uses d2");
+  // Without the lost device the same observation holds (inside the dwell).
+  EXPECT_EQ(Shifter{}(obs(40, "standard", 300)).action, "hold");
+}
+
+TEST(GearShifter, GearsWithALostDeviceAreNoTarget) {
+  Shifter s, t;
+  Decision with, without;
+  for (int k = 0; k <= 20; k += 10) {
+    Observation o = busy(k, "economy", 1000);
+    without = t(o);
+    o.lost_devices = {{"d5", "member n2 lost"}};
+    with = s(o);
+  }
+  ASSERT_EQ(without.action, "shift");
+  EXPECT_EQ(without.to, "performance");
+  ASSERT_EQ(with.action, "shift");
+  EXPECT_EQ(with.to, "standard") << "performance uses the lost d5";
+}
+
+TEST(GearShifter, EveryGearWithALostDeviceHolds) {
+  Shifter s;
+  Observation o = obs(0, "standard", 300);
+  o.lost_devices = {{"d0", "lost"}, {"d1", "lost"}, {"d3", "lost"}};
+  const Decision d = s(o);
+  EXPECT_EQ(d.action, "hold");
+  EXPECT_CONTAINS(d.reason, "standard uses lost device d1, and every other gear uses a lost device too");
+}
+
 TEST(GearShifter, MemoryGuardAtOnce) {
   Shifter s;
   Decision d;

@@ -41,7 +41,8 @@ check "secret file of mode 0644: named" grep -q "has mode 0644; it must be 0600"
 chmod 600 "$tmp/secret"
 
 start_daemon_with "$serve" "$tmp/serve.log" -m "$m" --gears "$gears" --virtual-devices 2 \
-  --members-listen 127.0.0.1:0 --secret-file "$tmp/secret" --gloo-timeout-ms 5000 --step-interval-ms 100
+  --members-listen 127.0.0.1:0 --secret-file "$tmp/secret" --gloo-timeout-ms 5000 --step-interval-ms 100 \
+  --max-running 2 --rerun-wait-ms 3000
 mport=$(sed -n 's/.*member channel on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/serve.log")
 check "member channel listening" test -n "$mport"
 golden=$(tail -c +4 "$data/models/stories260K/golden_greedy_t0_prompt_Zoo_steps60.txt")
@@ -84,6 +85,11 @@ check "status: why" bash -c "rpc() { printf '%s\n' '{\"jsonrpc\":\"2.0\",\"id\":
 check "/ready: 503 while its only domain uses the lost member" \
   test "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/ready")" = 503
 check "/ready: names the lost devices" bash -c "curl -s http://127.0.0.1:$port/ready | jq -e '.lost_devices[\"n2/vd0\"]'"
+printf '%s\n' '{"jsonrpc":"2.0","id":1,"method":"watch","params":{"count":1,"interval_ms":50}}' |
+  socat -t 5 - "UNIX-CONNECT:$FTP_SOCKET" >"$tmp/watch.json"
+check "observation: lost_devices names n2/vd0 and why" jq -e -s \
+  '[.. | objects | select(.kind? == "ftp.observation/v1") | .lost_devices[]? | select(.id == "n2/vd0") | .why | test("member n2")] | any' \
+  "$tmp/watch.json"
 "$shift_tool" --to tp2-across >"$tmp/shift-back.json" 2>&1
 check "shift to a gear without n2: committed" jq -e '.outcome=="committed"' "$tmp/shift-back.json"
 check "then golden" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
@@ -95,9 +101,47 @@ check "n2 back: n2/vd1 free" wait_state n2/vd1 free
 check "shift to a gear on the returned n2: committed" jq -e '.outcome=="committed"' "$tmp/shift-again.json"
 check "then golden" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
 
-# Drain a member's devices, then stop it: the service serves on.
+# kill -9 of n2 under a dp 2 gear (a local replica, one across n1 and n2),
+# 16 requests, at most 2 running per domain: those of the replica across
+# that streamed nothing yet run again on the local one (golden answers),
+# those that had streamed end with an error naming n2.
 "$shift_tool" --to local-and-across >"$tmp/shift-dp.json" 2>&1
 check "shift to a dp 2 gear, one replica across n1 and n2: committed" jq -e '.outcome=="committed"' "$tmp/shift-dp.json"
+for i in 1 2 3 4; do complete Zoo 400 | jq -r '.choices[0].text' >"$tmp/ref$i.txt"; done
+check "dp 2 gear: both replicas give one answer of 400 tokens" \
+  bash -c "cmp -s '$tmp/ref1.txt' '$tmp/ref2.txt' && cmp -s '$tmp/ref1.txt' '$tmp/ref3.txt' && cmp -s '$tmp/ref1.txt' '$tmp/ref4.txt'"
+check "... that begins with the golden text" bash -c "[[ \"\$(cat '$tmp/ref1.txt')\" == '$golden'* ]]"
+across=$(rpc status | jq -r '.result.domains[] | select(.gear=="local-and-across" and (.devices | index("n2/vd1"))) | .id')
+rerun0=$(rpc status | jq '.result.requests_rerun')
+clients=()
+for i in $(seq 1 16); do complete Zoo 400 >"$tmp/fault$i.json" & clients+=($!); done
+queued() { rpc status | jq -e --arg d "$across" '.result.domains[] | select(.id==$d) | .running >= 1 and .waiting >= 2' >/dev/null; }
+for _ in $(seq 1 200); do queued && break; sleep 0.02; done
+check "the replica across n1 and n2 runs and queues requests when n2 dies" queued
+kill -9 "$pid_n2"
+wait "$pid_n2" 2>/dev/null
+t0=$(date +%s)
+wait "${clients[@]}"
+check "16 requests ended within 30 s of the kill" test $(( $(date +%s) - t0 )) -lt 30
+ok=0; errored=0; other=0
+for i in $(seq 1 16); do
+  if [ "$(jq -r '.choices[0].text // empty' "$tmp/fault$i.json")" = "$(cat "$tmp/ref1.txt")" ]; then ok=$((ok + 1))
+  elif jq -e '.error.message | test("member n2 lost")' "$tmp/fault$i.json" >/dev/null 2>&1; then errored=$((errored + 1))
+  else other=$((other + 1)); echo "unexpected answer: $(head -c 300 "$tmp/fault$i.json")"; fi
+done
+reran=$(( $(rpc status | jq '.result.requests_rerun') - rerun0 ))
+echo "kill -9 under load: $ok golden answers ($reran of them run again on the local replica), $errored errors naming n2"
+check "no request lost: each is golden or an error naming member n2" test "$other" -eq 0
+check "requests that had streamed nothing ran again on the local replica" test "$reran" -ge 1
+check "... and their answers are golden (all answers but the errors)" test "$ok" -eq $((16 - errored))
+check "at most the 2 running on the lost replica errored" test "$errored" -le 2
+start_member n2
+check "n2 back again: n2/vd1 free" wait_state n2/vd1 free
+"$shift_tool" --to local >"$tmp/shift-local.json" 2>&1
+"$shift_tool" --to local-and-across >"$tmp/shift-dp2.json" 2>&1
+check "shift to local, then to the dp 2 gear again: committed" jq -e '.outcome=="committed"' "$tmp/shift-dp2.json"
+
+# Drain a member's devices, then stop it: the service serves on.
 "$drain" --devices n2/vd1 >"$tmp/drain.json" 2>&1; rc=$?
 check "ftp-drain --devices n2/vd1: exit 0" test $rc -eq 0
 check "ftp-drain: the replica on n2 retired" test "$(device_state n2/vd1)" = free

@@ -238,6 +238,12 @@ TEST(Observation, RoundTrip) {
   old.erase("prompt_token_rate");
   old.erase("decode_token_rate");
   EXPECT_EQ(observation_from_json(old).decode_token_rate, 0);
+  EXPECT_FALSE(j.contains("lost_devices")) << "only while a device is lost";
+  o.lost_devices = {{"n2/vd0", "member n2 lost (connection closed)"}};
+  const Json lost = to_json(o);
+  EXPECT_EQ(lost["lost_devices"][0]["id"], "n2/vd0");
+  EXPECT_EQ(observation_from_json(lost).lost_devices.at(0).why, "member n2 lost (connection closed)");
+  EXPECT_EQ(to_json(observation_from_json(lost)), lost);
   Json bad = j;
   bad["kv_watermark"] = 1.25;
   EXPECT_EQ(error_of([&] { observation_from_json(bad); }), "kv_watermark: must be a ratio in [0, 1], got 1.25");

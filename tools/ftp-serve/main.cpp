@@ -171,6 +171,10 @@ int main(int argc, char** argv) {
                  "How long a shift, a rollback or SIGTERM waits for a draining domain's requests (default 600000): a "
                  "shift then returns and the domain retires once idle; SIGTERM ends them with an error")
       ->check(ftp::cli::positive());
+  app.add_option("--rerun-wait-ms", d.service.rerun_wait_ms,
+                 "How long a request whose domain failed before it streamed anything (a member lost) waits for "
+                 "another domain to run it again (default 30000); then it ends with the domain's error")
+      ->check(ftp::cli::non_negative());
   app.add_flag("--auto", d.auto_loop, "Run the control loop inside: observations -> policy -> shifts");
   app.add_option("--policy", d.policy_path, "With --auto: policy config (ftp.policy/v1; default the built-in defaults)")
       ->option_text("FILE");
