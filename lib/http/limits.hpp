@@ -14,7 +14,7 @@ struct Limits {
   std::size_t max_body_bytes = 16 << 20;     ///< Content-Length or chunked body; over: 413 (a Content-Length before reading)
   int header_timeout_ms = 10000;             ///< first byte of a request to the end of its headers; over: 408
   int body_timeout_ms = 60000;               ///< end of the headers to the end of the body; over: 408
-  int idle_timeout_ms = 30000;               ///< a kept-alive connection's wait for its next request; over: 408, closed
+  int idle_timeout_ms = 30000;               ///< a connection's wait for its (next) request; over: closed without an answer
   int max_connections = 16384;               ///< open connections in all; over: 503, closed
   int max_connections_per_address = 1024;    ///< open connections of one client address; over: 503, closed
   /// Bytes of a streamed answer written but not yet taken by the client;

@@ -1139,6 +1139,62 @@ TEST_F(HttpTest, RequestIdIsTakenOrMadeUpAndEchoed) {
   expect_openai_error(Json::parse(r->body), "invalid_request_error", "x-request-id", nullptr);
 }
 
+// Two requests in flight with one x-request-id get service ids of their
+// own (the service cancels by id): the client of the second leaves and only
+// its request is cancelled; both answers echo the client's id.
+TEST_F(HttpTest, SameRequestIdTwiceInFlightIsTwoRequests) {
+  Raw a(port);
+  ASSERT_GE(a.fd, 0);
+  ASSERT_TRUE(a.send(post_text("/v1/completions",
+                               R"({"prompt":"Zoo","max_tokens":400,"temperature":0,"ignore_eos":true,"stream":true,)"
+                               R"("stream_options":{"include_usage":true}})",
+                               "X-Request-Id: twin\r\nConnection: close\r\n")));
+  std::string got;
+  char buf[65536];
+  while (got.find("data: ") == std::string::npos) {  // a is running
+    ssize_t n = ::recv(a.fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << got;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  {
+    Raw b(port);
+    ASSERT_TRUE(b.send(post_text("/v1/completions", R"({"prompt":"Zoo","max_tokens":400,"ignore_eos":true})",
+                                 "X-Request-Id: twin\r\n")));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }  // b leaves: its request is cancelled
+  got += a.read_all();
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 300);
+  EXPECT_NE(got.find("x-request-id: twin\r\n"), std::string::npos) << got.substr(0, 300);
+  EXPECT_NE(got.find(R"("id":"cmpl-twin")"), std::string::npos) << got.substr(0, 300);
+  EXPECT_NE(got.find(R"("finish_reason":"length")"), std::string::npos) << got.substr(got.size() - 600);
+  EXPECT_NE(got.find(R"("completion_tokens":400)"), std::string::npos) << got.substr(got.size() - 600);
+  EXPECT_NE(got.find("data: [DONE]"), std::string::npos);
+  bool renamed = false;
+  std::string b_finished, a_finished;
+  for (int i = 0; i < 200 && b_finished.empty(); ++i) {
+    for (const auto& l : logs()) {
+      if (l.find("request_id=twin:2 domain_id=- event=renamed client_request_id=twin ") != std::string::npos)
+        renamed = true;
+      if (l.find("request_id=twin:2 ") != std::string::npos && l.find("event=finished") != std::string::npos)
+        b_finished = l;
+      if (l.find("request_id=twin ") != std::string::npos && l.find("event=finished") != std::string::npos)
+        a_finished = l;
+    }
+    if (b_finished.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(renamed);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // b's id is given back just after its log line
+  EXPECT_NE(b_finished.find("finish_reason=cancelled"), std::string::npos) << b_finished;
+  EXPECT_NE(a_finished.find("finish_reason=length"), std::string::npos) << a_finished;
+  // Both ids are given back: a third request may take "twin" again.
+  auto c = client();
+  auto r = c.Post("/v1/completions", httplib::Headers{{"X-Request-Id", "twin"}}, R"({"prompt":"Zoo","max_tokens":2})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(Json::parse(r->body)["id"], "cmpl-twin") << r->body;
+  EXPECT_EQ(r->get_header_value("x-request-id"), "twin");
+}
+
 // vLLM's order: max_completion_tokens wins over max_tokens.
 TEST_F(HttpTest, MaxCompletionTokensWins) {
   auto [s, j] = post("/v1/completions", Json{{"prompt", "Zoo"}, {"max_tokens", 9}, {"max_completion_tokens", 3},

@@ -2,7 +2,8 @@
 # Issue 20, hostile clients of the HTTP layer, against a live ftp-serve
 # --engine sim (no weights): 60 MB of headers (431, RSS), a 100 MB body
 # (413 before it is read), slowloris (item 2), SIGTERM with slow clients
-# (item 3), pipelining (item 5), 415 and a negative Content-Length (item 8).
+# (item 3), pipelining (item 5), 415 and a negative Content-Length (item 8),
+# the read timeouts (408 for a stalled request, an idle one closed).
 set -u
 tools=$1; src=$2
 source "$(dirname "$0")/common.sh"
@@ -70,4 +71,25 @@ echo "3: SIGTERM with 20 slow clients: exit $rc after ${ms} ms (drain timeout 20
 check "3: SIGTERM with 20 slow clients: exit 0" test $rc -eq 0
 check "3: SIGTERM with 20 slow clients: within the drain timeout + 1 s" test "$ms" -le 3000
 kill "$slow" 2>/dev/null; wait "$slow" 2>/dev/null
+
+# Read timeouts ("request and idle read timeouts: 408"): a request that has
+# begun and stalls gets 408 at --header-timeout-ms; a kept-alive connection
+# that starts no new request, like one that never sent a byte, is closed at
+# --idle-timeout-ms without an answer (RFC 9112 section 9.5: a 408 there
+# would race a request the client is sending; nginx and uvicorn close
+# silently too). Bounds: the timeout, plus 1 s for a loaded 2-core machine.
+start_daemon_with "$tools/ftp-serve" "$tmp/serve2.log" --engine sim -m "$src/examples/models/llama-70b.json" \
+  --topology "$tmp/topo.json" --gear tp=8 --header-timeout-ms 1500 --idle-timeout-ms 1000
+read -r code ms < <($py stall "$port")
+echo "timeouts: half a header, then nothing: status $code after $ms ms (--header-timeout-ms 1500)"
+check "timeouts: a request that stalls in its headers: 408" test "$code" = 408
+check "timeouts: the 408 comes at --header-timeout-ms" test "$ms" -ge 1400 -a "$ms" -le 2500
+read -r ms bytes < <($py idle "$port")
+echo "timeouts: kept-alive after an answer: closed $ms ms later, $bytes bytes sent (--idle-timeout-ms 1000)"
+check "timeouts: an idle kept-alive connection is closed without an answer" test "$bytes" = 0
+check "timeouts: ... at --idle-timeout-ms" test "$ms" -ge 900 -a "$ms" -le 2000
+read -r ms bytes < <($py silent "$port")
+echo "timeouts: a connection that sends nothing: closed after $ms ms, $bytes bytes sent"
+check "timeouts: a connection that sends nothing is closed without an answer" test "$bytes" = 0
+check "timeouts: ... at --idle-timeout-ms" test "$ms" -ge 900 -a "$ms" -le 2000
 finish

@@ -10,6 +10,9 @@ tests/bench/http-load.sh (issue 20). Standard library only.
   pipelined PORT             3 requests in one write: the number of answers
   keep PORT N SECONDS        N kept-alive connections that asked GET / once, then idle
   get PORT TIMEOUT           one GET /: its latency in ms, or "timeout"
+  stall PORT                 half a request's headers, then nothing: the status and the ms until it came
+  idle PORT                  one kept-alive GET /health, then nothing: ms from the answer to the close, bytes after it
+  silent PORT                a connection that sends nothing: ms until the close, bytes received
 """
 import selectors
 import socket
@@ -168,6 +171,51 @@ def get(port, timeout):
     print("%.1f" % ms if st == 200 else "timeout", flush=True)
 
 
+def stall(port):
+    s = connect(port)
+    t0 = time.perf_counter()
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    st = status_of(s, 60)
+    print(st, "%.0f" % ((time.perf_counter() - t0) * 1000))
+
+
+def until_closed(s, t0, timeout=60):
+    """Reads until the server closes: (ms since t0, bytes read)."""
+    s.settimeout(timeout)
+    got = 0
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += len(chunk)
+    except OSError:
+        pass
+    return (time.perf_counter() - t0) * 1000, got
+
+
+def idle(port):
+    s = connect(port)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, rest = data.split(b"\r\n\r\n", 1)
+    length = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")][0])
+    while len(rest) < length:
+        rest += s.recv(65536)
+    t0 = time.perf_counter()
+    ms, got = until_closed(s, t0)
+    print("%.0f %d" % (ms, got + len(rest) - length))
+
+
+def silent(port):
+    s = connect(port)
+    ms, got = until_closed(s, time.perf_counter())
+    print("%.0f %d" % (ms, got))
+
+
 def main():
     cmd, port = sys.argv[1], int(sys.argv[2])
     if cmd == "slow":
@@ -184,6 +232,12 @@ def main():
         keep(port, int(sys.argv[3]), float(sys.argv[4]))
     elif cmd == "get":
         get(port, float(sys.argv[3]))
+    elif cmd == "stall":
+        stall(port)
+    elif cmd == "idle":
+        idle(port)
+    elif cmd == "silent":
+        silent(port)
     elif cmd == "pipelined":
         pipelined(port)
     else:

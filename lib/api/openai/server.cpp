@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <ctime>
+#include <functional>
 #include <mutex>
-#include <random>
 
 #include "api/openai/errors.hpp"
 #include "api/openai/request.hpp"
+#include "api/openai/request_ids.hpp"
 #include "api/openai/response.hpp"
 #include "core/error.hpp"
 #include "core/escape.hpp"
@@ -50,27 +51,10 @@ struct Logger {
   }
 };
 
-std::string id_suffix() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  static const char* hex = "0123456789abcdef";
-  std::lock_guard lk(mu);
-  std::string s;
-  for (int i = 0; i < 24; ++i) s += hex[rng() & 15];
-  return s;
-}
-
 bool const_time_equal(std::string_view a, std::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
   return diff == 0;
-}
-
-bool valid_request_id(const std::string& s) {
-  if (s.empty() || s.size() > 128) return false;
-  for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' || c == '-')) return false;
-  return true;
 }
 
 /// application/json, whatever its parameters (charset) and case.
@@ -91,6 +75,7 @@ struct Pending {
   AnswerHead head;
   std::vector<http::Header> headers;
   bool stream = false, include_usage = false;
+  std::string client_id;               // the x-request-id answered (the client's, or the one made up)
   std::vector<std::string> ids;        // each choice's request_id
   std::vector<std::string> domain_id;  // each choice's domain, once known
   std::vector<std::string> text;       // whole answers: each choice's text so far
@@ -107,6 +92,17 @@ struct Pending {
   std::vector<char> echoed;            // the stream sent the choice's echo
   std::vector<std::vector<serve::TokenLogprobText>> lps;  // whole answers: each choice's tokens so far
   bool all_finished() const { return finished == ids.size(); }
+  // The service id stays claimed (RequestIds) until the last choice that was
+  // submitted has finished: a cancelled one is still in its domain until then.
+  std::size_t expected = 0;       // finish events to come: every choice, or those submitted before a refusal
+  bool submitting = true;         // the prompts are still being submitted
+  std::function<void()> release;  // gives the id back; called once, under mu
+  void release_when_done() {
+    if (release && !submitting && finished >= expected) {
+      release();
+      release = nullptr;
+    }
+  }
 };
 
 /// Sets st's logprobs and echo from the parsed request (before submitting):
@@ -181,6 +177,9 @@ struct Server::Impl {
   serve::ChatTemplate chat_template;
   std::int64_t created = 0;
   std::unique_ptr<http::Server> transport;
+  /// The service ids in flight (shared with the requests' events, which may
+  /// come after the server is gone).
+  std::shared_ptr<RequestIds> live_ids = std::make_shared<RequestIds>();
 
   Impl(serve::Service& s, serve::HttpOptions o) : service(s), opts(std::move(o)) {
     log->fn = opts.log;
@@ -288,7 +287,7 @@ void Server::Impl::handle(http::Request&& req, const std::shared_ptr<http::Excha
     r.headers.push_back({"Access-Control-Max-Age", "600"});
     return ex->respond(r);
   }
-  const std::string rid = given ? *given : id_suffix();
+  const std::string rid = given ? *given : made_up_request_id();
   try {
     if (req.method == "POST" && path == "/v1/completions") return completion(req, ex, false, given);
     if (req.method == "POST" && path == "/v1/chat/completions") return completion(req, ex, true, given);
@@ -365,9 +364,21 @@ void Server::Impl::handle(http::Request&& req, const std::shared_ptr<http::Excha
 void Server::Impl::completion(const http::Request& req, const std::shared_ptr<http::Exchange>& ex, bool chat,
                               const std::string* client_id) {
   // The client's x-request-id is the request's id; else one is made up.
-  const std::string id = client_id ? *client_id : (chat ? "chatcmpl-" : "cmpl-") + id_suffix();
+  const std::string id = client_id ? *client_id : (chat ? "chatcmpl-" : "cmpl-") + made_up_request_id();
   const auto created_s = static_cast<std::int64_t>(std::time(nullptr));
   std::shared_ptr<Pending> st;
+  // However this ends, the service id is given back once the choices that
+  // were submitted have finished (Pending::release_when_done).
+  struct Submitted {
+    std::shared_ptr<Pending>& st;
+    ~Submitted() {
+      if (!st) return;
+      std::lock_guard lk(st->mu);
+      st->submitting = false;
+      st->release_when_done();
+    }
+  } submitted{st};
+  std::string sid = id;  // the service's id: the client's unless in use (RequestIds)
   Parsed p;
   try {
     Json body = parse_body(req.body);
@@ -400,18 +411,27 @@ void Server::Impl::completion(const http::Request& req, const std::shared_ptr<ht
     const std::size_t n = p.prompts.size();
     const std::size_t per = static_cast<std::size_t>(std::max(1, p.prompts.empty() ? 1 : p.prompts[0].n));
     st = std::make_shared<Pending>(n * per);
+    // Two requests in flight never share a service id (a cancel of one
+    // would cancel both): a client's x-request-id in use gets a suffix; the
+    // answer's header still echoes the client's.
+    sid = live_ids->claim(id, n);
+    st->release = [ids = live_ids, sid, n] { ids->release(sid, n); };
+    if (sid != id)
+      (*log)("request_id=" + sid + " domain_id=- event=renamed client_request_id=" + id +
+             " detail=\"a request in flight has this x-request-id\"");
     st->ex = ex;
-    st->head = AnswerHead{client_id ? (chat ? "chatcmpl-" : "cmpl-") + id : id, chat, created_s, p.model};
+    st->head = AnswerHead{client_id ? (chat ? "chatcmpl-" : "cmpl-") + sid : sid, chat, created_s, p.model};
+    st->client_id = id;
     st->headers = base_headers(id);
     st->stream = p.stream;
     st->include_usage = p.include_usage;
     prepare_logprobs(*st, p, service.tokenizer());
     for (std::size_t i = 0; i < n; ++i) {
-      const std::string rid = n == 1 ? id : id + "-" + std::to_string(i);
+      const std::string rid = RequestIds::prompt_id(sid, n, i);
       for (std::size_t c = 0; c < per; ++c) st->ids[i * per + c] = rid;
       CompletionRequest& r = p.prompts[i];
       r.id = rid;
-      r.group = id;  // the prompts of one request share the scheduler's fair share
+      r.group = sid;  // the prompts of one request share the scheduler's fair share
       r.on_event = [this, st, first = i * per, log = log](const CompletionEvent& e) {
         const std::size_t i = first + static_cast<std::size_t>(std::max(0, e.choice));
         if (e.finished) {
@@ -432,6 +452,8 @@ void Server::Impl::completion(const http::Request& req, const std::shared_ptr<ht
     for (std::size_t i = 0; i < n; ++i) {
       try {
         service.submit(std::move(p.prompts[i]));
+        std::lock_guard lk(st->mu);
+        st->expected += per;
       } catch (const InputError& e) {
         // All or nothing: the prompts already accepted are cancelled.
         {
@@ -451,11 +473,11 @@ void Server::Impl::completion(const http::Request& req, const std::shared_ptr<ht
       }
     }
   } catch (const ApiError& e) {
-    refused(id, e);
+    refused(sid, e);
     return ex->respond(error_response(e, id));
   } catch (const InputError& e) {  // e.g. a bad role from render_chat
     ApiError ae{400, "invalid_request_error", "", "", e.what()};
-    refused(id, ae);
+    refused(sid, ae);
     return ex->respond(error_response(ae, id));
   }
   open(st);
@@ -478,8 +500,8 @@ void Server::Impl::open(const std::shared_ptr<Pending>& st) {
       st->done = true;
       for (const auto& e : st->last)
         if (e.finish_reason == engine::FinishReason::error)
-          return st->ex->respond(error_response(failed_choice(e), st->ids[0]));
-      st->ex->respond(json_response(200, whole_of(*st), st->ids[0]));
+          return st->ex->respond(error_response(failed_choice(e), st->client_id));
+      st->ex->respond(json_response(200, whole_of(*st), st->client_id));
     }
   }
   if (gone_now) cancel_all(st);
@@ -518,6 +540,7 @@ void Server::Impl::on_event(const std::shared_ptr<Pending>& st, std::size_t i, c
     if (e.finished) {
       st->last[i] = e;
       ++st->finished;
+      st->release_when_done();
     }
     if (st->done) return;
     if (!st->stream) {
@@ -528,8 +551,8 @@ void Server::Impl::on_event(const std::shared_ptr<Pending>& st, std::size_t i, c
       st->done = true;
       for (const auto& l : st->last)
         if (l.finish_reason == engine::FinishReason::error)
-          return st->ex->respond(error_response(failed_choice(l), st->ids[0]));
-      return st->ex->respond(json_response(200, whole_of(*st), st->ids[0]));
+          return st->ex->respond(error_response(failed_choice(l), st->client_id));
+      return st->ex->respond(json_response(200, whole_of(*st), st->client_id));
     }
     std::string out;
     if (st->head.chat && !st->started) out += sse(role_chunk(st->head, st->include_usage));  // OpenAI opens with the role

@@ -18,7 +18,8 @@
 // Content-Type: application/json (415 otherwise, before its body is read).
 // Every answer carries x-request-id: the client's (at most 128 characters
 // of A-Z a-z 0-9 . _ : -, else 400) or a new one; it is the request_id of
-// the log lines and the service's events.
+// the log lines and the service's events, with a suffix when a request in
+// flight holds it (api/openai/request_ids.hpp).
 //
 // Streams send "data: {json}\n\n" per event and "data: [DONE]\n\n" at the
 // end. A client that goes away, or stops reading past the transport's
