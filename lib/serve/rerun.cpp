@@ -32,7 +32,11 @@ int Reruns::waiting() const {
 void Reruns::loop() {
   std::unique_lock lk(mu_);
   for (;;) {
-    cv_.wait_for(lk, std::chrono::milliseconds(50), [this] { return stop_ || woken_; });
+    // Idle with nothing waiting; while requests wait, retry every 50 ms.
+    if (items_.empty())
+      cv_.wait(lk, [this] { return stop_ || woken_; });
+    else
+      cv_.wait_for(lk, std::chrono::milliseconds(50), [this] { return stop_ || woken_; });
     woken_ = false;
     // The items out of the lock while they are tried: placing one submits
     // it to a domain, which may deliver events (and add more) at once.
