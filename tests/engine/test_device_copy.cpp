@@ -128,8 +128,8 @@ void expect_copies_are_shard_unions(const ftp::model::Model& m, ftp::doc::GearTa
   for (const auto& g : table.gears) cases.push_back({"gear " + g.name, {g}});
   cases.push_back({"the whole table", table.gears});
   for (const auto& [what, gears] : cases) {
+    Devices devs;  // outlive the store, which gives their bytes back
     WeightStore store(m);
-    Devices devs;
     std::uint64_t sum = 0;
     for (const auto& g : gears)
       for (const auto& dev : g.devices()) {
@@ -167,8 +167,8 @@ TEST_F(Stories, OneShardsBytesWrittenOut) {
   ASSERT_EQ(hp.n_embd, 64);
   ASSERT_EQ(hp.n_ff, 172);
   ASSERT_EQ(hp.n_head_kv, 4);
+  VirtualDevice vd(0, 1, {}, 1ull << 32), vd2(1, 1, {}, 1ull << 32);  // outlive the stores
   WeightStore store(*model);
-  VirtualDevice vd(0, 1, {}, 1ull << 32);
   const std::uint64_t per_layer = 4 * (64 * (32 + 16 + 16 + 32) + 64 * 86 * 3 + 2 * 64);
   const std::uint64_t embedding = 4ull * 512 * 64;
   EXPECT_EQ(store.copy_to_device(vd, {RankShard{0, 5, 2, 1, true, true}}), 5 * per_layer + embedding);
@@ -178,7 +178,6 @@ TEST_F(Stories, OneShardsBytesWrittenOut) {
   const bool tied = !w.output.data || w.output.data == w.tok_embd.data;
   const std::uint64_t head = 4 * ((tied ? 0 : 512 * 64) + 64);
   WeightStore store2(*model);
-  VirtualDevice vd2(1, 1, {}, 1ull << 32);
   const std::uint64_t tp4_rank0 = 4 * (64 * (16 + 8 + 8 + 16) + 64 * 43 * 3);
   EXPECT_EQ(store2.copy_to_device(vd2, {RankShard{0, 5, 2, 1, true, true}, RankShard{0, 5, 4, 0, true, true}}),
             5 * (per_layer + tp4_rank0) + embedding + head);
@@ -190,8 +189,8 @@ TEST_F(Stories, GoldenGreedyTokensOnTheCopies) {
   ASSERT_EQ(golden.size(), 256u);
   ftp::doc::GearTable t = stories_table();
   ftp::plan::nest_ranks(t);
-  WeightStore store(*model);
   Devices devs;
+  WeightStore store(*model);
   for (const auto& g : t.gears)
     for (const auto& dev : g.devices())
       if (!devs.by_name.count(dev)) store.copy_to_device(devs[dev], shards_of(t.gears, dev));
@@ -204,8 +203,8 @@ TEST_F(Stories, GoldenGreedyTokensOnTheCopies) {
 // A rank whose device's copy lacks its views is refused, naming the
 // device and the layer: a domain never reads the mapped file instead.
 TEST_F(Stories, ARankOutsideItsDevicesCopyIsRefused) {
-  WeightStore store(*model);
   VirtualDevice vd(3, 1, {}, 1ull << 32), other(4, 1, {}, 1ull << 32);
+  WeightStore store(*model);
   store.copy_to_device(vd, {RankShard{3, 2, 1, 0, false, true}});
   DomainConfig cfg;
   cfg.stages = {StageLayout{0, 5, 1, {&vd}}};
@@ -228,8 +227,8 @@ TEST_F(Stories, ARankOutsideItsDevicesCopyIsRefused) {
 // A copy that does not fit the device's budget is refused before anything
 // is allocated, naming the device; the budget is untouched.
 TEST_F(Stories, ACopyOverTheBudgetIsRefused) {
-  WeightStore store(*model);
   VirtualDevice small(7, 1, {}, 100000);
+  WeightStore store(*model);
   try {
     store.copy_to_device(small, {RankShard{0, 5, 1, 0, true, true}});
     ADD_FAILURE() << "the whole model fit 100000 bytes";
@@ -302,8 +301,8 @@ TEST(SyntheticDeviceCopy, CopiesAreShardUnionsAndGreedyTokensHold) {
     // Q8_0 on an AVX-512 CPU: the mapped store would pack its matrices
     // (another kernel, not bit-identical); the copies are never packed.
     ::setenv("FTP_Q8_PACK", "0", 1);
-    WeightStore mapped(m), copied(m);
     Devices devs;
+    WeightStore mapped(m), copied(m);
     for (const auto& g : t.gears)
       for (const auto& dev : g.devices())
         if (!devs.by_name.count(dev)) copied.copy_to_device(devs[dev], shards_of(t.gears, dev));
