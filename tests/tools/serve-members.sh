@@ -53,6 +53,28 @@ start_member n2
 check "n1 joined: status lists n1/vd1" wait_state n1/vd1 free
 check "n2 joined: status lists n2/vd0" wait_state n2/vd0 free
 
+# ftp-probe --gather: one topology of the three machines, the link between
+# them measured; ftp-plan on it keeps TP inside a machine, PP across.
+"$(dirname "$serve")/ftp-probe" --gather --quick >"$tmp/gathered.json" 2>"$tmp/gather.err"; rc=$?
+check "ftp-probe --gather: exit 0" test $rc -eq 0
+check "gathered: the nodes n0, n1, n2" jq -e '[.nodes[].id] | sort == ["n0","n1","n2"]' "$tmp/gathered.json"
+check "gathered: the devices as the pool names them" \
+  jq -e '[.devices[].id] | sort == ["n1/vd0","n1/vd1","n2/vd0","n2/vd1","vd0","vd1"]' "$tmp/gathered.json"
+check "gathered: one island per machine, each all-reduce measured" \
+  jq -e '(.islands | length) == 3 and all(.islands[]; (.devices | length) == 2 and .allreduce.busbw_gb_s > 0)' "$tmp/gathered.json"
+check "gathered: the link between machines measured (fabric network0)" \
+  jq -e '.fabrics[] | select(.id == "network0") | .type == "ethernet" and (.devices | length) == 6 and .bandwidth_gb_s > 0 and .latency_us > 0' \
+  "$tmp/gathered.json"
+jq -c '.fabrics[] | select(.id == "network0") | {bandwidth_gb_s, latency_us}' "$tmp/gathered.json"
+"$(dirname "$serve")/ftp-plan" --topology "$tmp/gathered.json" --model "$src/examples/models/stories260K.json" \
+  >"$tmp/planned.json" 2>"$tmp/plan.err"; rc=$?
+check "ftp-plan on the gathered topology: exit 0" test $rc -eq 0
+machine='def machine: if test("/") then split("/")[0] else "n0" end;'
+check "planned: no stage's TP group spans two machines" \
+  jq -e "$machine"' all(.gears[].replicas[].stages[]; ([.devices[] | machine] | unique | length) == 1)' "$tmp/planned.json"
+check "planned: a pipeline runs from one machine to another" \
+  jq -e "$machine"' any(.gears[].replicas[]; ([.stages[].devices[] | machine] | unique | length) > 1)' "$tmp/planned.json"
+
 for g in tp2-across pp2-across tp2-pp2-over-three; do
   "$shift_tool" --to "$g" >"$tmp/shift-$g.json" 2>&1; rc=$?
   check "shift to $g: committed" jq -e '.outcome=="committed"' "$tmp/shift-$g.json"
