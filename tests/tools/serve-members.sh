@@ -7,7 +7,9 @@
 # a member: the leader stays up, status and /ready name the lost devices, a
 # gear without them is shifted to and serves; the member's return is taken
 # back and a gear using it serves again; ftp-drain --devices of a member,
-# then stopping it, leaves the service serving.
+# then stopping it, leaves the service serving; ftp-probe --gather and
+# ftp-plan on the gathered topology; ftp-serve --auto leaves a gear whose
+# member is killed.
 set -u
 serve=$1; shift_tool=$2; drain=$3; src=$4
 data=${FTP_TEST_DATA:-}
@@ -171,4 +173,52 @@ check "ftp-drain: the replica on n2 retired" test "$(device_state n2/vd1)" = fre
 kill "$pid_n2"; wait "$pid_n2" 2>/dev/null
 check "n2 stopped: its devices lost" wait_state n2/vd1 lost
 check "still serving after n2 stopped" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+# ftp-serve --auto after a kill: the control loop itself leaves a gear
+# that uses a lost member. Hand-set capacities (a fixture, as in
+# serve-auto.sh) make pp2-across (n1/vd1, n2/vd1) the smallest gear, so
+# nothing but the loss moves it.
+kill "$pid_n1"; wait "$pid_n1" 2>/dev/null
+kill -TERM $daemon; wait $daemon; daemon=
+jq '.gears |= map(.measured = {"max_rps": (if .name == "pp2-across" then 1 else 10 end), "source": "bench"})' \
+  "$gears" >"$tmp/auto-gears.json"
+rm -f "$FTP_SOCKET"
+"$serve" -m "$m" --gears "$tmp/auto-gears.json" --virtual-devices 2 \
+  --members-listen 127.0.0.1:0 --secret-file "$tmp/secret" --gloo-timeout-ms 5000 --step-interval-ms 100 \
+  --wait-members 2 --start-gear pp2-across --auto --policy "$src/tests/tools/fixtures/fast-policy.json" \
+  --observe-interval-ms 200 --port 0 2>"$tmp/auto.log" &
+daemon=$!
+mport=
+for _ in $(seq 1 200); do
+  mport=$(sed -n 's/.*member channel on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/auto.log"); [ -n "$mport" ] && break; sleep 0.05
+done
+start_member n1
+start_member n2
+port=
+for _ in $(seq 1 600); do
+  port=$(sed -n 's/.*http: listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/auto.log")
+  [ -n "$port" ] && [ -S "$FTP_SOCKET" ] && break; sleep 0.1
+done
+check "--auto leader with --wait-members 2: listening" test -n "$port"
+check "--auto: serving pp2-across across n1 and n2" \
+  bash -c "rpc status | jq -e '.result.gear == \"pp2-across\"'"
+check "--auto: golden on pp2-across" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+sleep 3  # past the policy's dwell: it holds while nothing is lost
+check "--auto: holds pp2-across while nothing is lost" bash -c "rpc status | jq -e '.result.gear == \"pp2-across\"'"
+kill -9 "$pid_n2"; wait "$pid_n2" 2>/dev/null
+moved=
+for _ in $(seq 1 300); do
+  g=$(rpc status | jq -r '.result.gear')
+  [ "$g" != pp2-across ] && [ "$(rpc status | jq -r '.result.shifting')" = false ] && { moved=$g; break; }
+  sleep 0.1
+done
+echo "--auto after kill -9 of n2: now at ${moved:-pp2-across}"
+check "--auto: shifted by itself to a gear without n2 ($moved)" \
+  jq -e --arg g "$moved" '.gears[] | select(.name == $g) | [.replicas[].stages[].devices[]] | all(startswith("n2/") | not)' \
+  "$tmp/auto-gears.json"
+rpc records >"$tmp/auto-records.json"
+check "--auto: the shift's trigger is the policy" \
+  jq -e --arg g "$moved" '.result | map(select(.to == $g)) | last | .trigger | startswith("policy:")' "$tmp/auto-records.json"
+check "--auto: its reason, the lost device" grep -q "auto: decision shift pp2-across -> $moved: lost device" "$tmp/auto.log"
+check "--auto: golden after the shift" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
 finish
