@@ -123,6 +123,12 @@ FTP_AVX2 inline float half_at(const std::uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
+/// Prefetches `lines` cache lines from p.
+template <int lines>
+FTP_AVX2 inline void prefetch(const std::uint8_t* p) {
+  for (int l = 0; l < lines; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * l), _MM_HINT_T0);
+}
+
 /// Q4_0 with the activations as Q8_0 integers, llama.cpp's scheme: per
 /// block of 32, the int8 dot of the weights' (q - 8) and the activations'
 /// quants (maddubs on |w| and the sign-adjusted x, exact in int32), scaled
@@ -131,7 +137,7 @@ FTP_AVX2 inline float half_at(const std::uint8_t* p) {
 /// batch. Views of whole blocks only.
 template <int R, int T>
 FTP_AVX2 void q4_0_int(const std::int8_t* xq, const float* xd, int k, const std::uint8_t* const* rows, float* out,
-                       int ldo) {
+                       int ldo, std::ptrdiff_t pf) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps();
@@ -148,6 +154,7 @@ FTP_AVX2 void q4_0_int(const std::int8_t* xq, const float* xd, int k, const std:
     }
     for (int r = 0; r < R; ++r) {
       const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 18;
+      if (pf && (b & 3) == 0) prefetch<2>(blk + pf);  // 72 bytes every 4 blocks
       const __m256 dw = _mm256_set1_ps(half_at(blk));
       const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
       // Weights 0..15 from the low nibbles, 16..31 from the high ones, minus 8.
@@ -189,7 +196,14 @@ void q8_0_ints(const float* x, int t, int k, Q8Ints& a) {
 }
 
 /// The tiles of the integer kernels: rows of the view by 4 (then 1), tokens
-/// by up to 3; fn(the rows' first blocks, rows, first token, tokens, first row).
+/// by up to 3; fn(the rows' first blocks, rows, first token, tokens, first
+/// row, prefetch). prefetch: bytes from each row to the same place in the
+/// next tile's rows, for the first tokens of a tile of 4 that has a whole
+/// tile of 4 after it, else 0. A kernel that prefetches there as it reads
+/// keeps the next rows' loads in flight while it computes: the hardware
+/// prefetcher alone, following 4 streams, left a single-thread Q4_K
+/// product at ~5 GB/s where it computes at ~10 from the L3 and the memory
+/// reads at ~11 (AVX2 EPYC VM); with it, 7.5-8.3.
 template <class Fn>
 void for_each_tile(const MatView& w, const Decoder& d, int t, Fn&& fn) {
   const int n = static_cast<int>(w.rows);
@@ -198,23 +212,25 @@ void for_each_tile(const MatView& w, const Decoder& d, int t, Fn&& fn) {
     const int rows = n - i >= 4 ? 4 : 1;
     const std::uint8_t* wr[4];
     for (int r = 0; r < rows; ++r) wr[r] = base + static_cast<std::size_t>(w.r0 + i + r) * d.row_bytes;
-    for (int u = 0; u < t; u += 3) fn(wr, rows, u, std::min(3, t - u), i);
+    const std::ptrdiff_t next = rows == 4 && i + 8 <= n ? static_cast<std::ptrdiff_t>(4 * d.row_bytes) : 0;
+    for (int u = 0; u < t; u += 3) fn(wr, rows, u, std::min(3, t - u), i, u == 0 ? next : 0);
     i += rows;
   }
 }
+
 
 /// Q4_0 over whole blocks: rows by 4 (then 1), tokens by up to 3.
 void matmul_q4_0_int(const float* x, const MatView& w, const Decoder& d, float* out, int t) {
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   thread_local Q8Ints a;
   q8_0_ints(x, t, k, a);
-  using Fn = void (*)(const std::int8_t*, const float*, int, const std::uint8_t* const*, float*, int);
+  using Fn = void (*)(const std::int8_t*, const float*, int, const std::uint8_t* const*, float*, int, std::ptrdiff_t);
   static constexpr Fn k4[4] = {nullptr, q4_0_int<4, 1>, q4_0_int<4, 2>, q4_0_int<4, 3>};
   static constexpr Fn k1[4] = {nullptr, q4_0_int<1, 1>, q4_0_int<1, 2>, q4_0_int<1, 3>};
   const int nb = k / 32;
-  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i) {
+  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i, std::ptrdiff_t pf) {
     (rows == 4 ? k4 : k1)[g](a.q.data() + static_cast<std::ptrdiff_t>(u) * k, a.d.data() + static_cast<std::ptrdiff_t>(u) * nb,
-                             k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+                             k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n, pf);
   });
 }
 
@@ -337,7 +353,8 @@ FTP_AVX2 inline __m128i scales_mins_k4(const std::uint8_t* s) {
 /// order whatever T, so a token's result does not depend on the batch.
 /// Views of whole blocks only.
 template <int R, int T>
-FTP_AVX2 void q4_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo) {
+FTP_AVX2 void q4_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo,
+                       std::ptrdiff_t pf) {
   __m256 acc[R][T];
   __m128 accm[R][T];
   for (int r = 0; r < R; ++r)
@@ -347,6 +364,7 @@ FTP_AVX2 void q4_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* cons
   for (int b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
       const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 144;
+      if (pf) prefetch<3>(blk + pf);
       const float d = half_at(blk), dmin = half_at(blk + 2);
       const __m256i sm = _mm256_cvtepu8_epi16(scales_mins_k4(blk + 4));  // 8 scales | 8 mins, int16
       const __m256i scl = _mm256_permute2x128_si256(sm, sm, 0x00);
@@ -394,7 +412,8 @@ FTP_AVX2 void q4_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* cons
 /// T tokens, blocks in order whatever T (batch-independent). Views of
 /// whole blocks only.
 template <int R, int T>
-FTP_AVX2 void q6_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo) {
+FTP_AVX2 void q6_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo,
+                       std::ptrdiff_t pf) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps();
@@ -403,6 +422,7 @@ FTP_AVX2 void q6_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* cons
   for (int b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
       const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 210;
+      if (pf) prefetch<4>(blk + pf);
       const float d = half_at(blk + 208);
       // The 16 scales as int16: groups 0-7 (the first 128 weights) in the low lane.
       const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
@@ -446,24 +466,24 @@ void matmul_k_int(const float* x, const MatView& w, const Decoder& d, float* out
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   thread_local Q8KInts a;
   q8_k_ints(x, t, k, a);
-  using Fn = void (*)(const Q8KInts&, int, int, const std::uint8_t* const*, float*, int);
+  using Fn = void (*)(const Q8KInts&, int, int, const std::uint8_t* const*, float*, int, std::ptrdiff_t);
   static constexpr Fn four[4] = {nullptr, K<4, 1>::run, K<4, 2>::run, K<4, 3>::run};
   static constexpr Fn one[4] = {nullptr, K<1, 1>::run, K<1, 2>::run, K<1, 3>::run};
-  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i) {
-    (rows == 4 ? four : one)[g](a, u, k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i, std::ptrdiff_t pf) {
+    (rows == 4 ? four : one)[g](a, u, k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n, pf);
   });
 }
 
 template <int R, int T>
 struct Q4KInt {
-  static void run(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo) {
-    q4_k_int<R, T>(a, u0, k, rows, out, ldo);
+  static void run(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo, std::ptrdiff_t pf) {
+    q4_k_int<R, T>(a, u0, k, rows, out, ldo, pf);
   }
 };
 template <int R, int T>
 struct Q6KInt {
-  static void run(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo) {
-    q6_k_int<R, T>(a, u0, k, rows, out, ldo);
+  static void run(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo, std::ptrdiff_t pf) {
+    q6_k_int<R, T>(a, u0, k, rows, out, ldo, pf);
   }
 };
 #endif
