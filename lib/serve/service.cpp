@@ -8,10 +8,12 @@
 #include <sstream>
 
 #include "engine/rank_backend.hpp"
+#include "member/gather.hpp"
 #include "member/spanning.hpp"
 #include "plan/device_memory.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
+#include "topology/probe.hpp"
 
 namespace ftp::serve {
 
@@ -514,6 +516,13 @@ engine::GenerationRequest Service::engine_request(const std::shared_ptr<Placed>&
   g.on_event = [this, p, where, run = std::make_shared<Run>(),
                 next = std::move(g.on_event)](const engine::GenerationEvent& e) {
     if (run->handed_over) return;
+    if (e.finished && e.finish_reason == engine::FinishReason::withdrawn) {
+      // Given back unstarted by a draining domain: placed on a serving one
+      // (once, though each of its choices says so).
+      run->handed_over = true;
+      place_withdrawn(p, e.domain_id);
+      return;
+    }
     if (e.token >= 0) run->streamed = true;
     if (e.finished && e.finish_reason == engine::FinishReason::error && !run->streamed && *where &&
         rerun(p, **where, e)) {
@@ -537,6 +546,16 @@ bool Service::rerun(const std::shared_ptr<Placed>& p, DomainRunner& from, const 
                [this, p, why = e.error](const std::string& gave_up) { fail_placed(p, why + "; not run again: " + gave_up); },
                cfg_.rerun_wait_ms);
   return true;
+}
+
+void Service::place_withdrawn(const std::shared_ptr<Placed>& p, const std::string& from) {
+  if (*p->ticket) (*p->ticket)->release();
+  telemetry_.request_moved();
+  const std::string why = "withdrawn unstarted from draining domain " + from;
+  if (!reruns_) return fail_placed(p, why + "; the service is stopping");
+  reruns_->add([this, p] { return place_again(p); },
+               [this, p, why](const std::string& gave_up) { fail_placed(p, why + "; not placed: " + gave_up); },
+               cfg_.rerun_wait_ms);
 }
 
 bool Service::place_again(const std::shared_ptr<Placed>& p) {
@@ -672,7 +691,23 @@ Json Service::status() const {
               {"requests_total", telemetry_.requests_total()},
               {"requests_failed", telemetry_.requests_failed()},
               {"requests_rerun", telemetry_.requests_rerun()},
+              {"requests_moved", telemetry_.requests_moved()},
               {"domains", doms}};
+}
+
+doc::Topology Service::gathered_topology(bool quick) const {
+  topology::ProbeOptions po;
+  po.virtual_devices = cfg_.backend == "cuda" ? 0 : std::max(cfg_.virtual_devices, 1);
+  po.quick = quick;
+  po.gpus = cfg_.backend == "cuda";
+  doc::Topology local = topology::probe_local(po);
+  for (auto& n : local.nodes) n.id = cfg_.machine_name;
+  for (auto& d : local.devices) d.node = cfg_.machine_name;
+  if (!cfg_.members) return local;
+  member::GatherOptions g;
+  g.quick = quick;
+  g.gloo = cfg_.gloo;
+  return member::gather_topology(*cfg_.members, std::move(local), g);
 }
 
 Json Service::gears_json() const {

@@ -204,6 +204,12 @@ class Service {
 
   json::Json status() const;
   json::Json gears_json() const;
+  /// This machine's devices measured (topology::probe_local: the service's
+  /// virtual devices, or its GPUs with the cuda backend), its node named
+  /// machine_name; with members, gathered with theirs and the measured link
+  /// between machines (member::gather_topology). Takes seconds; not on an
+  /// event loop. Throws Error naming a member that fails.
+  doc::Topology gathered_topology(bool quick) const;
   /// The gear table in force (a copy: reload may replace it) and how many
   /// times it was replaced.
   doc::GearTable gear_table() const;
@@ -260,6 +266,9 @@ class Service {
   /// streamed anything: true (the error is not delivered) when `from`'s
   /// engine has failed and the service runs it again elsewhere (Reruns).
   bool rerun(const std::shared_ptr<Placed>& p, DomainRunner& from, const engine::GenerationEvent& e);
+  /// Places `p`, given back unstarted by draining domain `from`, on a
+  /// serving domain (through the reruns' queue, under the same wait).
+  void place_withdrawn(const std::shared_ptr<Placed>& p, const std::string& from);
   /// Submits a run of `p` to a serving domain; false when none takes it.
   bool place_again(const std::shared_ptr<Placed>& p);
   /// Ends `p` with `error` on each of its choices (a rerun given up).
