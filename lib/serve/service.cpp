@@ -620,7 +620,12 @@ void Service::check_model(const doc::GearTable& table) const {
 void Service::reload(doc::GearTable table) {
   doc::validate(table);
   check_model(table);
-  if (cfg_.device_memory) plan::nest_ranks(table);
+  if (cfg_.device_memory) {
+    for (const auto& g : table.gears)
+      if (g.weight_mode == "release")
+        throw InputError("--device-memory: gear " + g.name + " is in release weight mode, which frees mapped pages, not copies");
+    plan::nest_ranks(table);
+  }
   pool_->check(table);
   if (cfg_.reload_check) cfg_.reload_check(table);
   if (cfg_.device_memory && store_ && store_->device_memory())
