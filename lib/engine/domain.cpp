@@ -16,6 +16,7 @@ std::string_view to_string(FinishReason r) noexcept {
     case FinishReason::length: return "length";
     case FinishReason::cancelled: return "cancelled";
     case FinishReason::error: return "error";
+    case FinishReason::withdrawn: return "withdrawn";
   }
   return "";
 }
@@ -254,7 +255,7 @@ void Domain::finish(Seq& s, FinishReason reason, const std::string& error, Event
   std::lock_guard lk(mu_);
   if (reason == FinishReason::error)
     stats_.failed += static_cast<std::uint64_t>(ends);
-  else
+  else if (reason != FinishReason::withdrawn)
     stats_.finished += static_cast<std::uint64_t>(ends);
 }
 
@@ -274,14 +275,21 @@ void Domain::abort_all(const std::string& why) {
   abort_ = why.empty() ? "aborted" : why;
 }
 
+void Domain::withdraw_unstarted() {
+  std::lock_guard lk(mu_);
+  withdraw_ = true;
+}
+
 int Domain::step() {
   int max_running = cfg_.max_running;
   std::unordered_set<std::string> cancel;
   std::string abort;
+  bool withdraw = false;
   {
     std::lock_guard lk(mu_);
     cancel.swap(cancelled_);
     abort.swap(abort_);
+    withdraw = withdraw_;
     if (cap_steps_ > 0) {
       max_running = std::min(max_running, cap_);
       --cap_steps_;
@@ -311,6 +319,31 @@ int Domain::step() {
     drop(running_);
     drop(waiting_);
     for (auto& [fn, e] : gone) fn(e);  // the counters follow after admission below
+  }
+  if (withdraw && !waiting_.empty()) {
+    // Not started: nothing computed, sent or forked yet, and every choice
+    // still here (a request of n choices without a shared prompt page has n
+    // sequences, which may have begun apart: those stay).
+    auto unstarted = [](const Seq& s) {
+      return s.computed == 0 && s.output.empty() && s.blocks.empty() && s.prompt_lp.empty() && !s.prompt_lp_sent &&
+             (s.req.n == 1 || s.forks_left == s.req.n - 1);
+    };
+    EventList back;
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (unstarted(**it)) {
+        finish(**it, FinishReason::withdrawn, "", back);
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!back.empty()) {
+      {
+        std::lock_guard lk(mu_);
+        n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
+      }
+      for (auto& [fn, e] : back) fn(e);
+    }
   }
   int budget = cfg_.max_batched_tokens;
   std::vector<std::pair<Seq*, int>> plan;  // sequence, tokens this step

@@ -44,8 +44,11 @@ enum class FinishReason {
   length,     ///< max_tokens or the context
   cancelled,  ///< Domain::cancel: its client has gone
   error,      ///< the engine failed or the domain aborted it (GenerationEvent::error says why)
+  /// Domain::withdraw_unstarted: given back before it ran, to be placed on
+  /// another domain by whoever submitted it. Never reaches a client.
+  withdrawn,
 };
-/// "" | "stop" | "length" | "cancelled" | "error".
+/// "" | "stop" | "length" | "cancelled" | "error" | "withdrawn".
 std::string_view to_string(FinishReason r) noexcept;
 inline std::ostream& operator<<(std::ostream& os, FinishReason r) { return os << to_string(r); }
 
@@ -154,6 +157,13 @@ class Domain {
   /// "error" and the message "domain ID: `why`", giving back their KV pages:
   /// for a shutdown that cannot wait any longer. Thread-safe.
   void abort_all(const std::string& why);
+  /// From the next step on, gives back every request that has not started:
+  /// nothing computed or streamed, all its choices still waiting (a drain
+  /// whose requests other domains can serve: the domain then finishes only
+  /// what it has begun). Each ends with reason "withdrawn" and no error,
+  /// once per choice, and counts as neither finished nor failed; requests
+  /// queued later are given back too. Thread-safe.
+  void withdraw_unstarted();
 
   /// One iteration: schedule, forward, sample, deliver events. Returns the
   /// tokens computed (0 when there was nothing to do).
@@ -202,6 +212,7 @@ class Domain {
   std::deque<std::unique_ptr<Seq>> incoming_;
   std::unordered_set<std::string> cancelled_;  // ids to cancel at the next step (under mu_)
   std::string abort_;                          // abort_all's reason, until the next step (under mu_)
+  bool withdraw_ = false;                      // withdraw_unstarted (under mu_)
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
   std::uint64_t arrivals_ = 0;

@@ -42,6 +42,11 @@ void DomainRunner::abort_all(const std::string& why) {
   cv_.notify_all();
 }
 
+void DomainRunner::withdraw_unstarted() {
+  domain_->withdraw_unstarted();
+  cv_.notify_all();
+}
+
 int DomainRunner::inflight() const { return domain_->running() + domain_->waiting(); }
 
 void DomainRunner::slow_start(int cap, int steps) { domain_->limit_running(cap, steps); }

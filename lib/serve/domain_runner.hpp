@@ -60,6 +60,9 @@ class DomainRunner {
   void cancel(const std::string& request_id);
   /// Ends every request the domain holds with an error (engine::Domain::abort_all) and wakes its thread.
   void abort_all(const std::string& why);
+  /// Gives back the requests that have not started (engine::Domain::withdraw_unstarted)
+  /// and wakes its thread: for a drain while other domains serve.
+  void withdraw_unstarted();
   /// Requests running or waiting, including ones submitted but not yet stepped.
   int inflight() const;
   engine::Domain& domain() noexcept { return *domain_; }

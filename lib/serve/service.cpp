@@ -479,6 +479,13 @@ engine::GenerationRequest Service::engine_request(const std::shared_ptr<Placed>&
   g.on_event = [this, p, where, run = std::make_shared<Run>(),
                 next = std::move(g.on_event)](const engine::GenerationEvent& e) {
     if (run->handed_over) return;
+    if (e.finished && e.finish_reason == engine::FinishReason::withdrawn) {
+      // Given back unstarted by a draining domain: placed on a serving one
+      // (once, though each of its choices says so).
+      run->handed_over = true;
+      place_withdrawn(p, e.domain_id);
+      return;
+    }
     if (e.token >= 0) run->streamed = true;
     if (e.finished && e.finish_reason == engine::FinishReason::error && !run->streamed && *where &&
         rerun(p, **where, e)) {
@@ -502,6 +509,16 @@ bool Service::rerun(const std::shared_ptr<Placed>& p, DomainRunner& from, const 
                [this, p, why = e.error](const std::string& gave_up) { fail_placed(p, why + "; not run again: " + gave_up); },
                cfg_.rerun_wait_ms);
   return true;
+}
+
+void Service::place_withdrawn(const std::shared_ptr<Placed>& p, const std::string& from) {
+  if (*p->ticket) (*p->ticket)->release();
+  telemetry_.request_moved();
+  const std::string why = "withdrawn unstarted from draining domain " + from;
+  if (!reruns_) return fail_placed(p, why + "; the service is stopping");
+  reruns_->add([this, p] { return place_again(p); },
+               [this, p, why](const std::string& gave_up) { fail_placed(p, why + "; not placed: " + gave_up); },
+               cfg_.rerun_wait_ms);
 }
 
 bool Service::place_again(const std::shared_ptr<Placed>& p) {
@@ -628,6 +645,7 @@ Json Service::status() const {
               {"requests_total", telemetry_.requests_total()},
               {"requests_failed", telemetry_.requests_failed()},
               {"requests_rerun", telemetry_.requests_rerun()},
+              {"requests_moved", telemetry_.requests_moved()},
               {"domains", doms}};
 }
 

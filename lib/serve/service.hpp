@@ -235,6 +235,9 @@ class Service {
   /// streamed anything: true (the error is not delivered) when `from`'s
   /// engine has failed and the service runs it again elsewhere (Reruns).
   bool rerun(const std::shared_ptr<Placed>& p, DomainRunner& from, const engine::GenerationEvent& e);
+  /// Places `p`, given back unstarted by draining domain `from`, on a
+  /// serving domain (through the reruns' queue, under the same wait).
+  void place_withdrawn(const std::shared_ptr<Placed>& p, const std::string& from);
   /// Submits a run of `p` to a serving domain; false when none takes it.
   bool place_again(const std::shared_ptr<Placed>& p);
   /// Ends `p` with `error` on each of its choices (a rerun given up).

@@ -197,7 +197,10 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     set_weights(fresh, 0.0);
     // Draining keeps its CPU priority (issue 20: at nice +10 a drain under
     // full load took 45 s); drain_timeout_ms is its deadline.
-    for (auto& d : fresh) d->set_state(DomainState::draining);
+    for (auto& d : fresh) {
+      d->set_state(DomainState::draining);
+      d->withdraw_unstarted();  // the old domains take what has not started
+    }
     emit(ShiftPhase::rollback, 0, why);
     // A shadow that cannot drain in time stays draining and retires at the
     // next shift or drain (reap_drained).
@@ -251,6 +254,10 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     d->set_weight(0);  // at its priority, under drain_timeout_ms (see the rollback's)
   }
   for (auto& d : fresh) d->set_state(DomainState::serving);
+  // The old domains finish only what they have begun; what waits there
+  // goes to the new ones (issue 20: a drain under full load ends within
+  // the time of the longest request in flight, not of the whole queue).
+  for (auto& d : old) d->withdraw_unstarted();
   domains_.set_gear(target->name);
   const bool drained = wait_drained(old, cfg_.drain_timeout_ms);
   emit(ShiftPhase::drain, 1.0,
@@ -286,6 +293,7 @@ int Shifter::drain_domain(const std::string& id, bool force, int timeout_ms,
   dom->set_state(DomainState::draining);
   dom->set_weight(0);
   set_weights(others, 1.0);
+  if (!others.empty()) dom->withdraw_unstarted();  // the others take what has not started
   const int waited = dom->inflight();
   if (progress) progress(Json{{"domain", id}, {"state", "draining"}, {"inflight", waited}});
   if (!wait_drained({dom}, timeout_ms))

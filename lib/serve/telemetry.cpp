@@ -381,6 +381,9 @@ std::string Telemetry::prometheus(const ServiceSample& svc, const std::vector<Do
   m.family("flextp:requests_rerun_total", "counter",
            "Requests run again on another domain after theirs failed before they streamed anything.");
   m.sample("flextp:requests_rerun_total", model, requests_rerun_.load());
+  m.family("flextp:requests_moved_total", "counter",
+           "Requests moved, before they started, off a draining domain to a serving one.");
+  m.sample("flextp:requests_moved_total", model, requests_moved_.load());
   return m.str();
 }
 

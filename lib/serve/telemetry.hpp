@@ -68,6 +68,9 @@ class Telemetry {
   /// A request whose domain failed before it streamed anything runs again
   /// elsewhere (Service's reruns).
   void request_rerun() noexcept { ++requests_rerun_; }
+  /// A request that had not started was moved off a draining domain to a
+  /// serving one (Domain::withdraw_unstarted).
+  void request_moved() noexcept { ++requests_moved_; }
   /// A request was refused by admission control, or as invalid (400).
   void refused(RefusalReason reason);
   void invalid_request();
@@ -80,6 +83,7 @@ class Telemetry {
   std::uint64_t requests_total() const noexcept { return requests_total_.load(); }
   std::uint64_t requests_failed() const noexcept { return requests_failed_.load(); }
   std::uint64_t requests_rerun() const noexcept { return requests_rerun_.load(); }
+  std::uint64_t requests_moved() const noexcept { return requests_moved_.load(); }
 
   /// The observation at `t_ms` (ARCHITECTURE.md section 4's signals): queue
   /// depth (now and its 30 s mean), estimated queue time (median E2E x
@@ -114,7 +118,7 @@ class Telemetry {
   static constexpr std::int64_t kContentionWindowMs = 300000;  ///< the contention index's window, 5 min
 
   LatencyWindow ttft_, tpot_, e2e_;
-  std::atomic<std::uint64_t> requests_total_{0}, requests_failed_{0}, requests_rerun_{0}, tokens_in_{0}, tokens_out_{0};
+  std::atomic<std::uint64_t> requests_total_{0}, requests_failed_{0}, requests_rerun_{0}, requests_moved_{0}, tokens_in_{0}, tokens_out_{0};
   std::string model_name_;
   mutable std::mutex mu_;  // everything below
   Histogram ttft_s_, tpot_s_, e2e_s_, queue_s_;  // seconds

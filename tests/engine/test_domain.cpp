@@ -162,3 +162,69 @@ TEST(FairScheduling, RequestsWithoutAGroupAreEachTheirOwn) {
 }
 
 }  // namespace
+
+// Issue 20, a drain under full load: a draining domain gives back what has
+// not started (Domain::withdraw_unstarted) and finishes only what it has
+// begun. max_running 2: two requests run, the rest wait; the waiting ones
+// end "withdrawn" with no token, the running ones run to max_tokens.
+TEST(DomainWithdraw, GivesBackOnlyTheUnstartedAndFinishesTheRest) {
+  DomainConfig c;
+  c.kv_blocks = 64;
+  c.block_tokens = 16;
+  c.max_batched_tokens = 256;
+  c.max_running = 2;
+  Domain d(hparams(), c, [](const DomainConfig&) { return std::make_unique<CountingEngine>(hparams()); });
+  std::map<std::string, FinishReason> reason;
+  std::map<std::string, int> tokens, ends;
+  auto req = [&](const std::string& id, int n) {
+    GenerationRequest r;
+    r.id = id;
+    r.n = n;
+    r.prompt.assign(20, 3);  // past one page: n > 1 choices share it
+    r.max_tokens = 10;
+    r.on_event = [&, id](const GenerationEvent& e) {
+      if (e.token >= 0) ++tokens[id];
+      if (e.finished) {
+        reason[id] = e.finish_reason;
+        ++ends[id];
+      }
+    };
+    return r;
+  };
+  d.submit(req("a", 1));
+  d.submit(req("b", 1));
+  d.step();  // a and b start
+  ASSERT_GT(tokens["a"] + tokens["b"], 0);
+  d.submit(req("c", 1));
+  d.submit(req("d", 2));
+  EXPECT_EQ(d.waiting(), 2);
+  d.withdraw_unstarted();
+  d.step();
+  EXPECT_EQ(reason["c"], FinishReason::withdrawn);
+  EXPECT_EQ(reason["d"], FinishReason::withdrawn);
+  EXPECT_EQ(ends["d"], 2) << "once per choice";
+  EXPECT_EQ(tokens["c"] + tokens["d"], 0);
+  EXPECT_EQ(d.waiting(), 0);
+  // Requests queued after the call are given back too.
+  d.submit(req("e", 1));
+  d.step();
+  EXPECT_EQ(reason["e"], FinishReason::withdrawn);
+  for (int i = 0; i < 50 && !d.idle(); ++i) d.step();
+  EXPECT_TRUE(d.idle());
+  EXPECT_EQ(reason["a"], FinishReason::length);
+  EXPECT_EQ(reason["b"], FinishReason::length);
+  EXPECT_EQ(tokens["a"], 10);
+  EXPECT_EQ(tokens["b"], 10);
+  EXPECT_EQ(d.stats().finished, 2u) << "the withdrawn count as neither finished nor failed";
+  EXPECT_EQ(d.stats().failed, 0u);
+}
+
+// Without the call nothing is given back: the queue runs on that domain.
+TEST(DomainWithdraw, NothingIsGivenBackUnasked) {
+  auto d = domain(64);
+  auto done = std::make_shared<Finished>();
+  for (int i = 0; i < 70; ++i) d->submit(request("r" + std::to_string(i), "g" + std::to_string(i), 4, 3, done));
+  for (int i = 0; i < 200 && !d->idle(); ++i) d->step();
+  EXPECT_EQ(done->count, 70);
+  for (int i = 0; i < 70; ++i) EXPECT_EQ(done->tokens["r" + std::to_string(i)], 3);
+}

@@ -41,3 +41,6 @@ start_daemon_with() {
   done
   echo "daemon did not start:"; cat "$log"; exit 1
 }
+
+# rpc LINE: one JSON-RPC call on $FTP_SOCKET; prints the answer line.
+rpc() { printf '%s\n' "$1" | socat -t 10 - "UNIX-CONNECT:$FTP_SOCKET"; }

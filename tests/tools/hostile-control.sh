@@ -17,7 +17,6 @@ gear=$(jq -r '.gears[1].name' "$tmp/etc/gears.json")
 start_daemon_with "$tools/ftp-serve" "$tmp/serve.log" --engine sim -m "$src/examples/models/llama-70b.json" \
   --topology "$tmp/topo.json" --gears "$tmp/etc/gears.json" --step-interval-ms 0
 # rpc LINE: one request on the control socket, its answer line as sent.
-rpc() { printf '%s\n' "$1" | socat -t 10 - "UNIX-CONNECT:$FTP_SOCKET"; }
 keys() { jq -cn --argjson n "$1" '[range($n)] | map({key: "k\(.)", value: 0}) | from_entries'; }
 
 # Item 1: 80,000 keys in one object, refused by the key limit while parsing.

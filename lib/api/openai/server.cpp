@@ -560,7 +560,11 @@ void Server::Impl::on_event(const std::shared_ptr<Pending>& st, std::size_t i, c
     if (Json c = stream_text_chunk(*st, i, e); !c.is_null()) out += sse(c);
     if (e.finished) {
       if (e.finish_reason == engine::FinishReason::error) {
-        // One failed choice ends the stream: the others are cancelled.
+        // One failed choice ends the stream: its last chunk says
+        // finish_reason "error", an error event says why (the SDKs raise
+        // it), and the others are cancelled.
+        const std::string reason(engine::to_string(e.finish_reason));
+        out += sse(chunk(st->head, i, nullptr, &reason, st->include_usage));
         out += sse(error_json(failed_choice(e)));
         out += sse_done();
         st->done = true;
