@@ -15,7 +15,7 @@ _ftp_probe() {
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "--help --version --json --quick --no-gpu --virtual-devices --cluster --watch --interval --count --socket" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --quick --no-gpu --virtual-devices --cluster --watch --gather --interval --count --socket" -- "$cur"))
 }
 complete -F _ftp_probe ftp-probe
 

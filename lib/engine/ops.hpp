@@ -26,10 +26,11 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps);
 /// AVX2 kernels (both also turn matmul_packed into matmul). The CPU backend
 /// sends Q8_0 matrices that its store packed to matmul_packed instead.
 /// The other block types (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K) quantize the
-/// activations as llama.cpp does (quantize_activations), then dot them in
-/// float32 with the dequantized weights: matmul_quant
-/// (engine/quant_matmul.hpp) where the CPU has AVX2/FMA, matmul_reference
-/// elsewhere and under FTP_MATMUL=reference.
+/// activations as llama.cpp does (quantize_activations), then dot them with
+/// the weights: matmul_quant (engine/quant_matmul.hpp; integer dots for
+/// Q4_0, Q4_K and Q6_K, float32 with the dequantized weights for the rest)
+/// where the CPU has AVX2/FMA, matmul_reference (float32) elsewhere and
+/// under FTP_MATMUL=reference.
 void matmul(const float* x, const MatView& w, float* out, int t);
 
 /// matmul for a view of a Q8_0 tensor whose packed copy (PackedWeights,

@@ -123,6 +123,12 @@ FTP_AVX2 inline float half_at(const std::uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
+/// Prefetches `lines` cache lines from p.
+template <int lines>
+FTP_AVX2 inline void prefetch(const std::uint8_t* p) {
+  for (int l = 0; l < lines; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * l), _MM_HINT_T0);
+}
+
 /// Q4_0 with the activations as Q8_0 integers, llama.cpp's scheme: per
 /// block of 32, the int8 dot of the weights' (q - 8) and the activations'
 /// quants (maddubs on |w| and the sign-adjusted x, exact in int32), scaled
@@ -131,7 +137,7 @@ FTP_AVX2 inline float half_at(const std::uint8_t* p) {
 /// batch. Views of whole blocks only.
 template <int R, int T>
 FTP_AVX2 void q4_0_int(const std::int8_t* xq, const float* xd, int k, const std::uint8_t* const* rows, float* out,
-                       int ldo) {
+                       int ldo, std::ptrdiff_t pf) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps();
@@ -148,6 +154,7 @@ FTP_AVX2 void q4_0_int(const std::int8_t* xq, const float* xd, int k, const std:
     }
     for (int r = 0; r < R; ++r) {
       const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 18;
+      if (pf && (b & 3) == 0) prefetch<2>(blk + pf);  // 72 bytes every 4 blocks
       const __m256 dw = _mm256_set1_ps(half_at(blk));
       const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
       // Weights 0..15 from the low nibbles, 16..31 from the high ones, minus 8.
@@ -189,7 +196,14 @@ void q8_0_ints(const float* x, int t, int k, Q8Ints& a) {
 }
 
 /// The tiles of the integer kernels: rows of the view by 4 (then 1), tokens
-/// by up to 3; fn(the rows' first blocks, rows, first token, tokens, first row).
+/// by up to 3; fn(the rows' first blocks, rows, first token, tokens, first
+/// row, prefetch). prefetch: bytes from each row to the same place in the
+/// next tile's rows, for the first tokens of a tile of 4 that has a whole
+/// tile of 4 after it, else 0. A kernel that prefetches there as it reads
+/// keeps the next rows' loads in flight while it computes: the hardware
+/// prefetcher alone, following 4 streams, left a single-thread Q4_K
+/// product at ~5 GB/s where it computes at ~10 from the L3 and the memory
+/// reads at ~11 (AVX2 EPYC VM); with it, 7.5-8.3.
 template <class Fn>
 void for_each_tile(const MatView& w, const Decoder& d, int t, Fn&& fn) {
   const int n = static_cast<int>(w.rows);
@@ -198,73 +212,135 @@ void for_each_tile(const MatView& w, const Decoder& d, int t, Fn&& fn) {
     const int rows = n - i >= 4 ? 4 : 1;
     const std::uint8_t* wr[4];
     for (int r = 0; r < rows; ++r) wr[r] = base + static_cast<std::size_t>(w.r0 + i + r) * d.row_bytes;
-    for (int u = 0; u < t; u += 3) fn(wr, rows, u, std::min(3, t - u), i);
+    const std::ptrdiff_t next = rows == 4 && i + 8 <= n ? static_cast<std::ptrdiff_t>(4 * d.row_bytes) : 0;
+    for (int u = 0; u < t; u += 3) fn(wr, rows, u, std::min(3, t - u), i, u == 0 ? next : 0);
     i += rows;
   }
 }
+
 
 /// Q4_0 over whole blocks: rows by 4 (then 1), tokens by up to 3.
 void matmul_q4_0_int(const float* x, const MatView& w, const Decoder& d, float* out, int t) {
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   thread_local Q8Ints a;
   q8_0_ints(x, t, k, a);
-  using Fn = void (*)(const std::int8_t*, const float*, int, const std::uint8_t* const*, float*, int);
+  using Fn = void (*)(const std::int8_t*, const float*, int, const std::uint8_t* const*, float*, int, std::ptrdiff_t);
   static constexpr Fn k4[4] = {nullptr, q4_0_int<4, 1>, q4_0_int<4, 2>, q4_0_int<4, 3>};
   static constexpr Fn k1[4] = {nullptr, q4_0_int<1, 1>, q4_0_int<1, 2>, q4_0_int<1, 3>};
   const int nb = k / 32;
-  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i) {
+  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i, std::ptrdiff_t pf) {
     (rows == 4 ? k4 : k1)[g](a.q.data() + static_cast<std::ptrdiff_t>(u) * k, a.d.data() + static_cast<std::ptrdiff_t>(u) * nb,
-                             k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+                             k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n, pf);
   });
 }
 
 /// The activations of t tokens as Q8_K integers, the values q8_k_values
 /// gives (q x d): q [t][k], d [t][k / 256] in float, and the sums of each
-/// 32 quants [t][k / 32] in int16 (at most 32 x 127; llama.cpp's bsums
-/// pairwise), for Q4_K's mins.
+/// 16 quants [t][k / 16] (llama.cpp's bsums, for Q6_K's -32 offset) and of
+/// each 32 [t][k / 32] (pairs of those, for Q4_K's mins), in int16 (at
+/// most 32 x 127).
 struct Q8KInts {
   std::vector<std::int8_t> q;
   std::vector<float> d;
-  std::vector<std::int16_t> bsums32;
+  std::vector<std::int16_t> bsums16, bsums32;
 };
 
-void q8_k_ints(const float* x, int t, int k, Q8KInts& a) {
+FTP_AVX2 inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+/// q8_k_values' integers, 8 lanes at a time: the same float products and
+/// the same rounding (vroundps to nearest even is nearbyint in the default
+/// mode), so the same quants and scales as the scalar formula.
+FTP_AVX2 void q8_k_ints(const float* x, int t, int k, Q8KInts& a) {
   const int nb = k / 256;
   a.q.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(k));
   a.d.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(nb));
+  a.bsums16.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(k / 16));
   a.bsums32.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(k / 32));
+  const __m256 sign = _mm256_set1_ps(-0.0f), top = _mm256_set1_ps(127.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int u = 0; u < t; ++u)
     for (int b = 0; b < nb; ++b) {
       const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(u) * k + b * 256;
       const float* p = x + o;
-      float amax = 0, max = 0;
-      for (int j = 0; j < 256; ++j)
-        if (std::fabs(p[j]) > amax) amax = std::fabs(p[j]), max = p[j];
+      __m256 vmax = _mm256_setzero_ps();
+      for (int j = 0; j < 256; j += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(p + j)));
+      const float amax = hmax(vmax);
       std::int8_t* q = a.q.data() + o;
-      if (amax == 0.0f) {
+      if (!(amax > 0.0f)) {
         std::fill_n(q, 256, std::int8_t{0});
         a.d[static_cast<std::size_t>(u) * nb + b] = 0.0f;
       } else {
-        const float iscale = -127.0f / max;
-        for (int j = 0; j < 256; ++j) q[j] = static_cast<std::int8_t>(std::min(127.0f, std::nearbyint(iscale * p[j])));
+        // The first value of largest magnitude gives the sign, as in the scalar scan.
+        int j0 = 0;
+        while (std::fabs(p[j0]) != amax) ++j0;
+        const float iscale = -127.0f / p[j0];
+        const __m256 vs = _mm256_set1_ps(iscale);
+        for (int j = 0; j < 256; j += 32) {
+          __m256i v[4];
+          for (int c = 0; c < 4; ++c) {
+            const __m256 r = _mm256_round_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(p + j + 8 * c)),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v[c] = _mm256_cvtps_epi32(_mm256_min_ps(r, top));
+          }
+          const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j), _mm256_permutevar8x32_epi32(w, order));
+        }
         a.d[static_cast<std::size_t>(u) * nb + b] = 1.0f / iscale;
       }
+      std::int16_t* b16 = a.bsums16.data() + o / 16;
       std::int16_t* b32 = a.bsums32.data() + o / 32;
-      for (int g = 0; g < 8; ++g) {
+      for (int g = 0; g < 16; ++g) {
         int sum = 0;
-        for (int j = 0; j < 32; ++j) sum += q[32 * g + j];
-        b32[g] = static_cast<std::int16_t>(sum);
+        for (int j = 0; j < 16; ++j) sum += q[16 * g + j];
+        b16[g] = static_cast<std::int16_t>(sum);
       }
+      for (int g = 0; g < 8; ++g) b32[g] = static_cast<std::int16_t>(b16[2 * g] + b16[2 * g + 1]);
     }
 }
 
-/// The 6-bit scale and min of group j of a Q4_K/Q5_K block (model/quant.cpp's scale_min_k4).
-inline void scale_min_k4(int j, const std::uint8_t* q, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63, m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
+/// pshufb controls that broadcast int16 word w of each 128-bit lane to the
+/// whole lane: kWord[w].
+alignas(32) constexpr std::uint8_t kWord[8][32] = {
+#define FTP_W(w) {2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, \
+                  2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, \
+                  2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, \
+                  2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1, 2 * (w), 2 * (w) + 1}
+    FTP_W(0), FTP_W(1), FTP_W(2), FTP_W(3), FTP_W(4), FTP_W(5), FTP_W(6), FTP_W(7)
+#undef FTP_W
+};
+
+/// pshufb controls for Q6_K's chunks of 32 weights (two groups of 16):
+/// word 2i in the low lane, word 2i + 1 in the high lane: kPair[i].
+alignas(32) constexpr std::uint8_t kPair[4][32] = {
+#define FTP_P(i) {4 * (i), 4 * (i) + 1, 4 * (i), 4 * (i) + 1, 4 * (i), 4 * (i) + 1, 4 * (i), 4 * (i) + 1, \
+                  4 * (i), 4 * (i) + 1, 4 * (i), 4 * (i) + 1, 4 * (i), 4 * (i) + 1, 4 * (i), 4 * (i) + 1, \
+                  4 * (i) + 2, 4 * (i) + 3, 4 * (i) + 2, 4 * (i) + 3, 4 * (i) + 2, 4 * (i) + 3, 4 * (i) + 2, 4 * (i) + 3, \
+                  4 * (i) + 2, 4 * (i) + 3, 4 * (i) + 2, 4 * (i) + 3, 4 * (i) + 2, 4 * (i) + 3, 4 * (i) + 2, 4 * (i) + 3}
+    FTP_P(0), FTP_P(1), FTP_P(2), FTP_P(3)
+#undef FTP_P
+};
+
+FTP_AVX2 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+/// The eight 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K
+/// block from its 12 bytes, 32 bits at a time (what scale_min_k4 gives for
+/// groups 0..7): groups 0-3 in the low 6 bits of bytes 0-3 (scales) and
+/// 4-7 (mins); groups 4-7 in the nibbles of bytes 8-11, their high 2 bits
+/// the top bits of bytes 0-3 (scales) and 4-7 (mins).
+FTP_AVX2 inline __m128i scales_mins_k4(const std::uint8_t* s) {
+  std::uint32_t v[3];
+  std::memcpy(v, s, 12);
+  const std::uint32_t six = 0x3f3f3f3f, nib = 0x0f0f0f0f, two = 0x03030303;
+  const std::uint32_t sc_lo = v[0] & six, mn_lo = v[1] & six;
+  const std::uint32_t sc_hi = (v[2] & nib) | (((v[0] >> 6) & two) << 4);
+  const std::uint32_t mn_hi = ((v[2] >> 4) & nib) | (((v[1] >> 6) & two) << 4);
+  return _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), static_cast<int>(mn_lo),
+                        static_cast<int>(mn_hi));
 }
 
 /// Q4_K with the activations as Q8_K integers, llama.cpp's
@@ -272,70 +348,144 @@ inline void scale_min_k4(int j, const std::uint8_t* q, int& sc, int& m) {
 /// of 32 nibbles with the activations' quants (maddubs, exact in int16),
 /// times the group's 6-bit scale (madd, exact in int32), summed in int32
 /// and scaled by d_w x d_x in float; the mins as d_min x d_x x the integer
-/// sum of min x the group's quant sum (bsums32, a vector madd). R rows x T tokens; each
-/// output adds its blocks in order whatever T, so a token's result does not
-/// depend on the batch. Views of whole blocks only.
+/// sums of min x the group's quant sum (bsums32, a vector madd), kept in
+/// four float lanes. R rows x T tokens; each output adds its blocks in
+/// order whatever T, so a token's result does not depend on the batch.
+/// Views of whole blocks only.
 template <int R, int T>
-FTP_AVX2 void q4_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo) {
+FTP_AVX2 void q4_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo,
+                       std::ptrdiff_t pf) {
   __m256 acc[R][T];
-  float accm[R][T];
+  __m128 accm[R][T];
   for (int r = 0; r < R; ++r)
-    for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps(), accm[r][u] = 0.0f;
+    for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps(), accm[r][u] = _mm_setzero_ps();
   const int nb = k / 256;
   const __m256i low = _mm256_set1_epi8(0x0f);
   for (int b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
       const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 144;
+      if (pf) prefetch<3>(blk + pf);
       const float d = half_at(blk), dmin = half_at(blk + 2);
-      int sc[8], mn[8];
-      for (int j = 0; j < 8; ++j) scale_min_k4(j, blk + 4, sc[j], mn[j]);
-      const __m128i mins = _mm_setr_epi16(static_cast<short>(mn[0]), static_cast<short>(mn[1]), static_cast<short>(mn[2]),
-                                          static_cast<short>(mn[3]), static_cast<short>(mn[4]), static_cast<short>(mn[5]),
-                                          static_cast<short>(mn[6]), static_cast<short>(mn[7]));
+      const __m256i sm = _mm256_cvtepu8_epi16(scales_mins_k4(blk + 4));  // 8 scales | 8 mins, int16
+      const __m256i scl = _mm256_permute2x128_si256(sm, sm, 0x00);
+      const __m128i mins = _mm256_extracti128_si256(sm, 1);
       __m256i sumi[T];
       for (int u = 0; u < T; ++u) sumi[u] = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
-        const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
+        const __m256i q4 = load256(blk + 16 + 32 * c);
         const __m256i lo = _mm256_and_si256(q4, low), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low);
-        const __m256i s1 = _mm256_set1_epi16(static_cast<short>(sc[2 * c])), s2 = _mm256_set1_epi16(static_cast<short>(sc[2 * c + 1]));
+        const __m256i s1 = _mm256_shuffle_epi8(scl, load256(kWord[2 * c]));
+        const __m256i s2 = _mm256_shuffle_epi8(scl, load256(kWord[2 * c + 1]));
         for (int u = 0; u < T; ++u) {
           const std::int8_t* xq = a.q.data() + static_cast<std::ptrdiff_t>(u0 + u) * k + b * 256 + 64 * c;
-          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
-          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s1);
-          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s2);
+          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(xq)), s1);
+          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(xq + 32)), s2);
           sumi[u] = _mm256_add_epi32(sumi[u], _mm256_add_epi32(p0, p1));
         }
       }
       for (int u = 0; u < T; ++u) {
         const std::size_t xb = static_cast<std::size_t>(u0 + u) * static_cast<std::size_t>(nb) + static_cast<std::size_t>(b);
         const float dx = a.d[xb];
-        // sum_j min_j x (the quant sum of group j), exact in int32.
-        __m128i m = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.bsums32.data() + xb * 8)));
-        m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
-        m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
-        const std::int32_t summ = _mm_cvtsi128_si32(m);
+        // min_j x (the quant sum of group j), exact in int32, four lanes of pairs.
+        const __m128i m = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.bsums32.data() + xb * 8)));
         acc[r][u] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[u]), acc[r][u]);
-        accm[r][u] += dmin * dx * static_cast<float>(summ);
+        accm[r][u] = _mm_fmadd_ps(_mm_set1_ps(dmin * dx), _mm_cvtepi32_ps(m), accm[r][u]);
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int u = 0; u < T; ++u) out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(acc[r][u]) - accm[r][u];
+    for (int u = 0; u < T; ++u) {
+      __m128 m = accm[r][u];
+      m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+      m = _mm_add_ss(m, _mm_movehdup_ps(m));
+      out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(acc[r][u]) - _mm_cvtss_f32(m);
+    }
 }
 
-/// Q4_K over whole super-blocks: rows by 4 (then 1), tokens by up to 3.
-void matmul_q4_k_int(const float* x, const MatView& w, const Decoder& d, float* out, int t) {
+/// Q6_K with the activations as Q8_K integers, llama.cpp's
+/// vec_dot_q6_K_q8_K: the 6-bit weights unsigned (0..63, before the -32),
+/// their int8 dots per group of 16 with the activations' quants (maddubs,
+/// exact in int16: at most 2 x 63 x 127), times the group's int8 scale
+/// (madd), summed in int32; the -32 is subtracted as 32 x the integer sum
+/// of scale x the group's quant sum (bsums16), so the integer is exactly
+/// sum scale x (q - 32) x x_q; then scaled by d_w x d_x in float. R rows x
+/// T tokens, blocks in order whatever T (batch-independent). Views of
+/// whole blocks only.
+template <int R, int T>
+FTP_AVX2 void q6_k_int(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo,
+                       std::ptrdiff_t pf) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps();
+  const int nb = k / 256;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+  for (int b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 210;
+      if (pf) prefetch<4>(blk + pf);
+      const float d = half_at(blk + 208);
+      // The 16 scales as int16: groups 0-7 (the first 128 weights) in the low lane.
+      const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+      __m256i sumi[T];
+      for (int u = 0; u < T; ++u) sumi[u] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i sc = h == 0 ? _mm256_permute2x128_si256(s16, s16, 0x00) : _mm256_permute2x128_si256(s16, s16, 0x11);
+        const __m256i a0 = load256(blk + 64 * h), a1 = load256(blk + 64 * h + 32), hb = load256(blk + 128 + 32 * h);
+        // Weights 128h + 32i + l, i = 0..3: low nibbles of a0, a1, high nibbles
+        // of a0, a1; their high 2 bits at bits 2i, 2i + 1 of hb byte l.
+        __m256i w[4];
+        w[0] = _mm256_or_si256(_mm256_and_si256(a0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+        w[1] = _mm256_or_si256(_mm256_and_si256(a1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+        w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), m4), _mm256_and_si256(hb, m30));
+        w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        for (int i = 0; i < 4; ++i) {
+          const __m256i s = _mm256_shuffle_epi8(sc, load256(kPair[i]));
+          for (int u = 0; u < T; ++u) {
+            const std::int8_t* xq = a.q.data() + static_cast<std::ptrdiff_t>(u0 + u) * k + b * 256 + 128 * h + 32 * i;
+            sumi[u] = _mm256_add_epi32(sumi[u], _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], load256(xq)), s));
+          }
+        }
+      }
+      for (int u = 0; u < T; ++u) {
+        const std::size_t xb = static_cast<std::size_t>(u0 + u) * static_cast<std::size_t>(nb) + static_cast<std::size_t>(b);
+        const __m256i corr = _mm256_madd_epi16(s16, load256(a.bsums16.data() + xb * 16));
+        const __m256i s = _mm256_sub_epi32(sumi[u], _mm256_slli_epi32(corr, 5));
+        acc[r][u] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d[xb]), _mm256_cvtepi32_ps(s), acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(acc[r][u]);
+}
+
+/// A K-quant (Q4_K, Q6_K) over whole super-blocks: the activations as
+/// Q8_K integers once, then rows by 4 (then 1), tokens by up to 3.
+template <template <int, int> class K>
+void matmul_k_int(const float* x, const MatView& w, const Decoder& d, float* out, int t) {
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   thread_local Q8KInts a;
   q8_k_ints(x, t, k, a);
-  using Fn = void (*)(const Q8KInts&, int, int, const std::uint8_t* const*, float*, int);
-  static constexpr Fn four[4] = {nullptr, q4_k_int<4, 1>, q4_k_int<4, 2>, q4_k_int<4, 3>};
-  static constexpr Fn one[4] = {nullptr, q4_k_int<1, 1>, q4_k_int<1, 2>, q4_k_int<1, 3>};
-  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i) {
-    (rows == 4 ? four : one)[g](a, u, k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n);
+  using Fn = void (*)(const Q8KInts&, int, int, const std::uint8_t* const*, float*, int, std::ptrdiff_t);
+  static constexpr Fn four[4] = {nullptr, K<4, 1>::run, K<4, 2>::run, K<4, 3>::run};
+  static constexpr Fn one[4] = {nullptr, K<1, 1>::run, K<1, 2>::run, K<1, 3>::run};
+  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i, std::ptrdiff_t pf) {
+    (rows == 4 ? four : one)[g](a, u, k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n, pf);
   });
 }
+
+template <int R, int T>
+struct Q4KInt {
+  static void run(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo, std::ptrdiff_t pf) {
+    q4_k_int<R, T>(a, u0, k, rows, out, ldo, pf);
+  }
+};
+template <int R, int T>
+struct Q6KInt {
+  static void run(const Q8KInts& a, int u0, int k, const std::uint8_t* const* rows, float* out, int ldo, std::ptrdiff_t pf) {
+    q6_k_int<R, T>(a, u0, k, rows, out, ldo, pf);
+  }
+};
 #endif
 
 const float* quantized_activations(const MatView& w, const float* x, int t) {
@@ -366,7 +516,8 @@ void matmul_quant(const float* x, const MatView& w, float* out, int t) {
   const Decoder d(w);
   const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
   if (w.t->dtype == model::DType::q4_0 && d.lead == 0 && k % 32 == 0) return matmul_q4_0_int(x, w, d, out, t);
-  if (w.t->dtype == model::DType::q4_k && d.lead == 0 && k % 256 == 0) return matmul_q4_k_int(x, w, d, out, t);
+  if (w.t->dtype == model::DType::q4_k && d.lead == 0 && k % 256 == 0) return matmul_k_int<Q4KInt>(x, w, d, out, t);
+  if (w.t->dtype == model::DType::q6_k && d.lead == 0 && k % 256 == 0) return matmul_k_int<Q6KInt>(x, w, d, out, t);
   x = quantized_activations(w, x, t);
   float* buf = buffer(kRows * d.ld).data();
   for (std::int64_t i = 0; i < n; i += kRows) {

@@ -37,12 +37,15 @@ void quantize_activations(model::DType w, const float* x, int t, int k, float* o
 /// view's columns are used (the activation blocks then start at the view's
 /// first column; WeightStore refuses such row-parallel splits, so a gear's
 /// ranks quantize the activations as one rank would).
-/// Q4_0 and Q4_K views of whole blocks take llama.cpp's integer scheme
-/// instead, for every t: the activations as Q8_0 (Q4_0) or Q8_K integers,
-/// int8 dots per block or group (maddubs; for Q4_K times the groups' 6-bit
-/// scales and the mins against the quant sums, in int32) scaled by d_w x
-/// d_x in float (the same values up to float rounding of the sums;
-/// vec_dot_q4_0_q8_0, vec_dot_q4_K_q8_K).
+/// Q4_0, Q4_K and Q6_K views of whole blocks take llama.cpp's integer
+/// scheme instead, for every t: the activations as Q8_0 (Q4_0) or Q8_K
+/// integers, int8 dots per block or group (maddubs; for Q4_K times the
+/// groups' 6-bit scales and the mins against the quant sums, for Q6_K the
+/// unsigned 6-bit weights times the int8 scales less 32 x scales . quant
+/// sums, in int32) scaled by d_w x d_x in float (the same values up to
+/// float rounding of the sums; vec_dot_q4_0_q8_0, vec_dot_q4_K_q8_K,
+/// vec_dot_q6_K_q8_K). These read 4 rows at a time and prefetch the next
+/// 4 rows' bytes as they go.
 /// Uses AVX2/FMA where the CPU has them (callers check, see ops::matmul);
 /// matmul_quant_scalar is the same sum order in plain C++.
 void matmul_quant(const float* x, const MatView& w, float* out, int t);

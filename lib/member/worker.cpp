@@ -17,7 +17,9 @@
 #include "engine/step_plan.hpp"
 #include "engine/weight_store.hpp"
 #include "member/channel.hpp"
+#include "member/gather.hpp"
 #include "member/spanning.hpp"
+#include "topology/probe.hpp"
 
 namespace ftp::member {
 namespace {
@@ -114,9 +116,10 @@ int run_worker(const WorkerOptions& o, const model::Model& model, const std::fun
   std::map<std::string, std::shared_ptr<HostedDomain>> domains;
   std::vector<std::thread> builders;
 
-  auto reply = [&](const json::Json& req, bool ok, const std::string& error) {
+  auto reply = [&](const json::Json& req, bool ok, const std::string& error, json::Json extra = json::Json::object()) {
     json::Json r{{"type", "reply"}, {"re", req.at("id")}, {"ok", ok}};
     if (!ok) r["error"] = error;
+    for (auto& [k, v] : extra.items()) r[k] = v;
     try {
       ch.send(r);
     } catch (...) {
@@ -220,6 +223,34 @@ int run_worker(const WorkerOptions& o, const model::Model& model, const std::fun
         store.answer(m);
       } else if (type == "build") {
         builders.emplace_back(build, m);
+      } else if (type == "probe") {
+        // This machine's devices, measured (ftp-probe's probe_local), for
+        // the leader's gathered topology.
+        builders.emplace_back([&, m] {
+          try {
+            topology::ProbeOptions po;
+            po.virtual_devices = o.virtual_devices;
+            po.quick = m.value("quick", true);
+            po.gpus = false;
+            reply(m, true, "", json::Json{{"topology", doc::to_json(topology::probe_local(po))}});
+          } catch (const std::exception& e) {
+            reply(m, false, std::string("probe: ") + e.what());
+          }
+        });
+      } else if (type == "netprobe") {
+        // Its rank of the all-reduce between machines (gather_topology).
+        builders.emplace_back([&, m] {
+          try {
+            const NetworkProbe np = network_probe_from_json(m);
+            const std::string group = m.at("group").get<std::string>();
+            if (group.rfind("netprobe/", 0) != 0) throw InputError("netprobe: group \"" + group + "\" is not a netprobe group");
+            comm::GlooGroup g(store, group, m.at("rank").get<int>(), m.at("size").get<int>(), o.gloo);
+            run_network_probe(g, np);
+            reply(m, true, "");
+          } catch (const std::exception& e) {
+            reply(m, false, std::string("netprobe: ") + e.what());
+          }
+        });
       } else if (type == "retire") {
         const std::string id = m.value("domain", std::string());
         builders.emplace_back([&, id] { retire(id); });

@@ -22,8 +22,10 @@ struct WorkerOptions {
 
 /// Joins the leader and serves until the channel ends: the protocol's
 /// requests are "build" (make this process's ranks of a domain, meet its
-/// group, then run each step plan the leader sends: engine::Placement) and
-/// "retire"; anything else is answered with an error and nothing is run.
+/// group, then run each step plan the leader sends: engine::Placement),
+/// "retire", "probe" (this machine's topology, measured) and "netprobe"
+/// (its rank of an all-reduce between machines, gather_topology); anything
+/// else is answered with an error and nothing is run.
 /// Returns 0 when the leader closes the channel; throws ProtocolError when
 /// the leader refuses it (wrong secret, version, name taken) or cannot be
 /// authenticated, Error when it cannot be reached. `log` gets one line per event.

@@ -145,6 +145,27 @@ std::vector<ipc::Method> ControlSocket::methods() {
                "ftp.gear-table/v1 plus current", false, [this](ipc::Call& c) { c.reply(svc_.gears_json()); }});
   m.push_back({"records", "The closing record of every shift so far.", {}, "array of ftp.shift-event/v1 (phase done)",
                false, [this](ipc::Call& c) { c.reply(svc_.records()); }});
+  m.push_back({"topology",
+               "This machine's devices measured and, with members, each member's, gathered into one topology with "
+               "one island per machine and the measured link between machines (fabric network0).",
+               {{"quick", "boolean", false, "short measurements (default true)"}},
+               "ftp.topology/v1", false, [this](ipc::Call& c) {
+                 const Json& p = c.params();
+                 if (p.contains("quick") && !p["quick"].is_boolean()) {
+                   c.error(ipc::Errc::invalid_params, "quick: must be a boolean", Json{{"param", "quick"}});
+                   return;
+                 }
+                 const bool quick = p.value("quick", true);
+                 // Measured off the event loop, which must never block.
+                 auto call = c.share();
+                 spawn([this, call, quick] {
+                   try {
+                     call->reply(doc::to_json(svc_.gathered_topology(quick)));
+                   } catch (const std::exception& e) {
+                     call->error(control_error_code("ftp.ProbeFailed"), "ftp.ProbeFailed", e.what());
+                   }
+                 });
+               }});
   m.push_back(
       {"shift",
        "Shift to a gear: reserve, warm a shadow domain, ramp traffic with checks, drain and retire the old domains; "

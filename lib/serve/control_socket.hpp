@@ -29,6 +29,7 @@ inline constexpr ControlErrorCode kControlErrors[] = {
     {"ftp.WarmupFailed", -32016, "a new domain failed its warm-up"},
     {"ftp.DrainTimeout", -32017, "a drain whose domain still had requests after timeout_ms"},
     {"ftp.InvalidGearTable", -32018, "reload could not read or validate the gear table"},
+    {"ftp.ProbeFailed", -32019, "topology: a measurement, or a member's probe, failed"},
 };
 int control_error_code(const std::string& name);
 

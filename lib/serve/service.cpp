@@ -8,10 +8,12 @@
 #include <sstream>
 
 #include "engine/rank_backend.hpp"
+#include "member/gather.hpp"
 #include "member/spanning.hpp"
 #include "plan/device_memory.hpp"
 #include "serve/domain_runner.hpp"
 #include "serve/generate.hpp"
+#include "topology/probe.hpp"
 
 namespace ftp::serve {
 
@@ -647,6 +649,21 @@ Json Service::status() const {
               {"requests_rerun", telemetry_.requests_rerun()},
               {"requests_moved", telemetry_.requests_moved()},
               {"domains", doms}};
+}
+
+doc::Topology Service::gathered_topology(bool quick) const {
+  topology::ProbeOptions po;
+  po.virtual_devices = cfg_.backend == "cuda" ? 0 : std::max(cfg_.virtual_devices, 1);
+  po.quick = quick;
+  po.gpus = cfg_.backend == "cuda";
+  doc::Topology local = topology::probe_local(po);
+  for (auto& n : local.nodes) n.id = cfg_.machine_name;
+  for (auto& d : local.devices) d.node = cfg_.machine_name;
+  if (!cfg_.members) return local;
+  member::GatherOptions g;
+  g.quick = quick;
+  g.gloo = cfg_.gloo;
+  return member::gather_topology(*cfg_.members, std::move(local), g);
 }
 
 Json Service::gears_json() const {

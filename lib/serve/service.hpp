@@ -189,6 +189,12 @@ class Service {
 
   json::Json status() const;
   json::Json gears_json() const;
+  /// This machine's devices measured (topology::probe_local: the service's
+  /// virtual devices, or its GPUs with the cuda backend), its node named
+  /// machine_name; with members, gathered with theirs and the measured link
+  /// between machines (member::gather_topology). Takes seconds; not on an
+  /// event loop. Throws Error naming a member that fails.
+  doc::Topology gathered_topology(bool quick) const;
   /// The gear table in force (a copy: reload may replace it) and how many
   /// times it was replaced.
   doc::GearTable gear_table() const;

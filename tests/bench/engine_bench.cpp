@@ -17,6 +17,9 @@
 // compared with a triad of as many threads; --tp picks the degrees. --kernels reference times ops::matmul_reference (the portable
 // tile + sgemm path) instead of the fused kernels.
 //
+// --matvec N also times the batch-1 products alone (ops::matmul on each
+// matrix kind and dtype, every layer's in turn, N passes): their GB/s
+// against the same triad, and the step's time outside them at TP 1.
 // Output: one JSON document (kind ftp.engine-bench/v1) on stdout, a table on
 // stderr. Goals: batch-1 bandwidth fraction >= 0.8; batch-16 tokens/s >= 8 x
 // batch 1. --min-bw-fraction turns the first into a gate (exit 6).
@@ -82,6 +85,7 @@ struct Options {
   std::string kernels = "fast";
   std::string dir;
   bool keep = false;
+  int matvec = 0;         // --matvec passes (0: none)
 };
 
 testing::SyntheticShape shape_of_dims(const std::string& name);
@@ -159,6 +163,55 @@ engine::GenerationRequest request(std::string id, std::vector<int> prompt, int m
     if (e.finish_reason == ftp::engine::FinishReason::error) throw Error("request " + e.request_id + ": " + e.error);
   };
   return r;
+}
+
+/// --matvec: the batch-1 products alone, one matrix kind at a time (wq .. w_down,
+/// output), split by dtype (Q4_K_M mixes Q4_K and Q6_K), each pass over every
+/// layer's matrix of that kind so that the weights stream from memory as in a
+/// decode step (one layer's matrix alone would sit in the L3). The kernels
+/// are the backend's (ops::matmul, or matmul_packed for a packed Q8_0).
+json::Json time_matvec(const model::Model& m, const engine::PackedWeights* packed, int passes) {
+  struct Kind {
+    std::vector<const model::TensorView*> t;
+    std::uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  std::map<std::string, Kind> kinds;
+  const char* names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"};
+  auto add = [&](const std::string& name, const model::TensorView* t) {
+    Kind& k = kinds[name + " " + model::dtype_name(t->dtype)];
+    k.t.push_back(t);
+    k.bytes += t->bytes;
+  };
+  for (const auto& L : m.weights.layers) {
+    const auto mats = L.matrices();
+    for (int i = 0; i < 7; ++i) add(names[i], mats[static_cast<std::size_t>(i)]);
+  }
+  add("output", &m.weights.output);
+  std::int64_t widest = 0, tallest = 0;
+  for (const auto& [name, k] : kinds)
+    for (const auto* t : k.t) widest = std::max(widest, t->cols), tallest = std::max(tallest, t->rows);
+  std::vector<float> x(static_cast<std::size_t>(widest)), out(static_cast<std::size_t>(tallest));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (auto& v : x) v = g(rng);
+  auto product = [&](const model::TensorView* t) {
+    const engine::MatView w{t, 0, t->rows, 0, t->cols};
+    if (const engine::PackedQ8* p = packed ? packed->find(t) : nullptr) return engine::ops::matmul_packed(x.data(), *p, w, out.data(), 1);
+    engine::ops::matmul(x.data(), w, out.data(), 1);
+  };
+  // Interleave the kinds pass by pass (as a step does), timing each kind's run of layers.
+  for (int pass = -1; pass < passes; ++pass)
+    for (auto& [name, k] : kinds) {
+      const auto t0 = Clock::now();
+      for (const auto* t : k.t) product(t);
+      if (pass >= 0) k.seconds += since(t0);
+    }
+  json::Json a = json::Json::array();
+  for (const auto& [name, k] : kinds)
+    a.push_back({{"matrices", name}, {"count", k.t.size()}, {"bytes", k.bytes},
+                 {"seconds_per_pass", k.seconds / passes}, {"bytes_per_s", static_cast<double>(k.bytes) * passes / k.seconds}});
+  return a;
 }
 
 /// One dtype at one TP degree, in this (child) process.
@@ -247,6 +300,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
                  {"released_file_bytes", packed ? packed->released_bytes() : 0}};
   j["prefill"] = {{"tokens", o.prompt}, {"seconds", prefill_s}, {"tokens_per_s", o.prompt / prefill_s}};
   j["decode"] = decode;
+  if (o.matvec > 0) j["matvec"] = time_matvec(m, packed, o.matvec);
   j["rss"] = {{"peak_bytes", rss},
               {"weights_bytes", weights},
               {"kv_cap_bytes", kv_bytes},
@@ -310,6 +364,8 @@ int main(int argc, char** argv) {
   app.add_option("--kernels", o.kernels, "fast or reference (ops::matmul_reference)")->check(CLI::IsMember({"fast", "reference"}))->capture_default_str();
   app.add_option("--dir", o.dir, "Where to write the models (default: a new dir under $TMPDIR)");
   app.add_flag("--keep", o.keep, "Keep the model files (reused by the next run with the same --dir)");
+  app.add_option("--matvec", o.matvec, "Also time the batch-1 products alone, per matrix kind and dtype, over this many passes (0: not)")
+      ->check(ftp::cli::non_negative());
   app.add_option("--min-bw-fraction", min_bw_fraction, "Exit 6 when a batch-1 bandwidth fraction is below this (0: no gate)")
       ->check(ftp::cli::non_negative());
 
@@ -366,6 +422,19 @@ int main(int argc, char** argv) {
       r["roofline_peak"] = use_int8 ? "int8 vnni" : "sgemm";
       r["batch_n_speedup_roofline"] = std::min<double>(o.batch, peak / b1_flops);
       r["batch_n_speedup_roofline_at_0_8_bw"] = std::min<double>(o.batch, peak / (0.8 * m.value * 1e9 * flop_per_byte));
+      if (r.contains("matvec")) {
+        double sum = 0;
+        for (auto& mv : r["matvec"]) {
+          mv["bandwidth_fraction"] = mv["bytes_per_s"].get<double>() / (m.value * 1e9);
+          sum += mv["seconds_per_pass"].get<double>();
+        }
+        // The batch-1 step's time outside the products (which include the
+        // activations' quantization): attention, norms, SiLU, RoPE, the
+        // embedding, sampling, scheduling.
+        r["matvec_seconds_per_step"] = sum;
+        // Only at TP 1: the products alone run on one thread, whole matrices.
+        if (tp == 1) r["other_seconds_per_step"] = 1.0 / r["decode"][0]["tokens_per_s"].get<double>() - sum;
+      }
       for (auto& d : r["decode"]) {
         d["bandwidth_fraction"] = d["weight_bytes_per_s"].get<double>() / (m.value * 1e9);
         if (d["batch"] == 1 && min_bw_fraction > 0 && d["bandwidth_fraction"].get<double>() < min_bw_fraction) gate_ok = false;
@@ -412,6 +481,22 @@ int main(int argc, char** argv) {
                     d1["bandwidth_fraction"].get<double>(), r["triad_gbs"].get<double>(),
                     r["rss"]["peak_bytes"].get<double>() / 1048576.0, r["rss"]["budget_bytes"].get<double>() / 1048576.0);
       t << line;
+    }
+    for (const auto& r : runs) {
+      if (!r.contains("matvec")) continue;
+      t << "matvec (batch 1, alone): " << r["dtype"].get<std::string>() << " tp " << r["tp"].get<int>() << "\n";
+      for (const auto& mv : r["matvec"]) {
+        std::snprintf(line, sizeof line, "  %-18s x%-3d %9.1f MB %8.2f ms %7.2f GB/s %6.3f of triad\n",
+                      mv["matrices"].get<std::string>().c_str(), mv["count"].get<int>(), mv["bytes"].get<double>() / 1e6,
+                      mv["seconds_per_pass"].get<double>() * 1e3, mv["bytes_per_s"].get<double>() / 1e9,
+                      mv["bandwidth_fraction"].get<double>());
+        t << line;
+      }
+      if (r.contains("other_seconds_per_step")) {
+        std::snprintf(line, sizeof line, "  products %.2f ms, the rest of the batch-1 step %.2f ms\n",
+                      r["matvec_seconds_per_step"].get<double>() * 1e3, r["other_seconds_per_step"].get<double>() * 1e3);
+        t << line;
+      }
     }
     t << "roofline: the best bN/b1 the measured peak allows over this run's batch 1, min(N, peak / b1 ops/s); peak:";
     for (const auto& [tp, m] : gemm) {

@@ -8,7 +8,12 @@
 //   warm of a cross-process domain: build_spanning_engine + first step;
 //   decode step at batch 1 of TP 2 with one rank here and one in the member
 //     vs TP 2 in this process, on stories260K and (--synthetic-1b) a
-//     synthetic TinyLlama-shaped ~1.1 B model in Q4_0 (tests/support).
+//     synthetic TinyLlama-shaped ~1.1 B model in Q4_0 (tests/support);
+//   the member's resident memory (VmRSS, RssFile, RssAnon of its process)
+//     after it joins, after TP 2 steps (it holds rank 1 of every layer) and,
+//     in a second member, after PP 2 steps (it holds the last half of the
+//     layers and the head): a process maps the whole file and touches only
+//     the layers and shards its devices serve.
 // Output: a table on stderr, one JSON document (ftp.member-bench/v1) on stdout.
 #include <signal.h>
 #include <spawn.h>
@@ -53,6 +58,34 @@ pid_t spawn_member(const std::string& serve, const std::string& leader, const st
 }
 
 /// Mean seconds of a decode step at batch 1 after a prompt of `prompt` tokens.
+/// Resident memory of a process, bytes (/proc/PID/status).
+struct Rss {
+  double total = 0, file = 0, anon = 0;
+};
+Rss rss_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  Rss r;
+  std::string key;
+  double kb = 0;
+  while (f >> key) {
+    if (key == "VmRSS:" && f >> kb) r.total = kb * 1024;
+    else if (key == "RssFile:" && f >> kb) r.file = kb * 1024;
+    else if (key == "RssAnon:" && f >> kb) r.anon = kb * 1024;
+  }
+  return r;
+}
+json::Json to_json(const Rss& r) {
+  return json::Json{{"rss_mb", r.total / 1e6}, {"rss_file_mb", r.file / 1e6}, {"rss_anon_mb", r.anon / 1e6}};
+}
+
+/// Bytes of the matrices and vectors of layers [first, first + n).
+double layer_bytes(const model::Model& m, int first, int n) {
+  double b = 0;
+  for (int i = first; i < first + n; ++i)
+    for (const auto* t : m.weights.layers.at(static_cast<std::size_t>(i)).tensors()) b += static_cast<double>(t->bytes);
+  return b;
+}
+
 double decode_step_s(engine::Engine& e, int prompt, int steps) {
   std::vector<int> blocks;
   for (int i = 0; i < (prompt + steps) / 16 + 2; ++i) blocks.push_back(i);
@@ -128,6 +161,7 @@ int main(int argc, char** argv) {
       const pid_t pid = spawn_member(serve, leader.address(), secret_file, path);
       if (!leader.wait_for_members(1, 300000)) throw Error("the member did not join");
       const double join_s = seconds_since(t0);
+      const Rss joined = rss_of(pid);
       const int n = m.hparams.n_layer;
       member::SpanningDomain d{"bench", {{0, n, {"vd0", "n1/vd0"}}}, 64, 16, 256};
       t0 = Clock::now();
@@ -144,13 +178,38 @@ int main(int argc, char** argv) {
       engine::Executor local(store, {{0, n, 2}}, 64, 16);
       const double in_s = decode_step_s(local, 16, nsteps);
       const double x_s = decode_step_s(*cross, 16, nsteps);
+      const Rss tp2 = rss_of(pid);
       cross.reset();
       ::kill(pid, SIGTERM);
       ::waitpid(pid, nullptr, 0);
+      // PP 2 in a fresh member: it holds layers [n/2, n) and the head.
+      member::Leader leader2("127.0.0.1:0", "member-bench-secret-0123456789");
+      const pid_t pid2 = spawn_member(serve, leader2.address(), secret_file, path);
+      if (!leader2.wait_for_members(1, 300000)) throw Error("the second member did not join");
+      const Rss joined2 = rss_of(pid2);
+      member::SpanningDomain d2{"bench-pp", {{0, n / 2, {"vd0"}}, {n / 2, n - n / 2, {"n1/vd0"}}}, 64, 16, 256};
+      auto pp = member::build_spanning_engine(leader2, "n0", store, d2, [](const std::string&) { return nullptr; },
+                                              nullptr, comm::GlooOptions{"127.0.0.1", std::chrono::milliseconds(120000)});
+      decode_step_s(*pp, 16, std::min(nsteps, 3));
+      const Rss pp2 = rss_of(pid2);
+      pp.reset();
+      ::kill(pid2, SIGTERM);
+      ::waitpid(pid2, nullptr, 0);
+      const double file_mb = static_cast<double>(std::filesystem::file_size(path)) / 1e6;
+      const double all_layers_mb = layer_bytes(m, 0, n) / 1e6, half_layers_mb = layer_bytes(m, n / 2, n - n / 2) / 1e6;
+      std::fprintf(stderr,
+                   "%s: member RSS (MB, file + anon): joined %.0f + %.0f; after TP 2 steps %.0f + %.0f; "
+                   "PP 2 member joined %.0f + %.0f, after steps %.0f + %.0f; file %.0f, layers %.0f, "
+                   "the PP member's layers %.0f\n",
+                   name.c_str(), joined.file / 1e6, joined.anon / 1e6, tp2.file / 1e6, tp2.anon / 1e6, joined2.file / 1e6,
+                   joined2.anon / 1e6, pp2.file / 1e6, pp2.anon / 1e6, file_mb, all_layers_mb, half_layers_mb);
       std::fprintf(stderr, "%s: join %.2f s, cross-process warm %.3f s, TP 2 decode step: in-process %.2f ms, "
                    "cross-process %.2f ms, ratio %.2f\n", name.c_str(), join_s, warm_s, in_s * 1e3, x_s * 1e3, x_s / in_s);
       runs.push_back(json::Json{{"model", name}, {"join_s", join_s}, {"warm_s", warm_s}, {"inproc_step_ms", in_s * 1e3},
-                                {"cross_step_ms", x_s * 1e3}, {"ratio", x_s / in_s}, {"steps", nsteps}});
+                                {"cross_step_ms", x_s * 1e3}, {"ratio", x_s / in_s}, {"steps", nsteps},
+                                {"file_mb", file_mb}, {"layers_mb", all_layers_mb}, {"pp_member_layers_mb", half_layers_mb},
+                                {"member_joined", to_json(joined)}, {"member_after_tp2", to_json(tp2)},
+                                {"pp_member_joined", to_json(joined2)}, {"pp_member_after_pp2", to_json(pp2)}});
     }
     std::filesystem::remove_all(dir);
     out["runs"] = runs;

@@ -58,21 +58,34 @@ SyntheticShape tiny(DType dt) {
   return s;
 }
 
-std::vector<int> generate(const WeightStore& store, std::vector<StageLayout> stages, int micro_batches,
-                          std::vector<int> prompt, int max_tokens) {
+/// A greedy run: the tokens, and at each step the runner-up and the
+/// log-probability margin of the choice over it.
+struct Greedy {
+  std::vector<int> tokens, runner_up;
+  std::vector<float> margin;
+};
+
+Greedy generate_greedy(const WeightStore& store, std::vector<StageLayout> stages, int micro_batches,
+                       std::vector<int> prompt, int max_tokens) {
   DomainConfig cfg;
   cfg.stages = std::move(stages);
   cfg.micro_batches = micro_batches;
   cfg.kv_blocks = 16;
   Domain d(store, cfg);
-  std::vector<int> out;
+  Greedy out;
   int finished = 0;
   GenerationRequest r;
   r.id = "r";
   r.prompt = std::move(prompt);
   r.max_tokens = max_tokens;
+  r.logprobs = 2;
   r.on_event = [&](const GenerationEvent& e) {
-    if (e.token >= 0) out.push_back(e.token);
+    if (e.token >= 0) {
+      out.tokens.push_back(e.token);
+      const bool two = e.logprobs && e.logprobs->top.size() == 2;
+      out.runner_up.push_back(two ? e.logprobs->top[1].token : -1);
+      out.margin.push_back(two ? e.logprobs->top[0].logprob - e.logprobs->top[1].logprob : 0.0f);
+    }
     if (e.finished) {
       ++finished;
       EXPECT_NE(e.finish_reason, ftp::engine::FinishReason::error) << e.error;
@@ -82,6 +95,30 @@ std::vector<int> generate(const WeightStore& store, std::vector<StageLayout> sta
   for (int guard = 0; !d.idle() && guard < 10000; ++guard) d.step();
   EXPECT_EQ(finished, 1);
   return out;
+}
+
+std::vector<int> generate(const WeightStore& store, std::vector<StageLayout> stages, int micro_batches,
+                          std::vector<int> prompt, int max_tokens) {
+  return generate_greedy(store, std::move(stages), micro_batches, std::move(prompt), max_tokens).tokens;
+}
+
+/// `got` takes the reference's tokens up to the first step where the
+/// reference's choice leads its runner-up by less than `tie` and `got`
+/// took that runner-up; from there the two continue from different
+/// tokens and are not compared. tie 0: every token equal.
+void expect_same_greedy(const Greedy& ref, const Greedy& got, float tie, const std::string& what) {
+  ASSERT_EQ(got.tokens.size(), ref.tokens.size()) << what;
+  for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
+    if (got.tokens[i] == ref.tokens[i]) continue;
+    if (ref.margin[i] < tie && got.tokens[i] == ref.runner_up[i]) {
+      std::printf("%s: near-tie at step %zu (margin %.4f): %d against %d\n", what.c_str(), i, ref.margin[i],
+                  got.tokens[i], ref.tokens[i]);
+      return;
+    }
+    ADD_FAILURE() << what << ": step " << i << ": token " << got.tokens[i] << ", the reference's " << ref.tokens[i]
+                  << " (runner-up " << ref.runner_up[i] << ", margin " << ref.margin[i] << ")";
+    return;
+  }
 }
 
 class SyntheticModel : public ::testing::TestWithParam<DType> {};
@@ -121,8 +158,8 @@ TEST_P(SyntheticModel, LoadsAndGivesTheSameGreedyTokensAtEveryGear) {
 
   WeightStore store(m);
   std::vector<int> prompt(ids.begin(), ids.begin() + std::min<std::size_t>(ids.size(), 12));
-  const auto ref = generate(store, {{0, 4, 1}}, 1, prompt, 24);
-  ASSERT_EQ(ref.size(), 24u);
+  const Greedy ref = generate_greedy(store, {{0, 4, 1}}, 1, prompt, 24);
+  ASSERT_EQ(ref.tokens.size(), 24u);
   struct Gear {
     const char* name;
     std::vector<StageLayout> stages;
@@ -133,7 +170,17 @@ TEST_P(SyntheticModel, LoadsAndGivesTheSameGreedyTokensAtEveryGear) {
       {"pp2", {{0, 2, 1}, {2, 2, 1}}, 1},
       {"tp2 x pp2", {{0, 1, 2}, {1, 3, 2}}, 2},
   };
-  for (const auto& g : gears) EXPECT_EQ(generate(store, g.stages, g.micro_batches, prompt, 24), ref) << g.name;
+  // Float activations give every gear the same tokens. Where the activations
+  // are quantized before the products (Q8_0, the legacy and K-quants, as
+  // llama.cpp does), the gears' log-probabilities part by about 0.01 on this
+  // tiny random model (measured for Q6_K with the float and with the integer
+  // dots: a row-parallel split rounds its partial sums apart, and an int8
+  // grid turns such a rounding into a whole step of an activation now and
+  // then), and Q6_K's step 11 is a 0.006 near-tie: there a gear may take the
+  // runner-up (margin below 0.05), as arch-refs allow against llama.cpp.
+  const float tie = ftp::model::dtype_block(GetParam()) > 1 ? 0.05f : 0.0f;
+  for (const auto& g : gears)
+    expect_same_greedy(ref, generate_greedy(store, g.stages, g.micro_batches, prompt, 24), tie, g.name);
 }
 
 TEST_P(SyntheticModel, SameSeedSameFileOtherSeedOtherWeights) {
@@ -348,6 +395,8 @@ TEST(Matmul, FastKernelsMatchTheFloat32Reference) {
       {DType::q4_k, 11, 768, 3, 7, 128, 384},   // a view inside blocks: decoded whole, columns picked
       {DType::q5_k, 5, 256, 0, 5, 0, 256},
       {DType::q6_k, 9, 512, 2, 7, 0, 512},
+      {DType::q6_k, 9, 768, 1, 8, 256, 512},   // whole blocks from the second: the integer kernel
+      {DType::q6_k, 9, 512, 1, 7, 64, 320},    // inside blocks: decoded whole, columns picked
   };
   for (auto kernels : {ops::MatmulKernels::best, ops::MatmulKernels::avx2}) {
     ops::set_matmul_kernels(kernels);

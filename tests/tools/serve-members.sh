@@ -7,7 +7,9 @@
 # a member: the leader stays up, status and /ready name the lost devices, a
 # gear without them is shifted to and serves; the member's return is taken
 # back and a gear using it serves again; ftp-drain --devices of a member,
-# then stopping it, leaves the service serving.
+# then stopping it, leaves the service serving; ftp-probe --gather and
+# ftp-plan on the gathered topology; ftp-serve --auto leaves a gear whose
+# member is killed.
 set -u
 serve=$1; shift_tool=$2; drain=$3; src=$4
 data=${FTP_TEST_DATA:-}
@@ -52,6 +54,28 @@ start_member n1
 start_member n2
 check "n1 joined: status lists n1/vd1" wait_state n1/vd1 free
 check "n2 joined: status lists n2/vd0" wait_state n2/vd0 free
+
+# ftp-probe --gather: one topology of the three machines, the link between
+# them measured; ftp-plan on it keeps TP inside a machine, PP across.
+"$(dirname "$serve")/ftp-probe" --gather --quick >"$tmp/gathered.json" 2>"$tmp/gather.err"; rc=$?
+check "ftp-probe --gather: exit 0" test $rc -eq 0
+check "gathered: the nodes n0, n1, n2" jq -e '[.nodes[].id] | sort == ["n0","n1","n2"]' "$tmp/gathered.json"
+check "gathered: the devices as the pool names them" \
+  jq -e '[.devices[].id] | sort == ["n1/vd0","n1/vd1","n2/vd0","n2/vd1","vd0","vd1"]' "$tmp/gathered.json"
+check "gathered: one island per machine, each all-reduce measured" \
+  jq -e '(.islands | length) == 3 and all(.islands[]; (.devices | length) == 2 and .allreduce.busbw_gb_s > 0)' "$tmp/gathered.json"
+check "gathered: the link between machines measured (fabric network0)" \
+  jq -e '.fabrics[] | select(.id == "network0") | .type == "ethernet" and (.devices | length) == 6 and .bandwidth_gb_s > 0 and .latency_us > 0' \
+  "$tmp/gathered.json"
+jq -c '.fabrics[] | select(.id == "network0") | {bandwidth_gb_s, latency_us}' "$tmp/gathered.json"
+"$(dirname "$serve")/ftp-plan" --topology "$tmp/gathered.json" --model "$src/examples/models/stories260K.json" \
+  >"$tmp/planned.json" 2>"$tmp/plan.err"; rc=$?
+check "ftp-plan on the gathered topology: exit 0" test $rc -eq 0
+machine='def machine: if test("/") then split("/")[0] else "n0" end;'
+check "planned: no stage's TP group spans two machines" \
+  jq -e "$machine"' all(.gears[].replicas[].stages[]; ([.devices[] | machine] | unique | length) == 1)' "$tmp/planned.json"
+check "planned: a pipeline runs from one machine to another" \
+  jq -e "$machine"' any(.gears[].replicas[]; ([.stages[].devices[] | machine] | unique | length) > 1)' "$tmp/planned.json"
 
 for g in tp2-across pp2-across tp2-pp2-over-three; do
   "$shift_tool" --to "$g" >"$tmp/shift-$g.json" 2>&1; rc=$?
@@ -149,4 +173,52 @@ check "ftp-drain: the replica on n2 retired" test "$(device_state n2/vd1)" = fre
 kill "$pid_n2"; wait "$pid_n2" 2>/dev/null
 check "n2 stopped: its devices lost" wait_state n2/vd1 lost
 check "still serving after n2 stopped" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+
+# ftp-serve --auto after a kill: the control loop itself leaves a gear
+# that uses a lost member. Hand-set capacities (a fixture, as in
+# serve-auto.sh) make pp2-across (n1/vd1, n2/vd1) the smallest gear, so
+# nothing but the loss moves it.
+kill "$pid_n1"; wait "$pid_n1" 2>/dev/null
+kill -TERM $daemon; wait $daemon; daemon=
+jq '.gears |= map(.measured = {"max_rps": (if .name == "pp2-across" then 1 else 10 end), "source": "bench"})' \
+  "$gears" >"$tmp/auto-gears.json"
+rm -f "$FTP_SOCKET"
+"$serve" -m "$m" --gears "$tmp/auto-gears.json" --virtual-devices 2 \
+  --members-listen 127.0.0.1:0 --secret-file "$tmp/secret" --gloo-timeout-ms 5000 --step-interval-ms 100 \
+  --wait-members 2 --start-gear pp2-across --auto --policy "$src/tests/tools/fixtures/fast-policy.json" \
+  --observe-interval-ms 200 --port 0 2>"$tmp/auto.log" &
+daemon=$!
+mport=
+for _ in $(seq 1 200); do
+  mport=$(sed -n 's/.*member channel on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/auto.log"); [ -n "$mport" ] && break; sleep 0.05
+done
+start_member n1
+start_member n2
+port=
+for _ in $(seq 1 600); do
+  port=$(sed -n 's/.*http: listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$tmp/auto.log")
+  [ -n "$port" ] && [ -S "$FTP_SOCKET" ] && break; sleep 0.1
+done
+check "--auto leader with --wait-members 2: listening" test -n "$port"
+check "--auto: serving pp2-across across n1 and n2" \
+  bash -c "rpc status | jq -e '.result.gear == \"pp2-across\"'"
+check "--auto: golden on pp2-across" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+sleep 3  # past the policy's dwell: it holds while nothing is lost
+check "--auto: holds pp2-across while nothing is lost" bash -c "rpc status | jq -e '.result.gear == \"pp2-across\"'"
+kill -9 "$pid_n2"; wait "$pid_n2" 2>/dev/null
+moved=
+for _ in $(seq 1 300); do
+  g=$(rpc status | jq -r '.result.gear')
+  [ "$g" != pp2-across ] && [ "$(rpc status | jq -r '.result.shifting')" = false ] && { moved=$g; break; }
+  sleep 0.1
+done
+echo "--auto after kill -9 of n2: now at ${moved:-pp2-across}"
+check "--auto: shifted by itself to a gear without n2 ($moved)" \
+  jq -e --arg g "$moved" '.gears[] | select(.name == $g) | [.replicas[].stages[].devices[]] | all(startswith("n2/") | not)' \
+  "$tmp/auto-gears.json"
+rpc records >"$tmp/auto-records.json"
+check "--auto: the shift's trigger is the policy" \
+  jq -e --arg g "$moved" '.result | map(select(.to == $g)) | last | .trigger | startswith("policy:")' "$tmp/auto-records.json"
+check "--auto: its reason, the lost device" grep -q "auto: decision shift pp2-across -> $moved: lost device" "$tmp/auto.log"
+check "--auto: golden after the shift" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
 finish

@@ -29,14 +29,29 @@ int main(int argc, char** argv) {
       ->option_text("MS");
   app.add_option("--count", count, "With --watch: stop after N observations (default: never)")
       ->check(ftp::cli::positive());
-  tool.add_socket_option("With --watch: ");
+  bool gather = false;
+  app.add_flag("--gather", gather,
+               "Ask a running ftp-serve for its machine's probe and each member's, gathered into one topology with "
+               "the measured link between machines (with --quick: short measurements)");
+  tool.add_socket_option("With --watch or --gather: ");
   app.get_option("--watch")->excludes(app.get_option("--cluster"));
+  app.get_option("--gather")->excludes(app.get_option("--watch"));
+  app.get_option("--gather")->excludes(app.get_option("--cluster"));
+  app.get_option("--gather")->excludes(app.get_option("--virtual-devices"));
   app.get_option("--cluster")->excludes(app.get_option("--virtual-devices"));
 
   return tool.run(argc, argv, [&] {
-    if (!watch)
-      for (const char* opt : {"--interval", "--count", "--socket"})
+    if (!watch) {
+      for (const char* opt : {"--interval", "--count"})
         if (tool.app().count(opt)) throw ftp::InputError(std::string(opt) + ": only with --watch");
+      if (!gather && tool.app().count("--socket")) throw ftp::InputError("--socket: only with --watch or --gather");
+    }
+    if (gather) {
+      ftp::ipc::Client client(tool.socket_path());
+      // A full probe of every machine takes tens of seconds each.
+      tool.emit(client.call("topology", ftp::json::Json{{"quick", opts.quick}}, std::chrono::minutes(10)));
+      return 0;
+    }
     if (watch) {
       ftp::ipc::Client client(tool.socket_path());
       ftp::json::Json params{{"interval_ms", interval_ms}};
