@@ -366,12 +366,19 @@ int Domain::step() {
     std::vector<const Seq*> starved;
     for (const auto& w : waiting_)
       if (!per_group.count(w->group) && seen.insert(w->group).second) starved.push_back(w.get());
-    for (const Seq* w : starved) {
-      const int need = kv_pages(std::min(w->pending(), cfg_.max_batched_tokens), cfg_.block_tokens);
+    // Once the victim's group is within its cap nothing changes, and every
+    // later starved group would find the same victim: one look, not one per
+    // waiting group (an overloaded daemon has thousands).
+    bool settled = false;
+    for (std::size_t k = 0; k < starved.size() && !settled; ++k) {
+      const int need = kv_pages(std::min(starved[k]->pending(), cfg_.max_batched_tokens), cfg_.block_tokens);
       while (!running_.empty() &&
              (static_cast<int>(running_.size()) >= max_running || blocks_.free_blocks() < need)) {
         const std::size_t v = victim(0);
-        if (per_group[running_[v]->group] <= cap) break;
+        if (per_group[running_[v]->group] <= cap) {
+          settled = true;
+          break;
+        }
         --per_group[running_[v]->group];
         preempt_at(v);
       }

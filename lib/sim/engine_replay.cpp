@@ -49,6 +49,16 @@ constexpr double kLatencyWindowS = 30; // TTFT/TPOT/E2E percentiles over this, s
 constexpr double kQueueWindowS = 30;   // queue_depth_mean over this, s
 constexpr double kMixWindowS = 60;     // mean prompt and output tokens over this, s
 
+/// The scheduler's request group (engine::GenerationRequest::group) of
+/// every request of the replay, the warm-ups' too. A trace names no
+/// clients; with one group the fairness rules have nothing to share out
+/// and the schedule is the one of a group per request (each holds one
+/// sequence, never over its cap: admission in arrival order, the newest
+/// preempted first), but the scheduler's per-step maps of groups hold one
+/// entry instead of one per running sequence (a third of the replay's
+/// time on the 512-GPU case of simulate-bench).
+constexpr const char* kGroup = "replay";
+
 double round3(double x) { return std::round(x * 1000) / 1000; }
 
 /// Nearest-rank quantile; 0 for no samples. Reorders v.
@@ -104,9 +114,12 @@ struct SimDomain {
   double weight = 0;                        // router share
   double capacity_rps = 0;                  // plan::estimate_replica at the trace's mix
   /// Requests routed here that the Domain does not hold yet: it is given
-  /// only what a step could admit (max_running waiting), the rest waits
-  /// here in arrival order, so a backlog of millions costs no prompts in
-  /// memory. The Domain admits from the front of its queue, so its
+  /// only what a step could admit (running + waiting up to max_running),
+  /// the rest waits here in arrival order, so a backlog of millions costs
+  /// no prompts in memory and the scheduler's per-step work stays linear in
+  /// the batch. The Domain admits from the front of its queue, at most
+  /// max_running - running, preempted sequences first; each request is a
+  /// group of its own, so its fairness rule never preempts. So its
   /// schedule is the same as with everything submitted at once.
   std::deque<int> backlog;
   double backlog_prompt = 0;                // prompt tokens routed here and not yet at their first token
@@ -154,6 +167,10 @@ class EngineReplay {
   // --- data plane
   void arrive(int i, double t);
   int route(const Req& r);
+  // Every change of a domain's weight or state goes through these: they
+  // mark the router's candidates stale.
+  void set_weight(int di, double w);
+  void set_state(int di, State s);
   void set_shares(const std::vector<int>& doms, double share);
   void schedule(int di, double t);
   void feed(SimDomain& d, double t);
@@ -205,8 +222,8 @@ class EngineReplay {
   int gear_ = 0;
   int token_ = 0;             // the one token id of prompts and outputs
   control::Router router_;
-  std::vector<control::RouteCandidate> cands_;
-  std::vector<int> cand_doms_;
+  std::vector<int> cand_doms_;  // the domain of each of the router's candidates
+  bool cands_stale_ = true;
 
   // Shifts.
   std::optional<Shift> shift_;
@@ -322,23 +339,39 @@ int EngineReplay::build_domain(int gear, const doc::Replica& rep, double t, bool
 }
 
 int EngineReplay::route(const Req& r) {
-  cands_.clear();
-  cand_doms_.clear();
-  for (std::size_t i = 0; i < doms_.size(); ++i) {
-    const SimDomain& d = doms_[i];
-    if (d.state == State::retired || d.state == State::draining || !(d.weight > 0)) continue;
-    cands_.push_back(control::RouteCandidate{d.id, d.weight, table_.gears[static_cast<std::size_t>(d.gear)].tp});
-    cand_doms_.push_back(static_cast<int>(i));
+  if (cands_stale_) {
+    // Only a weight or a state changes the candidates: they are set anew
+    // then, and each arrival picks on indices (no string per request).
+    cands_stale_ = false;
+    std::vector<control::RouteCandidate> cands;
+    cand_doms_.clear();
+    for (std::size_t i = 0; i < doms_.size(); ++i) {
+      const SimDomain& d = doms_[i];
+      if (d.state == State::retired || d.state == State::draining || !(d.weight > 0)) continue;
+      cands.push_back(control::RouteCandidate{d.id, d.weight, table_.gears[static_cast<std::size_t>(d.gear)].tp});
+      cand_doms_.push_back(static_cast<int>(i));
+    }
+    router_.set_candidates(cands);
   }
-  const int k = router_.pick(cands_, control::RouteRequest{0, r.prompt});
+  const int k = router_.pick(control::RouteRequest{0, r.prompt});
   return k < 0 ? -1 : cand_doms_[static_cast<std::size_t>(k)];
+}
+
+void EngineReplay::set_weight(int di, double w) {
+  doms_[static_cast<std::size_t>(di)].weight = w;
+  cands_stale_ = true;
+}
+
+void EngineReplay::set_state(int di, State s) {
+  doms_[static_cast<std::size_t>(di)].state = s;
+  cands_stale_ = true;
 }
 
 void EngineReplay::set_shares(const std::vector<int>& ds, double share) {
   std::vector<double> cap;
   for (int i : ds) cap.push_back(doms_[static_cast<std::size_t>(i)].capacity_rps);
   const std::vector<double> w = control::capacity_shares(cap, share);
-  for (std::size_t k = 0; k < ds.size(); ++k) doms_[static_cast<std::size_t>(ds[k])].weight = w[k];
+  for (std::size_t k = 0; k < ds.size(); ++k) set_weight(ds[k], w[k]);
 }
 
 void EngineReplay::schedule(int di, double t) {
@@ -375,12 +408,16 @@ void EngineReplay::arrive(int i, double t) {
 }
 
 void EngineReplay::feed(SimDomain& d, double t) {
-  while (!d.backlog.empty() && d.dom->waiting() < ec_.max_running) {
+  // A step admits at most max_running - running of the waiting: more in
+  // the Domain would change nothing but cost its scheduler a pass over
+  // each of them against the whole batch.
+  while (!d.backlog.empty() && d.dom->waiting() + d.dom->running() < ec_.max_running) {
     const int i = d.backlog.front();
     d.backlog.pop_front();
     Req& r = reqs_[static_cast<std::size_t>(i)];
     engine::GenerationRequest g;
     g.id = std::to_string(i);
+    g.group = kGroup;
     g.prompt.assign(static_cast<std::size_t>(r.prompt), token_);
     g.max_tokens = r.output;
     g.sampling.temperature = 0;
@@ -541,8 +578,8 @@ void EngineReplay::step(int di, double t) {
 void EngineReplay::maybe_retire(int di, double t) {
   SimDomain& d = doms_[static_cast<std::size_t>(di)];
   if (d.state != State::draining || has_work(d)) return;
-  d.state = State::retired;
-  d.weight = 0;
+  set_state(di, State::retired);
+  set_weight(di, 0);
   router_.forget(d.id);
   hold_devices(d.devs, -1, std::max(t, d.free_at));
   if (!shift_ || shift_->phase != Shift::Phase::drain) return;
@@ -589,6 +626,7 @@ void EngineReplay::advance_shift(double t) {
         SimDomain& d = doms_[static_cast<std::size_t>(di)];
         engine::GenerationRequest w;
         w.id = "warmup-" + d.id;
+        w.group = kGroup;
         w.prompt = {token_};
         w.max_tokens = 1;
         w.on_event = [this, di](const engine::GenerationEvent& e) {
@@ -629,8 +667,8 @@ void EngineReplay::advance_shift(double t) {
         s.rolled_back = true;
         ++rollbacks_;
         set_shares(s.old, 1.0);
-        for (int i : s.fresh) doms_[static_cast<std::size_t>(i)].weight = 0;
-        for (int i : s.fresh) doms_[static_cast<std::size_t>(i)].state = State::draining;
+        for (int i : s.fresh) set_weight(i, 0);
+        for (int i : s.fresh) set_state(i, State::draining);
         s.phase = Shift::Phase::drain;
         s.next = kInf;
         const std::vector<int> fresh = s.fresh;  // the last retirement ends the shift (and s)
@@ -648,7 +686,7 @@ void EngineReplay::advance_shift(double t) {
   apply_share(share);
   for (int i : s.fresh) {
     SimDomain& d = doms_[static_cast<std::size_t>(i)];
-    if (d.state == State::warming) d.state = State::serving;
+    if (d.state == State::warming) set_state(i, State::serving);
     d.e2e.assign(1, {t, 0.0});  // marker: the ramp watches this domain from now
   }
   if (share < 1.0) {
@@ -659,8 +697,8 @@ void EngineReplay::advance_shift(double t) {
   // 100 %: the old domains drain while the new ones serve; the gear is the new one.
   for (int i : s.fresh) doms_[static_cast<std::size_t>(i)].e2e.clear();
   for (int i : s.old) {
-    doms_[static_cast<std::size_t>(i)].state = State::draining;
-    doms_[static_cast<std::size_t>(i)].weight = 0;
+    set_state(i, State::draining);
+    set_weight(i, 0);
   }
   gear_time_[gear_] += t - gear_since_;
   gear_since_ = t;
@@ -841,7 +879,7 @@ json::Json EngineReplay::run(const std::string& start_gear) {
   std::vector<int> first;
   for (const auto& rep : g0.replicas) {
     const int di = build_domain(gear_, rep, 0, false);
-    doms_[static_cast<std::size_t>(di)].state = State::serving;
+    set_state(di, State::serving);
     first.push_back(di);
   }
   set_shares(first, 1.0);

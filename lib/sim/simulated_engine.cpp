@@ -267,7 +267,9 @@ std::vector<int> SimulatedEngine::forward_choose(const std::vector<engine::SeqCh
 
 std::vector<int> SimulatedEngine::run_step(const std::vector<engine::SeqChunk>& chunks, int micro_batches,
                                            std::vector<std::vector<float>>* logits) {
-  const auto t_start = std::chrono::steady_clock::now();
+  // The wall clock only for real-time pacing: a replay in virtual time never reads it.
+  const bool real_time = o_.pacing == Pacing::wait_real_time;
+  const auto t_start = real_time ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   engine::check_chunks(chunks, hp_.n_vocab, o_.block_tokens, "simulated engine");
   const double dt = schedule_s(micro_batch_work(chunks, micro_batches), &busy_);
 
@@ -282,7 +284,7 @@ std::vector<int> SimulatedEngine::run_step(const std::vector<engine::SeqChunk>& 
       logits->push_back(std::move(l));
     }
   pass(dt);
-  if (o_.pacing == Pacing::wait_real_time) {
+  if (real_time) {
     // Sleep most of the step, then spin: a sleep overshoots by tens of
     // microseconds, as long as a whole step of a small model.
     const auto end = t_start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(

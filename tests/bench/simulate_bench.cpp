@@ -11,8 +11,10 @@
 //                    A100-80GB, NVSwitch inside, 200 Gb/s InfiniBand
 //                    between) with 1 h of synthetic gamma arrivals on a day
 //                    curve up to 0.8 x the performance gear, goal < 60 s
-// For each: wall time (and its parts), virtual time, requests, wall / goal
-// and virtual / wall, measured in this run. It prints; it gates nothing.
+// For each: wall time (and its parts), virtual time, requests, the work
+// served (prompt and decode tokens, preemptions: the replay's cost grows
+// with them), wall / goal and virtual / wall, measured in this run. It
+// prints; it gates nothing.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -103,6 +105,9 @@ json::Json run_case(const Case& c, const plan::ModelShape& model, sim::Service s
           {"requests", trace.requests.size()},
           {"intervals", intervals},
           {"shifts", summary.at("shifts")},
+          {"preemptions", summary.contains("preemptions") ? summary.at("preemptions") : json::Json(0)},
+          {"prompt_tokens", summary.contains("prompt_tokens") ? summary.at("prompt_tokens") : json::Json(0)},
+          {"decode_tokens", summary.contains("decode_tokens") ? summary.at("decode_tokens") : json::Json(0)},
           {"sla_attainment", summary.at("sla_attainment")},
           {"gpu_hours", summary.at("gpu_hours")},
           {"plan_s", plan_s},

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The router by itself (no domains): weighted shares, the largest-TP rules,
-// no pick without weight. Expected counts are worked out from the weights.
+// no pick without weight, candidates set apart from the picks with each
+// domain's credit following its id. Expected counts are worked out from
+// the weights.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -84,6 +86,74 @@ TEST(Router, ForgetStartsADomainsCreditAfresh) {
   r.forget("a");
   r.forget("b");
   EXPECT_EQ(r.pick(c, {}), 0);  // as from a fresh router: the first wins ties
+}
+
+TEST(Router, PicksOnTheCandidatesSetBefore) {
+  // set_candidates once, then picks by index: the same picks as passing the
+  // candidates with each request (1:3 weights, 8 picks: 2 and 6).
+  Router set, each;
+  const std::vector<RouteCandidate> c = {{"a", 0.25, 1}, {"b", 0.75, 2}};
+  set.set_candidates(c);
+  ASSERT_EQ(set.candidates().size(), 2u);
+  EXPECT_EQ(set.candidates()[1].id, "b");
+  int n_a = 0;
+  for (int i = 0; i < 8; ++i) {
+    const int k = set.pick(RouteRequest{});
+    EXPECT_EQ(k, each.pick(c, {})) << "pick " << i;
+    n_a += k == 0;
+  }
+  EXPECT_EQ(n_a, 2);
+  Router none;
+  EXPECT_EQ(none.pick(RouteRequest{}), -1);  // no candidates set
+}
+
+TEST(Router, CreditFollowsTheIdWhenTheOrderChanges) {
+  // a and b at 1:1: a wins the first pick (ties go to the first), so b is
+  // ahead (b +0.5, a -0.5). Turned round and at 0.4:0.6, b (now index 0)
+  // still has its lead: 0.9 against a's 0.1, b wins. Credits kept by index
+  // (-0.1 against 1.1) or started afresh (0.4 against 0.6) would give a.
+  Router r;
+  r.set_candidates({{"a", 0.5, 1}, {"b", 0.5, 1}});
+  EXPECT_EQ(r.pick(RouteRequest{}), 0);  // a
+  r.set_candidates({{"b", 0.4, 1}, {"a", 0.6, 1}});
+  EXPECT_EQ(r.pick(RouteRequest{}), 0);  // b
+}
+
+TEST(Router, ALeftOutDomainKeepsItsCreditUntilForgotten) {
+  // a, b at 1:1, a picked: a's credit is -0.5, b's +0.5. b leaves the
+  // candidates for a while (only a picks), then comes back: it is still
+  // ahead and wins the next pick at 1:1, though it is second in the list.
+  Router r;
+  r.set_candidates({{"a", 0.5, 1}, {"b", 0.5, 1}});
+  EXPECT_EQ(r.pick(RouteRequest{}), 0);
+  r.set_candidates({{"a", 1.0, 1}});
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(r.pick(RouteRequest{}), 0);
+  r.set_candidates({{"a", 0.5, 1}, {"b", 0.5, 1}});
+  EXPECT_EQ(r.pick(RouteRequest{}), 1);
+  // Forgotten while left out: it comes back from 0 credit, the tie goes to a.
+  Router f;
+  f.set_candidates({{"a", 0.5, 1}, {"b", 0.5, 1}});
+  EXPECT_EQ(f.pick(RouteRequest{}), 0);
+  f.set_candidates({{"a", 1.0, 1}});
+  f.forget("b");
+  f.forget("a");
+  f.set_candidates({{"a", 0.5, 1}, {"b", 0.5, 1}});
+  EXPECT_EQ(f.pick(RouteRequest{}), 0);
+}
+
+TEST(Router, NewWeightsOnTheSameIdsKeepTheCredits) {
+  // 1:1, a picked (a -0.5, b +0.5); then 0.9:0.1 on the same ids: b's lead
+  // stays, 0.6 against a's 0.4, and b wins (afresh, a would at 0.9). Over
+  // the next full cycle of 10 picks a gets 9, b 1.
+  Router r;
+  r.set_candidates({{"a", 0.5, 1}, {"b", 0.5, 1}});
+  EXPECT_EQ(r.pick(RouteRequest{}), 0);
+  r.set_candidates({{"a", 0.9, 1}, {"b", 0.1, 1}});
+  EXPECT_EQ(r.candidates()[0].weight, 0.9);
+  EXPECT_EQ(r.pick(RouteRequest{}), 1);
+  int n_a = 0;
+  for (int i = 0; i < 10; ++i) n_a += r.pick(RouteRequest{}) == 0;
+  EXPECT_EQ(n_a, 9);
 }
 
 TEST(CapacityShares, InProportionToCapacity) {
