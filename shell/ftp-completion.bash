@@ -73,12 +73,12 @@ _ftp_serve() {
     --backend) COMPREPLY=($(compgen -W "cpu cuda" -- "$cur")); return ;;
     --socket|--secret-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --gear) COMPREPLY=($(compgen -W "tp=1,pp=1 tp=2,pp=1 tp=4,pp=1 tp=1,pp=2 tp=2,pp=2" -- "$cur")); return ;;
-    -p|--prompt|--stop|-s|--seed|-t|--temperature|--top-k|--top-p|-n|--max-tokens) return ;;
+    -p|--prompt|--stop|-s|--seed|-t|--temperature|--top-k|--top-p|-n|--max-tokens|--virtual-device-memory) return ;;
   esac
   if [[ $cur == --json=* ]]; then
     COMPREPLY=($(compgen -W "--json=pretty --json=short" -- "$cur")); return
   fi
-  COMPREPLY=($(compgen -W "--help --version --json --model --engine --backend --topology --calibration --tokenizer --gears --gear --start-gear --virtual-devices --host --port --socket --config-dir --enable-test-hooks --api-key --cors-origin --http-threads --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --route-long-prompt --ramp --step-interval-ms --drain-timeout-ms --auto --policy --policy-name --observe-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop --members-listen --machine-name --wait-members --join --secret-file --name --gloo-host --gloo-timeout-ms --served-model-name --kv-cache-dtype --state-dir --max-waiting-requests --max-waiting-tokens --domain-max-waiting-requests --domain-max-waiting-tokens --max-header-bytes --max-headers --max-body-bytes --header-timeout-ms --body-timeout-ms --idle-timeout-ms --max-connections --max-connections-per-address --stream-buffer-bytes --rerun-wait-ms" -- "$cur"))
+  COMPREPLY=($(compgen -W "--help --version --json --model --engine --backend --topology --calibration --tokenizer --gears --gear --start-gear --virtual-devices --host --port --socket --config-dir --enable-test-hooks --api-key --cors-origin --http-threads --kv-blocks --max-running --max-batched-tokens --max-tokens-limit --max-prompt-tokens --route-long-prompt --ramp --step-interval-ms --drain-timeout-ms --auto --policy --policy-name --observe-interval-ms --prompt --max-tokens --temperature --top-k --top-p --seed --stop --members-listen --machine-name --wait-members --join --secret-file --name --gloo-host --gloo-timeout-ms --served-model-name --kv-cache-dtype --state-dir --max-waiting-requests --max-waiting-tokens --domain-max-waiting-requests --domain-max-waiting-tokens --max-header-bytes --max-headers --max-body-bytes --header-timeout-ms --body-timeout-ms --idle-timeout-ms --max-connections --max-connections-per-address --stream-buffer-bytes --rerun-wait-ms --device-memory --virtual-device-memory" -- "$cur"))
 }
 shopt -s extglob 2>/dev/null
 complete -F _ftp_serve ftp-serve

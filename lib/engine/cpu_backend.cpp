@@ -67,7 +67,7 @@ class CpuRank final : public RankBackend {
   }
 
   void embed(float* x) override {
-    for (int r = 0; r < b_->n_rows; ++r) w_.embed(b_->tokens[static_cast<std::size_t>(r)], row(x, r, hp_.n_embd));
+    for (int r = 0; r < b_->n_rows; ++r) w_.embed(b_->tokens[static_cast<std::size_t>(r)], row(x, r, hp_.n_embd), spec_.device);
   }
   void rmsnorm(const float* x, const float* w, float* out, int rows) override {
     for (int r = 0; r < rows; ++r) ops::rmsnorm(row(x, r, hp_.n_embd), w, row(out, r, hp_.n_embd), hp_.n_embd, hp_.rms_eps);

@@ -112,7 +112,9 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
       const int r = local[i];
       Rank rk;
       rk.index = r;
-      for (int L = 0; L < l.n_layers; ++L) rk.layers.push_back(w_.layer(l.first_layer + L, l.tp, r));
+      // Views of the rank's device's copy in device-memory mode, else of the mapped file.
+      const backend::VirtualDevice* dev = l.devices.empty() ? nullptr : l.devices[static_cast<std::size_t>(r)];
+      for (int L = 0; L < l.n_layers; ++L) rk.layers.push_back(w_.layer(l.first_layer + L, l.tp, r, dev));
       rk.be = std::move(ranks[i]);
       rk.thread = std::make_unique<RankThread>();
       RankBackend* rb = rk.be.get();
@@ -223,8 +225,9 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   float* lin = be.buffer(Buf::logits_in, nl * E);
   float* logits = be.buffer(Buf::logits, nl * static_cast<std::size_t>(hp_.n_vocab));
   be.gather_logit_rows(x, lin);
-  be.rmsnorm(lin, w_.output_norm(), xn, static_cast<int>(nl));
-  be.matmul(xn, w_.output(), logits, static_cast<int>(nl));
+  const backend::VirtualDevice* dev = st.layout.devices.empty() ? nullptr : st.layout.devices[0];
+  be.rmsnorm(lin, w_.output_norm(dev), xn, static_cast<int>(nl));
+  be.matmul(xn, w_.output(dev), logits, static_cast<int>(nl));
   if (mb.tokens)
     be.choose_tokens(logits, static_cast<std::size_t>(hp_.n_vocab), nl, mb.choices, mb.tokens, mb.logprobs);
   else

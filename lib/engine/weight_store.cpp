@@ -1,23 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "engine/weight_store.hpp"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/error.hpp"
+#include "model/tp_split.hpp"
 
 namespace ftp::engine {
 
 namespace {
-
-Range split(int n, int parts, int index) {
-  // Even split, the first n % parts ranks one larger; contiguous.
-  int base = n / parts, extra = n % parts;
-  int begin = index * base + std::min(index, extra);
-  return Range{begin, begin + base + (index < extra ? 1 : 0)};
-}
 
 std::vector<float> vec_f32(const model::TensorView& t) {
   if (t.empty()) return {};
@@ -45,19 +42,12 @@ RankLayerView split_rank(const model::HParams& hp, int tp, int rank) {
                      " or be a multiple of it");
   if (tp > hp.n_ff)
     throw InputError("tp " + std::to_string(tp) + " exceeds the feed-forward width " + std::to_string(hp.n_ff));
+  // The split itself is model::tp_split's, which the planner counts by.
+  const model::TpSplit s = model::tp_split(hp.n_head, hp.n_head_kv, hp.n_ff, tp, rank);
   RankLayerView v{};
-  int qh = hp.n_head / tp;
-  v.q_heads = Range{rank * qh, (rank + 1) * qh};
-  if (tp <= hp.n_head_kv) {
-    int kvh = hp.n_head_kv / tp;
-    v.kv_heads = Range{rank * kvh, (rank + 1) * kvh};
-  } else {
-    // More ranks than KV heads: each rank reads the one KV head its query
-    // heads belong to; tp / n_head_kv ranks view the same head's weights.
-    int kv = v.q_heads.begin / (hp.n_head / hp.n_head_kv);
-    v.kv_heads = Range{kv, kv + 1};
-  }
-  v.ff = split(hp.n_ff, tp, rank);
+  v.q_heads = Range{s.q_begin, s.q_end};
+  v.kv_heads = Range{s.kv_begin, s.kv_end};
+  v.ff = Range{s.ff_begin, s.ff_end};
   return v;
 }
 
@@ -86,7 +76,7 @@ model::DType WeightStore::matrix_dtype() const noexcept {
   return m_.weights.layers.empty() ? model::DType::f32 : m_.weights.layers.front().wq.dtype;
 }
 
-RankLayerView WeightStore::layer(int layer, int tp, int rank) const {
+RankLayerView WeightStore::mapped_layer(int layer, int tp, int rank) const {
   const model::LayerWeights& l = m_.weights.layers.at(static_cast<std::size_t>(layer));
   const auto& hp = m_.hparams;
   RankLayerView v = split_rank(hp, tp, rank);
@@ -126,10 +116,6 @@ std::string row_parallel_refusal(const MatView& m, int tp) {
          ", inside a block: a row-parallel split must fall on a block boundary (choose a smaller tp)";
 }
 
-void WeightStore::embed(int token, float* out) const {
-  const auto& t = m_.weights.tok_embd;
-  model::to_f32(t, static_cast<std::int64_t>(token) * t.cols, t.cols, out);
-}
 
 std::uint64_t WeightStore::advise(int first, int n, int tp, int rank, int advice) const {
   // Dropping pages of memory that is not a file mapping would lose them.
@@ -168,7 +154,7 @@ const PackedWeights* WeightStore::packed_for_cpu() const {
   std::lock_guard lk(pack_mu_);
   if (!pack_tried_) {
     pack_tried_ = true;
-    if (!release_mode_ && PackedWeights::wanted()) {
+    if (!release_mode_ && copies_.empty() && PackedWeights::wanted()) {
       auto p = std::make_unique<PackedWeights>(m_);
       if (p->tensors() > 0) packed_ = std::move(p);
     }
@@ -187,9 +173,267 @@ std::uint64_t WeightStore::packed_bytes() const {
   return packed_ ? packed_->bytes() : 0;
 }
 
-MatView WeightStore::output() const {
+
+// --- Device-memory mode -------------------------------------------------
+
+struct WeightStore::DeviceCopy {
+  /// A rectangle of one mapped tensor, copied: rows [r0, r0 + view.rows) and
+  /// columns [c0, c0 + view.cols) of the mapped tensor `from` (found by its
+  /// data: a tied head's view is of the embedding's bytes).
+  struct Segment {
+    const model::TensorView* from = nullptr;  // the mapped tensor
+    std::int64_t r0 = 0, c0 = 0;
+    model::TensorView view;  // the copy, in the tensor's dtype; view.data into DeviceCopy::mem
+
+    bool holds(const MatView& m) const {
+      return m.t->data == from->data && m.r0 >= r0 && m.r0 + m.rows <= r0 + view.rows && m.c0 >= c0 &&
+             m.c0 + m.cols <= c0 + view.cols;
+    }
+  };
+
+  backend::VirtualDevice* device = nullptr;
+  struct Free {
+    void operator()(void* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<void, Free> mem;        // every segment
+  std::vector<Segment> segments;          // never resized once made: views point at them
+  std::map<int, LayerVecs> vecs;          // the layers held: their vectors
+  std::vector<float> output_norm;         // with the head
+  const Segment* embedding = nullptr;     // with a first stage's rank
+  const Segment* head = nullptr;          // with a last stage's rank 0
+  std::uint64_t bytes = 0;
+
+  const Segment* find(const MatView& m) const {
+    for (const Segment& s : segments)
+      if (s.holds(m)) return &s;
+    return nullptr;
+  }
+};
+
+namespace {
+
+constexpr std::size_t kSegmentAlign = 64;  // bytes: a cache line, what the SIMD kernels like
+
+std::size_t aligned(std::size_t n) { return (n + kSegmentAlign - 1) / kSegmentAlign * kSegmentAlign; }
+
+/// The merged intervals [a, b) of `iv` (touching ones join).
+std::vector<std::pair<std::int64_t, std::int64_t>> merged(std::vector<std::pair<std::int64_t, std::int64_t>> iv) {
+  std::sort(iv.begin(), iv.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (const auto& x : iv)
+    if (!out.empty() && x.first <= out.back().second)
+      out.back().second = std::max(out.back().second, x.second);
+    else
+      out.push_back(x);
+  return out;
+}
+
+std::string range_text(const MatView& m) {
+  return m.t->name + " rows [" + std::to_string(m.r0) + ", " + std::to_string(m.r0 + m.rows) + ") columns [" +
+         std::to_string(m.c0) + ", " + std::to_string(m.c0 + m.cols) + ")";
+}
+
+}  // namespace
+
+WeightStore::~WeightStore() {
+  for (auto& [dev, c] : copies_) c->device->release_weights(c->bytes);
+}
+
+const WeightStore::DeviceCopy* WeightStore::copy_of(const backend::VirtualDevice* device) const {
+  if (!device || copies_.empty()) return nullptr;
+  auto it = copies_.find(device);
+  if (it == copies_.end())
+    throw Error("device-memory mode: device " + device->name() + " holds no copy of the weights (it serves no gear of the table)");
+  return it->second.get();
+}
+
+RankLayerView WeightStore::layer(int layer, int tp, int rank, const backend::VirtualDevice* device) const {
+  RankLayerView v = mapped_layer(layer, tp, rank);
+  const DeviceCopy* c = copy_of(device);
+  if (!c) return v;
+  auto vecs = c->vecs.find(layer);
+  if (vecs == c->vecs.end())
+    throw Error("device-memory mode: device " + device->name() + " holds no copy of layer " + std::to_string(layer));
+  for (MatView* m : {&v.wq, &v.wk, &v.wv, &v.wo, &v.w_gate, &v.w_up, &v.w_down}) {
+    if (m->rows == 0 || m->cols == 0) continue;
+    const DeviceCopy::Segment* s = c->find(*m);
+    if (!s)
+      throw Error("device-memory mode: device " + device->name() + " holds no copy of " + range_text(*m) +
+                  " (rank " + std::to_string(rank) + " of tp " + std::to_string(tp) + ")");
+    *m = MatView{&s->view, m->r0 - s->r0, m->rows, m->c0 - s->c0, m->cols};
+  }
+  const LayerVecs& lv = vecs->second;
+  v.attn_norm = lv.attn_norm.data();
+  v.ffn_norm = lv.ffn_norm.data();
+  v.bq = slice(lv.bq, v.bq.first, v.bq.n);
+  v.bk = slice(lv.bk, v.bk.first, v.bk.n);
+  v.bv = slice(lv.bv, v.bv.first, v.bv.n);
+  v.q_norm = or_null(lv.q_norm);
+  v.k_norm = or_null(lv.k_norm);
+  return v;
+}
+
+void WeightStore::embed(int token, float* out, const backend::VirtualDevice* device) const {
+  const model::TensorView* t = &m_.weights.tok_embd;
+  if (const DeviceCopy* c = copy_of(device)) {
+    if (!c->embedding)
+      throw Error("device-memory mode: device " + device->name() + " holds no copy of the embedding");
+    t = &c->embedding->view;
+  }
+  model::to_f32(*t, static_cast<std::int64_t>(token) * t->cols, t->cols, out);
+}
+
+const float* WeightStore::output_norm(const backend::VirtualDevice* device) const {
+  if (const DeviceCopy* c = copy_of(device)) {
+    if (c->output_norm.empty())
+      throw Error("device-memory mode: device " + device->name() + " holds no copy of the final norm");
+    return c->output_norm.data();
+  }
+  return output_norm_.data();
+}
+
+MatView WeightStore::output(const backend::VirtualDevice* device) const {
+  if (const DeviceCopy* c = copy_of(device)) {
+    if (!c->head) throw Error("device-memory mode: device " + device->name() + " holds no copy of the head");
+    const model::TensorView& t = c->head->view;
+    return MatView{&t, 0, t.rows, 0, t.cols};
+  }
   const auto& t = m_.weights.output.data ? m_.weights.output : m_.weights.tok_embd;
   return MatView{&t, 0, t.rows, 0, t.cols};
 }
+
+std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const std::vector<RankShard>& shards) {
+  if (copies_.count(&device)) throw Error("device-memory mode: device " + device.name() + " has its copy already");
+  {
+    std::lock_guard lk(pack_mu_);
+    if (packed_) throw Error("weight store: device-memory mode after the CPU backend packed the Q8_0 weights");
+    pack_tried_ = true;  // the copies are read as they are, never packed
+  }
+  auto c = std::make_unique<DeviceCopy>();
+  c->device = &device;
+  // Every view of every shard, by tensor (its data: a tied head is the embedding's).
+  std::map<const void*, std::pair<const model::TensorView*, std::vector<MatView>>> views;
+  bool embedding = false, head = false;
+  for (const RankShard& sh : shards) {
+    for (int L = sh.first_layer; L < sh.first_layer + sh.n_layers; ++L) {
+      const RankLayerView v = mapped_layer(L, sh.tp, sh.rank);
+      for (const MatView* m : {&v.wq, &v.wk, &v.wv, &v.wo, &v.w_gate, &v.w_up, &v.w_down})
+        if (m->rows > 0 && m->cols > 0) {
+          auto& e = views[m->t->data];
+          e.first = m->t;
+          e.second.push_back(*m);
+        }
+      c->vecs.try_emplace(L, vecs_[static_cast<std::size_t>(L)]);
+    }
+    embedding = embedding || sh.first;
+    head = head || (sh.last && sh.rank == 0);
+  }
+  const MatView out = output();
+  if (embedding) {
+    const model::TensorView& t = m_.weights.tok_embd;
+    views[t.data] = {&t, {MatView{&t, 0, t.rows, 0, t.cols}}};
+  }
+  if (head) {
+    views[out.t->data] = {out.t, {out}};
+    c->output_norm = output_norm_;
+  }
+  // Each tensor's views merged into rectangles: row ranges of a
+  // column-parallel matrix (its views have every column), else column
+  // ranges, widened to whole blocks, of a row-parallel one (every row).
+  for (const auto& entry : views) {
+    const auto& tv = entry.second;
+    const model::TensorView& t = *tv.first;
+    const bool by_rows = std::all_of(tv.second.begin(), tv.second.end(),
+                                     [&](const MatView& m) { return m.c0 == 0 && m.cols == t.cols; });
+    const std::int64_t blk = model::dtype_block(t.dtype);
+    std::vector<std::pair<std::int64_t, std::int64_t>> iv;
+    for (const MatView& m : tv.second) {
+      if (by_rows) {
+        iv.emplace_back(m.r0, m.r0 + m.rows);
+        continue;
+      }
+      if (m.r0 != 0 || m.rows != t.rows)
+        throw Error("device-memory mode: " + range_text(m) + " is neither whole rows nor whole columns");
+      iv.emplace_back(m.c0 / blk * blk, std::min<std::int64_t>(t.cols, (m.c0 + m.cols + blk - 1) / blk * blk));
+    }
+    for (const auto& [a, b] : merged(std::move(iv))) {
+      DeviceCopy::Segment s;
+      s.from = &t;
+      s.r0 = by_rows ? a : 0;
+      s.c0 = by_rows ? 0 : a;
+      s.view = t;
+      s.view.rows = by_rows ? b - a : t.rows;
+      s.view.cols = by_rows ? t.cols : b - a;
+      s.view.bytes = model::dtype_bytes(t.dtype, s.view.rows * s.view.cols);
+      s.view.data = nullptr;
+      c->segments.push_back(std::move(s));
+    }
+  }
+  std::size_t total = 0;
+  for (const DeviceCopy::Segment& s : c->segments) total += aligned(s.view.bytes);
+  std::uint64_t vec_bytes = c->output_norm.size() * sizeof(float);
+  for (const auto& [L, lv] : c->vecs)
+    for (const auto* v : {&lv.attn_norm, &lv.ffn_norm, &lv.bq, &lv.bk, &lv.bv, &lv.q_norm, &lv.k_norm})
+      vec_bytes += v->size() * sizeof(float);
+  std::uint64_t seg_bytes = 0;
+  for (const DeviceCopy::Segment& s : c->segments) seg_bytes += s.view.bytes;
+  c->bytes = seg_bytes + vec_bytes;
+  // Reserved before anything is allocated: a copy that does not fit is refused, naming the device.
+  device.reserve_weights(c->bytes, "weights (device-memory mode: " + std::to_string(c->segments.size()) +
+                                       " ranges of its shards' union)");
+  try {
+    c->mem.reset(total > 0 ? std::aligned_alloc(kSegmentAlign, total) : nullptr);
+    if (total > 0 && !c->mem) throw Error("device-memory mode: cannot allocate " + std::to_string(total) + " bytes");
+    auto* base = static_cast<unsigned char*>(c->mem.get());
+    std::size_t off = 0;
+    for (DeviceCopy::Segment& s : c->segments) {
+      unsigned char* dst = base + off;
+      off += aligned(s.view.bytes);
+      const model::TensorView& t = *s.from;
+      const auto* src = static_cast<const unsigned char*>(t.data);
+      if (s.view.cols == t.cols) {
+        std::memcpy(dst, src + model::dtype_bytes(t.dtype, s.r0 * t.cols), s.view.bytes);
+      } else {
+        const std::size_t row = model::dtype_bytes(t.dtype, s.view.cols);
+        for (std::int64_t r = 0; r < t.rows; ++r)
+          std::memcpy(dst + static_cast<std::size_t>(r) * row, src + model::dtype_bytes(t.dtype, r * t.cols + s.c0), row);
+      }
+      s.view.data = dst;
+    }
+  } catch (...) {
+    device.release_weights(c->bytes);
+    throw;
+  }
+  const model::TensorView& e = m_.weights.tok_embd;
+  if (embedding) c->embedding = c->find(MatView{&e, 0, e.rows, 0, e.cols});
+  if (head) c->head = c->find(out);
+  copied_bytes_ += c->bytes;
+  const std::uint64_t b = c->bytes;
+  copies_.emplace(&device, std::move(c));
+  return b;
+}
+
+std::string WeightStore::missing_on_device(const backend::VirtualDevice& device,
+                                           const std::vector<RankShard>& shards) const {
+  try {
+    for (const RankShard& sh : shards) {
+      for (int L = sh.first_layer; L < sh.first_layer + sh.n_layers; ++L) layer(L, sh.tp, sh.rank, &device);
+      if (sh.first) embed(0, std::vector<float>(static_cast<std::size_t>(hparams().n_embd)).data(), &device);
+      if (sh.last && sh.rank == 0) output(&device);
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::uint64_t WeightStore::device_bytes(const backend::VirtualDevice* device) const {
+  auto it = copies_.find(device);
+  return it == copies_.end() ? 0 : it->second->bytes;
+}
+
+std::uint64_t WeightStore::copied_bytes() const { return copied_bytes_; }
+
+bool WeightStore::device_memory() const { return !copies_.empty(); }
 
 }  // namespace ftp::engine

@@ -2,11 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/virtual_device.hpp"
 #include "engine/packed_weights.hpp"
 #include "model/model.hpp"
 
@@ -72,6 +74,16 @@ RankLayerView split_rank(const model::HParams& hp, int tp, int rank);
 /// that splits inside a block is refused when its domain is built.
 std::string row_parallel_refusal(const MatView& m, int tp);
 
+/// One rank's part of a gear, as a device serves it: rank `rank` of `tp`
+/// of the stage over layers [first_layer, first_layer + n_layers), which is
+/// the domain's first stage (it embeds) or its last (it holds the head).
+struct RankShard {
+  int first_layer = 0, n_layers = 0;
+  int tp = 1, rank = 0;
+  bool first = false, last = false;
+  bool operator==(const RankShard&) const = default;
+};
+
 /// The resident weights: the model's tensors where they lie (memory-mapped,
 /// in their stored dtype), viewed by every domain of every gear. Only the
 /// vectors are converted to float32: the norms (n_embd or head_dim floats
@@ -84,10 +96,22 @@ std::string row_parallel_refusal(const MatView& m, int tp);
 /// packed copy of the Q8_0 matrices (PackedWeights, packed_for_cpu), the
 /// store's one-time preparation for that backend, counted apart
 /// (packed_bytes). Every domain of every gear then reads that one copy.
+///
+/// Device-memory mode (copy_to_device; ftp-serve --device-memory) gives a
+/// CPU virtual device what a GPU would hold: a private copy of exactly the
+/// union of the views its ranks read over every gear of the table, made
+/// once at start and reserved on the device. The views of a rank on that
+/// device (layer, embed, output, output_norm given the device) then point
+/// into its copy; building a domain still copies nothing.
 class WeightStore {
  public:
   /// `m` must outlive the store.
   explicit WeightStore(const model::Model& m);
+  /// Gives the devices' copies back (their reservations): the devices
+  /// must outlive the store.
+  ~WeightStore();
+  WeightStore(const WeightStore&) = delete;
+  WeightStore& operator=(const WeightStore&) = delete;
 
   const model::HParams& hparams() const noexcept { return m_.hparams; }
   const model::Model& model() const noexcept { return m_; }
@@ -97,16 +121,45 @@ class WeightStore {
   model::DType matrix_dtype() const noexcept;
 
   /// Views of one layer for rank `rank` of `tp`; no allocation, no copy.
-  RankLayerView layer(int layer, int tp, int rank) const;
+  /// With `device`: views of that device's copy where it has one
+  /// (copy_to_device); in device-memory mode a device without one, or a
+  /// view its copy lacks, is an ftp::Error naming both.
+  RankLayerView layer(int layer, int tp, int rank, const backend::VirtualDevice* device = nullptr) const;
 
-  /// The embedding row of `token` as float32.
-  void embed(int token, float* out) const;
-  const float* output_norm() const noexcept { return output_norm_.data(); }
+  /// The embedding row of `token` as float32 (from `device`'s copy, as layer).
+  void embed(int token, float* out, const backend::VirtualDevice* device = nullptr) const;
+  /// [n_embd] the final norm (from `device`'s copy, as layer).
+  const float* output_norm(const backend::VirtualDevice* device = nullptr) const;
   /// [n_rot/2] factors dividing each RoPE pair's frequency (Llama 3
   /// rope_freqs), or null when the model has none.
   const float* rope_freqs() const noexcept { return rope_freqs_.empty() ? nullptr : rope_freqs_.data(); }
-  /// The classifier [n_vocab][n_embd] (the token embedding when tied).
-  MatView output() const;
+  /// The classifier [n_vocab][n_embd] (the token embedding when tied;
+  /// from `device`'s copy, as layer).
+  MatView output(const backend::VirtualDevice* device = nullptr) const;
+
+  /// Device-memory mode: copies into memory of `device`'s own exactly what
+  /// the ranks of `shards` read (their union, each byte once: rows of the
+  /// column-parallel matrices, whole blocks of columns of the row-parallel
+  /// ones, the layers' vectors, the embedding for a first stage's ranks,
+  /// the head and final norm for a last stage's rank 0), reserving the bytes
+  /// on the device first (backend::OutOfDeviceMemory names it when they do
+  /// not fit). The bytes plan::shard_union_bytes counts, but for the layers'
+  /// biases and per-head norms, which the plan's shapes do not have. Once
+  /// per device, before any domain on it is built (the views are read
+  /// without a lock); a second call throws ftp::Error. Packing for the CPU
+  /// backend is off from then on (the copies are read as they are). Returns
+  /// the bytes copied.
+  std::uint64_t copy_to_device(backend::VirtualDevice& device, const std::vector<RankShard>& shards);
+  /// "" when `device`'s copy holds every view of `shards`, else which view
+  /// it lacks (a reloaded gear table must fit the copies made at start).
+  std::string missing_on_device(const backend::VirtualDevice& device, const std::vector<RankShard>& shards) const;
+  /// Bytes of `device`'s copy; 0 without one.
+  std::uint64_t device_bytes(const backend::VirtualDevice* device) const;
+  /// Bytes copied onto devices since the store was made: what a shift adds
+  /// to it is what it copied (nothing: views of the copies).
+  std::uint64_t copied_bytes() const;
+  /// Whether any device holds a copy (device-memory mode).
+  bool device_memory() const;
 
   /// The CPU backend's packed copies of the Q8_0 matrices: made on the first
   /// call (thread-safe; the CPU backend calls it when it builds a stage),
@@ -140,11 +193,18 @@ class WeightStore {
 
  private:
   std::uint64_t advise(int first, int n, int tp, int rank, int advice) const;
+  /// The mapped views of layer `layer` (what layer() rebases onto a copy).
+  RankLayerView mapped_layer(int layer, int tp, int rank) const;
+  struct DeviceCopy;
+  /// `device`'s copy; null without one (an ftp::Error in device-memory mode).
+  const DeviceCopy* copy_of(const backend::VirtualDevice* device) const;
   const model::Model& m_;
   /// One layer's vectors as float32 (empty where the layer has none).
   struct LayerVecs {
     std::vector<float> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
   };
+  std::map<const backend::VirtualDevice*, std::unique_ptr<DeviceCopy>> copies_;
+  std::uint64_t copied_bytes_ = 0;
   std::vector<LayerVecs> vecs_;
   std::vector<float> output_norm_, rope_freqs_;
   std::uint64_t weight_bytes_ = 0, owned_bytes_ = 0;

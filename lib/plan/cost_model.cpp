@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "plan/device_memory.hpp"
 
 namespace ftp::plan {
 
@@ -75,7 +76,8 @@ double decode_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g
 StageMemory stage_memory(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const Workload& w, int concurrency,
                          int context) {
   StageMemory r;
-  r.weights = stage_weight_params(m, s) * m.bytes_per_param / g.tp;
+  // Rank 0 holds the most: the head, and the larger feed-forward share.
+  r.weights = shard_union_bytes(m, {Shard{0, s.n_layers, g.tp, 0, s.first, s.last}});
   r.activations = double(w.max_batched_tokens) *
                   (4.0 * m.hidden_size + 2.0 * m.intermediate_size / g.tp + (s.last ? double(m.vocab_size) / g.tp : 0.0)) *
                   kActivationBytesPerElement;

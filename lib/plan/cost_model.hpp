@@ -124,7 +124,7 @@ double decode_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g
 
 /// Memory of one rank of a stage, bytes.
 struct StageMemory {
-  double weights = 0;      ///< stage_weight_params x bytes_per_param / tp
+  double weights = 0;      ///< rank 0's weights, the most of any rank: shard_union_bytes of its one shard
   double activations = 0;  ///< max_batched_tokens x (4 hidden + 2 intermediate/tp [+ vocab/tp on the last stage]) x 4
   double kv_needed = 0;    ///< concurrency x context x n_layers x kv_bytes_per_token_layer(tp)
   double kv_pool = 0;      ///< kKvCacheCap x (memory - weights - activations), >= 0

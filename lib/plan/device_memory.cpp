@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "plan/device_memory.hpp"
 
+#include "model/tp_split.hpp"
+
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <numeric>
@@ -11,14 +14,11 @@ namespace ftp::plan {
 
 namespace {
 
-/// Measure of a union of fractions [a/t, b/t) of [0, 1), exact in integers
-/// over the least common multiple of the tp degrees.
-double union_measure(std::vector<std::pair<int, int>> parts /* (rank, tp) */) {
-  if (parts.empty()) return 0;
-  long long l = 1;
-  for (const auto& [r, t] : parts) l = std::lcm(l, static_cast<long long>(t));
-  std::vector<std::pair<long long, long long>> iv;
-  for (const auto& [r, t] : parts) iv.emplace_back(r * (l / t), (r + 1) * (l / t));
+constexpr double kNormBytes = 4;  ///< per element of a norm vector: the engine converts them to float32
+
+/// Length of the union of half-open integer intervals [a, b).
+long long union_length(std::vector<std::pair<long long, long long>> iv) {
+  if (iv.empty()) return 0;
   std::sort(iv.begin(), iv.end());
   long long covered = 0, lo = iv.front().first, hi = iv.front().second;
   for (const auto& [a, b] : iv) {
@@ -28,8 +28,22 @@ double union_measure(std::vector<std::pair<int, int>> parts /* (rank, tp) */) {
     }
     hi = std::max(hi, b);
   }
-  covered += hi - lo;
-  return double(covered) / double(l);
+  return covered + (hi - lo);
+}
+
+/// Weights per block of the model's dtype (ggml's names, either case): a
+/// column range of a row-parallel matrix is held in whole blocks.
+long long dtype_block(const std::string& dtype) {
+  std::string d;
+  for (char c : dtype) d += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (d.size() > 2 && d.compare(d.size() - 2, 2, "_k") == 0) return 256;
+  if (d.rfind("q", 0) == 0) return 32;
+  return 1;
+}
+
+/// [a, b) widened to whole blocks of `blk`.
+std::pair<long long, long long> blocks(long long a, long long b, long long blk) {
+  return {a / blk * blk, (b + blk - 1) / blk * blk};
 }
 
 std::string gb(double bytes) {
@@ -41,17 +55,45 @@ std::string gb(double bytes) {
 }  // namespace
 
 double shard_union_bytes(const ModelShape& m, const std::vector<Shard>& shards) {
-  std::map<int, std::vector<std::pair<int, int>>> layers;
-  std::vector<std::pair<int, int>> embed, head;
+  // The engine's views (engine::WeightStore::layer) of each shard, as
+  // integer ranges of each matrix: rows of the column-parallel ones (wq,
+  // wk, wv, gate, up), whole blocks of columns of the row-parallel ones (wo,
+  // down). The norms go with every rank of a layer, the embedding with
+  // every rank of a first stage (each embeds its rows whole), the head and
+  // the final norm with rank 0 of a last stage (it alone computes logits).
+  using Iv = std::vector<std::pair<long long, long long>>;
+  struct LayerParts {
+    Iv q_rows, kv_rows, wo_cols, ff_rows, down_cols;
+  };
+  const long long h = m.hidden_size, hd = m.head_dim, blk = dtype_block(m.dtype);
+  std::map<int, LayerParts> layers;
+  bool embed = false, head = false;
   for (const Shard& s : shards) {
-    for (int l = s.first_layer; l < s.first_layer + s.n_layers; ++l) layers[l].emplace_back(s.rank, s.tp);
-    if (s.first) embed.emplace_back(s.rank, s.tp);
-    if (s.last) head.emplace_back(s.rank, s.tp);
+    const model::TpSplit sp = model::tp_split(m.n_heads, m.n_kv_heads, m.intermediate_size, s.tp, s.rank);
+    for (int l = s.first_layer; l < s.first_layer + s.n_layers; ++l) {
+      LayerParts& p = layers[l];
+      p.q_rows.emplace_back(sp.q_begin * hd, sp.q_end * hd);
+      p.kv_rows.emplace_back(sp.kv_begin * hd, sp.kv_end * hd);
+      p.wo_cols.push_back(blocks(sp.q_begin * hd, sp.q_end * hd, blk));
+      p.ff_rows.emplace_back(sp.ff_begin, sp.ff_end);
+      p.down_cols.push_back(blocks(sp.ff_begin, sp.ff_end, blk));
+    }
+    embed = embed || s.first;
+    head = head || (s.last && s.rank == 0);
   }
-  double params = 0;
-  for (const auto& [l, parts] : layers) params += m.layer_params() * union_measure(parts);
-  params += m.embedding_params() * union_measure(embed) + m.head_params() * union_measure(head);
-  return params * m.bytes_per_param;
+  double params = 0, norms = 0;  // the norms: float32 vectors in the engine, whatever the file stores
+  for (auto& [l, p] : layers) {
+    params += double(h) * (union_length(p.q_rows) + 2.0 * union_length(p.kv_rows) + union_length(p.wo_cols) +
+                           2.0 * union_length(p.ff_rows) + union_length(p.down_cols));
+    norms += 2.0 * double(h);
+  }
+  // A tied head is the embedding: held once where both are.
+  if (embed) params += double(m.vocab_size) * h;
+  if (head) {
+    params += m.tie_embeddings && embed ? 0.0 : double(m.vocab_size) * h;
+    norms += double(h);
+  }
+  return (params * m.bytes_per_param + norms * kNormBytes) * m.scale();
 }
 
 std::vector<DeviceMemory> device_memory(const ModelShape& m, const doc::GearTable& t, const doc::Topology& topo,

@@ -23,11 +23,17 @@ struct Shard {
   bool first = false, last = false;  ///< holds the embedding, the head
 };
 
-/// Bytes of the union of `shards` (one device's, over every gear): each
-/// layer counted once per distinct fraction of its split matrices, the
-/// embedding and the head likewise. Nested shards (a TP-2t shard inside a
-/// TP-t shard) add nothing; with one shard it is stage_memory's weights:
-/// stage_weight_params x bytes_per_param / tp.
+/// Bytes of the union of `shards` (one device's, over every gear): what the
+/// engine's ranks on that device read, counted as it views them
+/// (model::tp_split): the rows of wq, wk, wv, gate and up and the columns
+/// of wo and down (in whole blocks of a quantized dtype) that any of the
+/// shards serves, each counted once; the layer's norms whole; the
+/// embedding whole where a shard is of a first stage (every rank embeds
+/// its rows); the head and the final norm whole where one is rank 0 of a
+/// last stage (the rank that computes the logits); a tied head shares the
+/// embedding's bytes. Nested shards (a TP-2t shard inside a TP-t shard)
+/// add nothing. Matrices take bytes_per_param, the norms 4 bytes (float32
+/// in the engine); both scale by ModelShape::scale().
 double shard_union_bytes(const ModelShape& m, const std::vector<Shard>& shards);
 
 /// One device's bytes for a gear table.

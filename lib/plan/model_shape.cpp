@@ -170,16 +170,23 @@ ModelShape model_shape_of(const model::Model& m, const std::string& name) {
   s.context_length = hp.n_ctx_train;
   s.tie_embeddings = hp.tied_output || m.weights.output.data == m.weights.tok_embd.data;
   // The dtype named is wq's; the bytes per parameter are the file's own
-  // mean, so that a mixed file (Q4_K_M: Q4_K and Q6_K) is counted as it is.
+  // mean over its matrices, so that a mixed file (Q4_K_M: Q4_K and Q6_K)
+  // is counted as it is.
   const model::TensorView& wq = m.weights.layers.at(0).wq;
   s.dtype = model::dtype_name(wq.dtype);
   // ftp-serve's default KV cache (--kv-cache-dtype auto): 16 bits in the
   // model's compute type.
   s.kv_dtype = wq.dtype == model::DType::bf16 ? "bf16" : "f16";
-  std::uint64_t n = 0, bytes = 0;
+  // The mean over the matrices: the vectors (norms) are float32 in the
+  // engine's memory whatever the file stores, and counted so
+  // (shard_union_bytes).
+  std::uint64_t n = 0, mat_n = 0, bytes = 0;
   auto add = [&](const model::TensorView& t) {
     n += static_cast<std::uint64_t>(t.elements());
-    bytes += t.bytes;
+    if (t.rows > 1) {
+      mat_n += static_cast<std::uint64_t>(t.elements());
+      bytes += t.bytes;
+    }
   };
   add(m.weights.tok_embd);
   add(m.weights.output_norm);
@@ -187,7 +194,7 @@ ModelShape model_shape_of(const model::Model& m, const std::string& name) {
   for (const auto& l : m.weights.layers)
     for (const auto* t : l.tensors()) add(*t);
   s.n_params = n;
-  s.bytes_per_param = n > 0 ? static_cast<double>(bytes) / static_cast<double>(n) : 4.0;
+  s.bytes_per_param = mat_n > 0 ? static_cast<double>(bytes) / static_cast<double>(mat_n) : 4.0;
   return s;
 }
 

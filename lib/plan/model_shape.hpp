@@ -28,7 +28,7 @@ struct ModelShape {
   int vocab_size = 0;
   int head_dim = 0;                ///< hidden_size / n_heads unless given
   std::string dtype;               ///< weight dtype: "f32" | "f16" | "bf16" | "q8_0"; empty when only bytes_per_param was given
-  double bytes_per_param = 0;      ///< bytes per weight (q8_0: 34 bytes per 32 weights = 1.0625)
+  double bytes_per_param = 0;      ///< bytes per weight of the matrices (q8_0: 34 bytes per 32 weights = 1.0625; a model file's: their mean); the norms are float32 in memory
   std::string kv_dtype;            ///< KV-cache dtype: "f32" | "f16" | "bf16"
   int context_length = 0;          ///< tokens
   bool tie_embeddings = false;     ///< output head shares the embedding matrix
@@ -59,7 +59,8 @@ struct ModelShape {
   /// The subset a gear table carries.
   doc::ModelShape to_doc() const;
 
- private:
+  /// n_params / computed_params() when n_params was given (the counts
+  /// above are scaled by it), else 1.
   double scale() const;
 };
 

@@ -313,24 +313,25 @@ Evaluated evaluate(Memo& memo, const ModelShape& m, const Workload& w, int conte
 
 double capacity_of(const Evaluated& e) { return e.c.gear.estimated ? e.c.gear.estimated->max_rps : 0; }
 
-/// Resident unless a device of this gear that the largest gear also uses could
-/// not hold both gears' weight shards (their union on that device, ranks as
-/// the table places them: device_memory) next to the KV and activations.
+/// Resident unless a device of `g` could not hold g's weight shards with
+/// those of the gears resident already (`resident`: the largest gear and
+/// those kept before g; their union on that device, ranks as the table
+/// places them: device_memory) next to the KV and activations.
 std::string weight_mode(const ModelShape& m, const doc::Topology& topo, const Workload& w, const doc::Gear& g,
-                        const doc::Gear& largest) {
-  if (&g == &largest) return "resident";
-  doc::GearTable pair;
-  pair.gears = {g, largest};
-  for (auto& x : pair.gears) x.weight_mode = "resident";
+                        const doc::GearTable& resident) {
+  doc::GearTable with = resident;
+  with.gears.push_back(g);
+  for (auto& x : with.gears) x.weight_mode = "resident";
   const std::vector<std::string> mine = g.devices();
-  for (const DeviceMemory& d : device_memory(m, pair, topo, w))
+  for (const DeviceMemory& d : device_memory(m, with, topo, w))
     if (!d.fits() && std::find(mine.begin(), mine.end(), d.device) != mine.end()) return "release";
   return "resident";
 }
 
 /// The table of the chosen gears (name, candidate); "memory-guard" is the
 /// guard's role, every other gear is normal. Ranks placed so that shards
-/// nest (nest_ranks); weight modes against the gear with the most devices.
+/// nest (nest_ranks); weight modes against the gear with the most devices
+/// and the gears kept resident before (weight_mode).
 void fill_table(doc::GearTable& t, const doc::Topology& topo, const ModelShape& m, const Workload& w,
                 const std::vector<std::pair<std::string, const Evaluated*>>& gears) {
   std::size_t largest = 0;  // the last normal gear, unless an earlier one has more devices
@@ -348,7 +349,17 @@ void fill_table(doc::GearTable& t, const doc::Topology& topo, const ModelShape& 
     t.gears.push_back(std::move(g));
   }
   nest_ranks(t);
-  for (auto& g : t.gears) g.weight_mode = weight_mode(m, topo, w, g, t.gears[largest]);
+  // Every resident gear's shards stay on their devices together, so each
+  // gear is checked against all those kept resident before it, not against
+  // the largest alone (three gears can overflow a device that any two fit).
+  doc::GearTable resident;
+  t.gears[largest].weight_mode = "resident";
+  resident.gears = {t.gears[largest]};
+  for (std::size_t i = 0; i < t.gears.size(); ++i) {
+    if (i == largest) continue;
+    t.gears[i].weight_mode = weight_mode(m, topo, w, t.gears[i], resident);
+    if (t.gears[i].weight_mode == "resident") resident.gears.push_back(t.gears[i]);
+  }
   doc::validate(t);
   doc::validate_against(t, topo);
 }

@@ -39,7 +39,9 @@ const char* to_string(DevicePool::Kind k) noexcept {
   return "";
 }
 
-DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const doc::Topology* topology) : kind_(kind) {
+DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const doc::Topology* topology,
+                       std::uint64_t vd_memory)
+    : kind_(kind) {
   if (kind == Kind::named) {
     if (topology && !topology->devices.empty()) {
       devices_ = topology->devices;
@@ -73,7 +75,8 @@ DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const d
   }
   if (n_vd > 0) {
     auto cpu = backend::discover_cpu();
-    for (auto& v : backend::split_cpu(n_vd, cpu.memory_bytes)) {
+    const std::uint64_t total = vd_memory > 0 ? vd_memory * static_cast<std::uint64_t>(n_vd) : cpu.memory_bytes;
+    for (auto& v : backend::split_cpu(n_vd, total)) {
       doc::Device d = device("vd" + std::to_string(v->id()), "virtual", "cpu0");
       d.memory_bytes = v->memory_budget();
       d.compute_units = v->threads();
@@ -207,6 +210,7 @@ json::Json DevicePool::status() const {
       j["threads"] = v->second->threads();
       j["cpus"] = v->second->cpus();
       j["memory_used"] = v->second->memory_used();
+      j["memory_weights"] = v->second->memory_weights();
       j["memory_budget"] = v->second->memory_budget();
     }
     out.push_back(std::move(j));

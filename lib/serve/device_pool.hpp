@@ -41,7 +41,10 @@ class DevicePool {
 
   /// `virtual_devices`: how many vdN to make; 0: as many as the highest
   /// vdN of `table` needs. `topology`: for Kind::named only (may be empty).
-  DevicePool(Kind kind, const doc::GearTable& table, int virtual_devices, const doc::Topology* topology = nullptr);
+  /// `virtual_device_memory`: each CPU virtual device's budget, bytes; 0:
+  /// the host's memory split evenly among them.
+  DevicePool(Kind kind, const doc::GearTable& table, int virtual_devices, const doc::Topology* topology = nullptr,
+             std::uint64_t virtual_device_memory = 0);
 
   Kind kind() const noexcept { return kind_; }
   /// The devices, as a topology document's devices (ids, types, parents).
@@ -76,7 +79,8 @@ class DevicePool {
 
   /// The devices with their leases, for `status`: id, type, parent, state
   /// ("free" | "leased" | "lost"), held_by, and for CPU virtual devices
-  /// threads, cpus, memory_used and memory_budget.
+  /// threads, cpus, memory_used, memory_weights (of memory_used, the
+  /// weights copied there: ftp-serve --device-memory) and memory_budget.
   json::Json status() const;
 
  private:

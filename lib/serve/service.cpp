@@ -40,6 +40,17 @@ Service::Service(const model::Model& model, ServiceConfig config)
   if (!cfg_.gears.find(cfg_.start_gear))
     throw ControlError("ftp.NoSuchGear", "--start-gear: no gear \"" + cfg_.start_gear + "\" in the gear table",
                        Exit::usage);
+  if (cfg_.device_memory) {
+    auto no = [](const std::string& why) { throw InputError("--device-memory: " + why); };
+    if (cfg_.engine_factory) no("the simulated engine holds no weights (it needs the real engine)");
+    if (cfg_.backend != "cpu")
+      no("it imitates a GPU's memory on CPU virtual devices (--backend cpu), not backend " + cfg_.backend);
+    if (cfg_.members) no("members hold their own weights; it runs in one process only");
+    for (const auto& g : cfg_.gears.gears)
+      if (g.weight_mode == "release") no("gear " + g.name + " is in release weight mode, which frees mapped pages, not copies");
+    // A device's TP-2t shard inside its TP-t shard: its copy is the union of the shards it serves.
+    plan::nest_ranks(cfg_.gears);
+  }
   if (!cfg_.engine_factory) {
     // Fails here, before anything is served, where the backend cannot run
     // (a build without CUDA, no GPU): a BackendError naming why.
@@ -52,7 +63,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
       if (g.weight_mode == "release") store_->use_release_mode();
   }
   pool_ = std::make_unique<DevicePool>(pool_kind(cfg_), cfg_.gears, cfg_.virtual_devices,
-                                       cfg_.topology ? &*cfg_.topology : nullptr);
+                                       cfg_.topology ? &*cfg_.topology : nullptr, cfg_.virtual_device_memory);
   if (cfg_.members) {
     pool_->set_machine_name(cfg_.machine_name);
     member_hook_ = std::make_shared<MemberHook>();
@@ -291,8 +302,32 @@ void Service::check_table_fits() const {
                      std::to_string(d->memory_bytes) + " bytes free");
 }
 
+std::map<backend::VirtualDevice*, Service::DeviceShards> Service::device_shards(const doc::GearTable& table) const {
+  std::map<backend::VirtualDevice*, DeviceShards> out;
+  for (const doc::Gear& g : table.gears)
+    for (const doc::Replica& rep : g.replicas)
+      for (std::size_t s = 0; s < rep.stages.size(); ++s) {
+        const doc::Stage& st = rep.stages[s];
+        const int tp = static_cast<int>(st.devices.size());
+        for (int r = 0; r < tp; ++r)
+          if (backend::VirtualDevice* vd = pool_->bind(st.devices[static_cast<std::size_t>(r)]).virtual_device) {
+            DeviceShards& d = out[vd];
+            if (d.name.empty()) d.name = st.devices[static_cast<std::size_t>(r)];
+            d.shards.push_back(engine::RankShard{st.first_layer, st.n_layers, tp, r, s == 0, s + 1 == rep.stages.size()});
+          }
+      }
+  return out;
+}
+
+void Service::copy_weights_to_devices() {
+  if (!cfg_.device_memory || !store_ || store_->device_memory()) return;
+  std::lock_guard lk(table_mu_);
+  for (const auto& [vd, d] : device_shards(cfg_.gears)) store_->copy_to_device(*vd, d.shards);
+}
+
 void Service::start() {
   check_table_fits();
+  copy_weights_to_devices();
   const std::optional<doc::Gear> g = find_gear(cfg_.start_gear);
   DomainList doms = build_domains(*g, false);
   for (auto& d : doms) {
@@ -585,8 +620,20 @@ void Service::check_model(const doc::GearTable& table) const {
 void Service::reload(doc::GearTable table) {
   doc::validate(table);
   check_model(table);
+  if (cfg_.device_memory) {
+    for (const auto& g : table.gears)
+      if (g.weight_mode == "release")
+        throw InputError("--device-memory: gear " + g.name + " is in release weight mode, which frees mapped pages, not copies");
+    plan::nest_ranks(table);
+  }
   pool_->check(table);
   if (cfg_.reload_check) cfg_.reload_check(table);
+  if (cfg_.device_memory && store_ && store_->device_memory())
+    for (const auto& [vd, d] : device_shards(table))
+      if (const std::string why = store_->missing_on_device(*vd, d.shards); !why.empty())
+        throw InputError("the new gear table needs weights that device " + d.name +
+                         " does not hold (--device-memory copies each device's shards once, at start; restart "
+                         "the daemon to serve this table): " + why);
   // Not during a shift: the control socket's loop and the signal thread
   // call this, and neither may wait for a shift's ramp.
   shifter_->outside_shift([&] {
@@ -639,6 +686,8 @@ Json Service::status() const {
                         {"failure", d->domain().failure().empty() ? Json() : Json(d->domain().failure())}});
   return Json{{"kind", "ftp.status/v1"},
               {"devices", pool_->status()},
+              {"device_memory", cfg_.device_memory},
+              {"weights_copied_bytes", store_ ? store_->copied_bytes() : 0},
               {"model", cfg_.model_name},
               {"gear", current_gear()},
               {"shifting", shifter_->shifting()},

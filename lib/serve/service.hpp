@@ -87,6 +87,18 @@ struct ServiceConfig {
   /// CPU virtual devices vd0..vd<N-1> to make; 0: as many as the gear
   /// table's highest vd<N> needs.
   int virtual_devices = 0;
+  /// Each CPU virtual device's memory budget, bytes (ftp-serve
+  /// --virtual-device-memory); 0: the host's memory split evenly.
+  std::uint64_t virtual_device_memory = 0;
+  /// Device-memory mode (ftp-serve --device-memory; issue 17): each CPU
+  /// virtual device holds a private copy of exactly the union of its weight
+  /// shards over the gear table (engine::WeightStore::copy_to_device), made
+  /// once at start and reserved on its budget, as a GPU would hold them;
+  /// domains take views of those copies. The table's ranks are nested
+  /// first (plan::nest_ranks) so that a device's TP-2t shard lies inside
+  /// its TP-t shard. Off: every domain views the mapped file. Only with the
+  /// cpu backend and the real engine, without members or release-mode gears.
+  bool device_memory = false;
   /// With an engine_factory: the devices its gears may name (the simulated
   /// engine's topology); empty: whatever the gear table names.
   std::optional<doc::Topology> topology;
@@ -125,8 +137,9 @@ class Service {
   Service(const model::Model& model, ServiceConfig config);
   ~Service();
 
-  /// Checks that the gear table fits (check_table_fits), then builds and
-  /// starts the domains of the start gear.
+  /// Checks that the gear table fits (check_table_fits), copies the
+  /// devices' weights in device-memory mode, then builds and starts the
+  /// domains of the start gear.
   void start();
   /// The start-up check: every device holds what the table puts on it
   /// (plan::device_memory: its weight shards' union over the gears, one
@@ -184,7 +197,9 @@ class Service {
   }
 
   /// Reloads the gear table; the current gear must still be in it, and its
-  /// devices must bind in the device pool.
+  /// devices must bind in the device pool. In device-memory mode its ranks
+  /// are nested and every device's shards must lie in the copy made at
+  /// start (an InputError naming the device and what it lacks otherwise).
   void reload(doc::GearTable table);
 
   json::Json status() const;
@@ -217,6 +232,16 @@ class Service {
   void check_generation_fields(const CompletionRequest& r) const;
   /// The gear table's model shapes against the loaded model; InputError.
   void check_model(const doc::GearTable& table) const;
+  /// One CPU virtual device's part of a gear table: its name there, the
+  /// shards its ranks serve over every gear.
+  struct DeviceShards {
+    std::string name;
+    std::vector<engine::RankShard> shards;
+  };
+  /// Each of this process's CPU virtual devices that `table` uses (device-memory mode).
+  std::map<backend::VirtualDevice*, DeviceShards> device_shards(const doc::GearTable& table) const;
+  /// Device-memory mode, at start: copies each device's shard union onto it.
+  void copy_weights_to_devices();
   std::optional<doc::Gear> find_gear(const std::string& name) const;
   /// Builds and warms the domains of `gear` (the shifter's Build).
   DomainList build_domains(const doc::Gear& gear, bool slow_start);
@@ -259,10 +284,12 @@ class Service {
   ServiceConfig cfg_;                                      // cfg_.gears under table_mu_
   std::shared_ptr<const model::Tokenizer> tok_;           // the model's (model::tokenizer_of)
   EndOfGeneration eog_;                                    // computed once: it scans the vocabulary
+  // The pool before the store: the store's device copies go back to the
+  // pool's virtual devices as it is destroyed.
+  std::unique_ptr<DevicePool> pool_;
   std::unique_ptr<engine::WeightStore> store_;            // null with an engine_factory
   engine::Backend* backend_ = nullptr;                    // the real engine's (cfg_.backend)
   std::int64_t t0_us_ = 0;                                 // cfg_.clock at construction
-  std::unique_ptr<DevicePool> pool_;
   DomainSet domains_;
   Telemetry telemetry_;
   Admission admission_;

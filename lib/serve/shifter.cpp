@@ -208,6 +208,7 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     return finish(ShiftOutcome::rolled_back, why);
   };
 
+  const std::uint64_t copied_before = store_ ? store_->copied_bytes() : 0;
   try {
     fresh = build_(*target, true);
   } catch (const std::exception& e) {
@@ -216,7 +217,11 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     return finish(ShiftOutcome::failed, std::string("warm-up: ") + e.what());
   }
   domains_.add(fresh);
-  emit(ShiftPhase::warm, 0, std::to_string(fresh.size()) + " domain(s) built and warmed");
+  std::string warm_msg = std::to_string(fresh.size()) + " domain(s) built and warmed";
+  // Device-memory mode: the domains view the devices' copies; what they copied is measured, not assumed.
+  if (store_ && store_->device_memory())
+    warm_msg += "; weights copied: " + std::to_string(store_->copied_bytes() - copied_before) + " bytes";
+  emit(ShiftPhase::warm, 0, warm_msg);
 
   const bool fault = o.inject_fault == "check";
   for (double share : ramp) {

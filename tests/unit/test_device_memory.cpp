@@ -2,8 +2,8 @@
 // Per-device bytes of a gear table (lib/plan/device_memory): the union of
 // each device's weight shards over the gears, nested rank placement, and
 // the refusal naming the device that does not fit. Expected bytes are
-// written from the shapes' parameter counts by hand (fractions of layers,
-// embedding and head), not from the function under test.
+// written from the shapes by hand (the rows and columns each rank views),
+// not from the function under test.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -49,40 +49,74 @@ Workload small() {
 
 }  // namespace
 
+// stories260K's shape (dim 64, 8 heads of 8, 4 KV heads, feed-forward 172,
+// vocabulary 512, tied head, F32) by hand: a layer at TP t holds rows of
+// wq (64/t x 8), wk and wv (KV heads x 8 each), columns of wo (as wq's),
+// rows of gate and up and columns of down (172 split 43 each at TP 4, 22,
+// 22, 22, 22, 21, .. at TP 8), and both norms (64 each), all times 64.
 TEST(ShardUnion, NestedShardsAddNothingAndOthersAdd) {
   const ModelShape m = model("stories260K");
-  const double L = m.layer_params() * m.bytes_per_param, E = m.embedding_params() * m.bytes_per_param,
-               H = m.head_params() * m.bytes_per_param;
-  // TP 2 rank 1 = [1/2, 1); TP 4 rank 2 = [1/2, 3/4) lies inside it.
-  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 2, 1, true, true}, {0, 5, 4, 2, true, true}}), (5 * L + E + H) / 2);
-  // TP 4 rank 1 = [1/4, 1/2) does not: the union is [1/4, 1).
-  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 2, 1, true, true}, {0, 5, 4, 1, true, true}}), (5 * L + E + H) * 3 / 4);
-  // One shard: stage_memory's weights, stage_weight_params x bytes / tp.
+  const double emb = 512 * 64, f32 = 4;
+  // TP 2 rank 1 (q [32, 64), KV [16, 32), ff [86, 172)) with TP 4 rank 2
+  // (q [32, 48), ff [86, 129)) inside it: rank 1's bytes, with the
+  // embedding (first stage) and no head (not rank 0).
+  const double tp2r1 = 64 * (32 + 2 * 16 + 32 + 2 * 86 + 86 + 2);
+  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 2, 1, true, true}, {0, 5, 4, 2, true, true}}), (5 * tp2r1 + emb) * f32);
+  // TP 4 rank 1 (q [16, 32), KV [8, 16), ff [43, 86)) is not inside: q 48, KV 24, ff 129.
+  const double wide = 64 * (48 + 2 * 24 + 48 + 2 * 129 + 129 + 2);
+  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 2, 1, true, true}, {0, 5, 4, 1, true, true}}), (5 * wide + emb) * f32);
+  // One shard, rank 0 of a last stage: it holds the head (tied, so the
+  // embedding's 512 x 64 without it) and the final norm; stage_memory's weights are its.
+  const double tp4r0 = 64 * (16 + 2 * 8 + 16 + 2 * 43 + 43 + 2);
   GroupPerf g;
   g.tp = 4;
   const StageMemory sm = stage_memory(m, StageSpan{3, false, true}, g, small(), 1, 64);
-  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{2, 3, 4, 0, false, true}}), sm.weights);
-  EXPECT_DOUBLE_EQ(sm.weights, (3 * L + H) / 4);
+  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{2, 3, 4, 0, false, true}}), (3 * tp4r0 + emb + 64) * f32);
+  EXPECT_DOUBLE_EQ(sm.weights, (3 * tp4r0 + emb + 64) * f32);
+  // TP 8 > 4 KV heads: each rank reads one KV head whole (8 rows of wk and
+  // wv, not 4), and ranks 0 and 1 read the same one.
+  const double tp8r0 = 64 * (8 + 2 * 8 + 8 + 2 * 22 + 22 + 2);
+  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 8, 0, false, false}}), 5 * tp8r0 * f32);
+  const double tp8r01 = 64 * (16 + 2 * 8 + 16 + 2 * 44 + 44 + 2);
+  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 8, 0, false, false}, {0, 5, 8, 1, false, false}}), 5 * tp8r01 * f32);
+}
+
+// A quantized dtype's row-parallel columns are held in whole blocks: TP 4
+// rank 1 of a Q8_0 model with a feed-forward of 160 reads down's columns
+// [40, 80), held as [32, 96). Norms are float32 whatever the dtype.
+TEST(ShardUnion, RowParallelColumnsInWholeBlocks) {
+  ModelShape m = model("stories260K");
+  m.dtype = "q8_0";
+  m.bytes_per_param = 34.0 / 32;
+  m.intermediate_size = 160;
+  m.n_params = 0;
+  // q [16, 32) x 8 = rows [16, 32) of wq, wo's columns [16, 32) held as
+  // [0, 32); the two norms in float32.
+  const double layer = 64 * (16 + 2 * 8 + 32 + 2 * 40 + 64);
+  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 1, 4, 1, false, false}}), layer * 34.0 / 32 + 2 * 64 * 4);
 }
 
 // The example table as written (standard TP 2 on vd0, vd1; performance
 // TP 4 on vd0..vd3 in that order), then with its ranks nested.
 TEST(DeviceMemory, StoriesTableShardUnionsPerDevice) {
   const ModelShape m = model("stories260K");
-  const double L = m.layer_params() * m.bytes_per_param, E = m.embedding_params() * m.bytes_per_param,
-               H = m.head_params() * m.bytes_per_param;
+  const double all = 260032 * 4.0;  // the model's parameters, F32
+  const double layer = 64 * (64 + 2 * 32 + 64 + 3 * 172 + 2), emb = 512 * 64;
   ftp::doc::GearTable t = table("stories260K-cpu");
   ftp::doc::Topology none;
   auto mem = device_memory(m, t, none, small());
   ASSERT_EQ(mem.size(), 4u);
   // vd0 serves economy (all of it): the whole model.
-  EXPECT_DOUBLE_EQ(of(mem, "vd0").weights, 5 * L + E + H);
-  // vd1: pipelined's layers 3-4 and head, standard's [1/2, 1), performance's
-  // rank 1 [1/4, 1/2): layers 0-2 and the embedding 3/4, layers 3-4 and the head whole.
-  EXPECT_DOUBLE_EQ(of(mem, "vd1").weights, 3 * 0.75 * L + 2 * L + 0.75 * E + H);
+  EXPECT_DOUBLE_EQ(of(mem, "vd0").weights, all);
+  // vd1: pipelined's layers 3-4 and head (rank 0 of its last stage),
+  // standard's rank 1 and performance's rank 1 (q 48 of 64, KV 24 of 32,
+  // ff 129 of 172: see above) on layers 0-2, the embedding; the tied head
+  // adds only the final norm.
+  const double wide = 64 * (48 + 2 * 24 + 48 + 2 * 129 + 129 + 2);
+  EXPECT_DOUBLE_EQ(of(mem, "vd1").weights, (3 * wide + 2 * layer + emb + 64) * 4);
   // vd2, vd3: a replica each (all of it).
-  EXPECT_DOUBLE_EQ(of(mem, "vd2").weights, 5 * L + E + H);
-  EXPECT_DOUBLE_EQ(of(mem, "vd3").weights, 5 * L + E + H);
+  EXPECT_DOUBLE_EQ(of(mem, "vd2").weights, all);
+  EXPECT_DOUBLE_EQ(of(mem, "vd3").weights, all);
 
   // Nested: performance becomes vd0, vd2, vd1, vd3 (vd1 = rank 2, inside its TP 2 half).
   EXPECT_EQ(nest_ranks(t), 1);
@@ -90,13 +124,17 @@ TEST(DeviceMemory, StoriesTableShardUnionsPerDevice) {
   ASSERT_NE(perf, nullptr);
   EXPECT_EQ(perf->replicas[0].stages[0].devices, (std::vector<std::string>{"vd0", "vd2", "vd1", "vd3"}));
   mem = device_memory(m, t, none, small());
-  EXPECT_DOUBLE_EQ(of(mem, "vd1").weights, 3 * 0.5 * L + 2 * L + 0.5 * E + H);
+  const double tp2r1 = 64 * (32 + 2 * 16 + 32 + 2 * 86 + 86 + 2);
+  EXPECT_DOUBLE_EQ(of(mem, "vd1").weights, (3 * tp2r1 + 2 * layer + emb + 64) * 4);
   EXPECT_EQ(nest_ranks(t), 0);  // already nested
 }
 
-// A 1B-class model (TinyLlama 1.1B's shape) planned as TP 1, 2, 4 and 8 on
-// eight A100s: every device's weights are its smallest TP's shard,
-// weights / TP, because the planner nests the ranks.
+// A 1B-class model (TinyLlama 1.1B's shape: dim 2048, 32 heads of 64, 4 KV
+// heads, feed-forward 5632, vocabulary 32000, untied, BF16) planned as TP
+// 1, 2, 4 and 8 on eight A100s: the planner nests the ranks, so every
+// device holds its smallest TP's shard: that TP's share of the layers (one
+// KV head whole at TP 8), the norms, the embedding whole, and the head where
+// it is rank 0 there.
 TEST(DeviceMemory, PlannedTablesNestSoEachDeviceHoldsItsLargestShard) {
   const ModelShape m = model("tinyllama-1.1b");
   const auto topo = ftp::doc::topology_from_cluster_spec(
@@ -105,14 +143,23 @@ TEST(DeviceMemory, PlannedTablesNestSoEachDeviceHoldsItsLargestShard) {
   for (int tp : {1, 2, 4, 8}) o.layouts.push_back(parse_layout("tp" + std::to_string(tp) + ":tp=" + std::to_string(tp)));
   const Plan p = plan(topo, m, o);
   const auto mem = device_memory(m, p.table, topo, resolve(o.workload, m));
-  const double all = (m.n_layers * m.layer_params() + m.embedding_params() + m.head_params()) * m.bytes_per_param;
+  auto by_hand = [](int tp, int rank) {  // BF16 matrices, float32 norms
+    const double kv_rows = tp <= 4 ? 256.0 / tp : 64;
+    const double layer = 2048 * (2 * 2048.0 / tp + 2 * kv_rows + 3 * 5632.0 / tp) * 2 + 2 * 2048 * 4;
+    const double emb = 32000.0 * 2048 * 2;
+    return 22 * layer + emb + (rank == 0 ? emb + 2048 * 4 : 0);
+  };
   for (const auto& d : mem) {
-    int smallest = 0;
+    int smallest = 0, rank = -1;
     for (const auto& g : p.table.gears)
-      for (const auto& dev : g.devices())
-        if (dev == d.device && (smallest == 0 || g.tp < smallest)) smallest = g.tp;
+      for (const auto& st : g.replicas[0].stages)
+        for (std::size_t r = 0; r < st.devices.size(); ++r)
+          if (st.devices[r] == d.device && (smallest == 0 || g.tp < smallest)) {
+            smallest = g.tp;
+            rank = static_cast<int>(r);
+          }
     ASSERT_GT(smallest, 0) << d.device;
-    EXPECT_NEAR(d.weights, all / smallest, all * 1e-12) << d.device;
+    EXPECT_NEAR(d.weights, by_hand(smallest, rank), d.weights * 1e-12) << d.device << " TP " << smallest << " rank " << rank;
     EXPECT_TRUE(d.fits()) << d.device;
   }
 }

@@ -129,6 +129,15 @@ int main(int argc, char** argv) {
                  "CPU virtual devices vd0..vd<N-1>; the gears must stay on them (default: those the table names)")
       ->check(ftp::cli::non_negative())
       ->option_text("N");
+  app.add_option("--virtual-device-memory", d.service.virtual_device_memory,
+                 "Memory budget of each CPU virtual device, bytes, as a GPU's memory (default: the host's split "
+                 "evenly)")
+      ->check(ftp::cli::positive())
+      ->option_text("BYTES");
+  app.add_flag("--device-memory", d.service.device_memory,
+               "Each CPU virtual device holds a private copy of exactly its weight shards over the gear table "
+               "(their union, ranks nested), made at start and counted on its budget as a GPU's; domains view "
+               "those copies (default: views of the mapped file)");
   app.add_option("--kv-blocks", d.service.kv_blocks,
                  "KV-cache pages of 16 tokens per domain (default: the gear's kv_cache_cap of each virtual device's "
                  "free memory, at most what --max-running requests of the full context need)")
@@ -251,6 +260,9 @@ int main(int argc, char** argv) {
       if (given(opt) && !given("--members-listen")) throw ftp::InputError(std::string(opt) + ": only with --members-listen");
     d.secret_file = secret_file;
     d.service.gloo.timeout = std::chrono::milliseconds(gloo_timeout_ms);
+    if (have_prompt)
+      for (const char* opt : {"--device-memory", "--virtual-device-memory"})
+        if (given(opt)) throw ftp::InputError(std::string(opt) + ": only with the daemon (one-shot has no virtual devices)");
     if (have_prompt && given("--gears"))
       throw ftp::InputError("--gears: one-shot (--prompt) runs one gear; give it with --gear tp=T,pp=P");
     if (d.engine != "real" && d.service.backend != "cpu")

@@ -54,6 +54,28 @@ void VirtualDevice::release(std::uint64_t bytes) {
   used_ -= bytes;
 }
 
+std::uint64_t VirtualDevice::memory_weights() const {
+  std::lock_guard lock(mu_);
+  return weights_;
+}
+
+void VirtualDevice::reserve_weights(std::uint64_t bytes, const std::string& what) {
+  reserve(bytes, what);
+  std::lock_guard lock(mu_);
+  weights_ += bytes;
+}
+
+void VirtualDevice::release_weights(std::uint64_t bytes) {
+  {
+    std::lock_guard lock(mu_);
+    if (bytes > weights_)
+      throw Error(name() + ": release of " + std::to_string(bytes) + " weight bytes exceeds the " +
+                  std::to_string(weights_) + " held");
+    weights_ -= bytes;
+  }
+  release(bytes);
+}
+
 bool lower_current_thread_priority(int delta) {
   const auto tid = static_cast<id_t>(syscall(SYS_gettid));
   errno = 0;

@@ -53,6 +53,12 @@ class VirtualDevice {
   /// Returns `bytes`; releasing more than is used is a logic error that
   /// throws ftp::Error (and leaves the accounting unchanged).
   void release(std::uint64_t bytes);
+  /// Of memory_used, the bytes of model weights held here (a private copy
+  /// of the device's weight shards: ftp-serve --device-memory).
+  std::uint64_t memory_weights() const;
+  /// reserve and release of weight bytes (counted in memory_weights too).
+  void reserve_weights(std::uint64_t bytes, const std::string& what);
+  void release_weights(std::uint64_t bytes);
 
   /// Pins the calling thread to this device's CPUs (sched_setaffinity).
   /// Returns false where the process may not change its affinity (some
@@ -68,6 +74,7 @@ class VirtualDevice {
   mutable std::mutex mu_;
   std::uint64_t used_ = 0;
   std::uint64_t peak_ = 0;
+  std::uint64_t weights_ = 0;
 };
 
 /// Splits the CPUs `cpu_ids` into `n` virtual devices. Threads are divided

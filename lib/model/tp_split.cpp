@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "model/tp_split.hpp"
+
+#include <algorithm>
+
+namespace ftp::model {
+
+TpSplit tp_split(int n_head, int n_head_kv, int n_ff, int tp, int rank) noexcept {
+  TpSplit s;
+  if (tp < 1 || rank < 0 || rank >= tp) return s;
+  const int qh = n_head / tp;
+  s.q_begin = rank * qh;
+  s.q_end = s.q_begin + qh;
+  if (n_head_kv > 0 && tp <= n_head_kv) {
+    const int kvh = n_head_kv / tp;
+    s.kv_begin = rank * kvh;
+    s.kv_end = s.kv_begin + kvh;
+  } else if (n_head_kv > 0 && n_head >= n_head_kv) {
+    // More ranks than KV heads: each rank reads the one KV head its query
+    // heads belong to; tp / n_head_kv ranks read the same head's weights.
+    s.kv_begin = s.q_begin / (n_head / n_head_kv);
+    s.kv_end = s.kv_begin + 1;
+  }
+  const int base = n_ff / tp, extra = n_ff % tp;
+  s.ff_begin = rank * base + std::min(rank, extra);
+  s.ff_end = s.ff_begin + base + (rank < extra ? 1 : 0);
+  return s;
+}
+
+}  // namespace ftp::model
