@@ -6,7 +6,8 @@
 # Two replicas (gear "replicated": vd2, vd3) with at most 2 running
 # sequences each; 16 closed-loop clients stream 480-token greedy
 # completions (ignore_eos), so both batches are full and requests wait.
-# ftp-drain --domain takes one replica away: it finishes what it has begun
+# A drain of one replica (the control socket's drain, as ftp-drain --domain;
+# timed from its request to its result) takes it away: it finishes what it has begun
 # and gives what waits to the other (requests_moved), at its own CPU
 # priority. tests/tools/drain_load.py estimates each waited-for request's
 # remaining time from its tokens left x the domain's pace before the drain.
@@ -29,23 +30,27 @@ measure() {
     --start-gear replicated --max-running 2
   dom=$(status | jq -r '[.domains[] | select(.state=="serving")][0].id')
   serving=$(status | jq '[.domains[] | select(.state=="serving")] | length')
-  $py "$port" "$tmp/serve.log" "$dom" 16 480 -- "$drain" --domain "$dom" >"$tmp/drain.json"
+  $py "$port" "$tmp/serve.log" "$dom" 16 480 "$FTP_SOCKET" >"$tmp/drain.json"
   moved=$(rpc '{"jsonrpc":"2.0","id":1,"method":"status"}' | jq -r '.result.requests_moved')
   metric=$(curl -s "http://127.0.0.1:$port/metrics" | sed -n 's/^flextp:requests_moved_total[{][^}]*[}] //p')
   kill -TERM $daemon; wait $daemon; daemon=
   jq -c 'del(.text)' "$tmp/drain.json"
 }
 measure
-if ! jq -e '.ratio != null and .ratio <= 2' "$tmp/drain.json" >/dev/null; then
+within() { jq -e '.longest_remaining_ms != null and .drain_ms <= 2 * .longest_remaining_ms + 50' "$tmp/drain.json" >/dev/null; }
+if ! within; then
   echo "over the bound: a second run"
   measure
 fi
 j() { jq -r "$1" "$tmp/drain.json"; }
 check "two replicas serving" test "$serving" = 2
-check "drain under full load: ftp-drain exit 0" test "$(j .drain_rc)" = 0
+check "drain under full load: the drain call retired it" jq -e --arg d "$dom" '.drain_result.drained == [$d]' "$tmp/drain.json"
 check "drain under full load: it waited for requests in flight ($(j .in_flight_at_drain))" test "$(j .in_flight_at_drain)" -gt 0
-check "drain under full load: within 2x the longest in-flight request's remaining time ($(j .drain_ms) ms / $(j .longest_remaining_ms) ms = $(j .ratio))" \
-  awk -v r="$(j .ratio)" 'BEGIN {exit !(r != "null" && r <= 2)}'
+# The bound: 2x, plus 50 ms for the control call's round trip and the
+# domain's next step (a drain that begins near its requests' end has only
+# milliseconds left to compare with).
+check "drain under full load: within 2x the longest in-flight request's remaining time + 50 ms ($(j .drain_ms) ms / $(j .longest_remaining_ms) ms = $(j .ratio))" \
+  within
 check "drain under full load: what waited there was moved to the other replica ($moved)" test "${moved:-0}" -gt 0
 check "drain under full load: no failed request ($(j .failed) of $(j .requests))" test "$(j .failed)" = 0
 check "drain under full load: one greedy text for every request ($(j .distinct_texts))" test "$(j .distinct_texts)" = 1

@@ -2,12 +2,15 @@
 """A drain under full load (issue 20, hostile input): for tests/tools/drain-load.sh.
 Standard library only.
 
-  drain_load.py PORT LOG DOMAIN CLIENTS MAX_TOKENS -- DRAIN_COMMAND...
+  drain_load.py PORT LOG DOMAIN CLIENTS MAX_TOKENS SOCKET
 
 CLIENTS closed-loop clients stream greedy completions of MAX_TOKENS tokens
 (ignore_eos) with their own x-request-id, stamping every token. After a
-steady window the script runs DRAIN_COMMAND (ftp-drain --domain DOMAIN) and
-times it. Then the load stops and every request is awaited.
+steady window the script asks the daemon's control socket SOCKET to drain
+DOMAIN (method "drain", as ftp-drain --domain does) and times the call from
+its request to its result, on a connection opened before: the drain itself,
+not a tool's start-up (loading ftp-drain's libraries from a cold page cache
+took 0.7 s in CI). Then the load stops and every request is awaited.
 
 The requests that DOMAIN finished (its "event=finished" lines in the
 daemon's LOG) and that had begun streaming before the drain started are the
@@ -21,8 +24,8 @@ Prints one JSON object.
 import http.client
 import json
 import re
+import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -61,9 +64,26 @@ def stream(port, rid, max_tokens):
     return rec
 
 
+def drain(sock, domain):
+    """The drain call's final answer (the result or the error), after its progress notifications."""
+    sock.sendall((json.dumps({"jsonrpc": "2.0", "id": 1, "method": "drain", "params": {"domain": domain}}) + "\n").encode())
+    buf = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return {"error": "the control socket closed"}
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if msg.get("id") == 1:
+                return msg
+
+
 def main():
     port, log, domain, clients, max_tokens = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-    drain_cmd = sys.argv[sys.argv.index("--") + 1:]
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    control.connect(sys.argv[6])
     records, lock, stop = [], threading.Lock(), threading.Event()
 
     starts = {}
@@ -84,8 +104,9 @@ def main():
         t.start()
     time.sleep(4.0)  # past the first wave: every domain full, a queue waiting
     t0 = time.monotonic()
-    drain = subprocess.run(drain_cmd, capture_output=True, text=True)
+    answer = drain(control, domain)
     t1 = time.monotonic()
+    control.close()
     time.sleep(0.5)
     stop.set()
     for t in threads:
@@ -122,7 +143,7 @@ def main():
     failed = [r for r in records if r["status"] != 200 or not r["done"] or r["error"]]
     texts = {r["text"] for r in records if r not in failed}
     print(json.dumps({
-        "drain_rc": drain.returncode, "drain_out": drain.stdout.strip()[-300:], "drain_err": drain.stderr.strip()[-300:],
+        "drain_result": answer.get("result"), "drain_error": answer.get("error"),
         "drain_ms": round(drain_ms, 1), "tpot_ms": round(tpot * 1000, 3) if tpot else None,
         "in_flight_at_drain": len(waited), "longest_tokens_left": longest_left,
         "longest_remaining_ms": round(longest_ms, 1) if longest_ms else None,
