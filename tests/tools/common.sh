@@ -15,6 +15,14 @@ finish() {
   [ "$failn" -eq 0 ]
 }
 
+# need_stories260k: sets $data (the test data, FTP_TEST_DATA) and $m (its
+# stories260K.gguf), or skips the test (exit 77) with a message where it is absent.
+need_stories260k() {
+  data=${FTP_TEST_DATA:-}
+  m=$data/models/stories260K/stories260K.gguf
+  if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
+}
+
 # daemon_sandbox: a temp dir $tmp holding the control socket ($FTP_SOCKET);
 # on exit the daemon in $daemon (if any) is killed and $tmp removed.
 daemon_sandbox() {

@@ -13,10 +13,8 @@
 # remaining time from its tokens left x the domain's pace before the drain.
 set -u
 serve=$1; drain=$2; src=$3
-data=${FTP_TEST_DATA:-}
-m=$data/models/stories260K/stories260K.gguf
-if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 source "$(dirname "$0")/common.sh"
+need_stories260k
 daemon_sandbox
 py="python3 $(dirname "$0")/drain_load.py"
 golden=$(tail -c +4 "$data/models/stories260K/golden_greedy_t0_prompt_Zoo_steps60.txt")

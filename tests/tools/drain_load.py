@@ -86,14 +86,11 @@ def main():
     control.connect(sys.argv[6])
     records, lock, stop = [], threading.Lock(), threading.Event()
 
-    starts = {}
-
     def client_stamped(c):
         i = 0
         while not stop.is_set():
             i += 1
             rid = "load-%d-%d" % (c, i)
-            starts[rid] = time.monotonic()
             rec = stream(port, rid, max_tokens)
             rec["end"] = time.monotonic()
             with lock:

@@ -4,11 +4,9 @@
 # --min-throughput gate (exit 6), an unreachable daemon (exit 3), usage errors.
 set -u
 bin=$1; src=$2
-data=${FTP_TEST_DATA:-}
-m=$data/models/stories260K/stories260K.gguf
-if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 bench=$bin/ftp-gear-bench
 source "$(dirname "$0")/common.sh"
+need_stories260k
 tmp=$(mktemp -d)
 export FTP_SOCKET=$tmp/control.sock
 daemon=

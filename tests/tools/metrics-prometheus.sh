@@ -5,11 +5,9 @@
 # Skips where promtool or prometheus is missing (shell/setup installs them).
 set -u
 serve=$1; shift_tool=$2; src=$3
-data=${FTP_TEST_DATA:-}
-m=$data/models/stories260K/stories260K.gguf
-if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 if ! command -v promtool >/dev/null; then echo "SKIP: promtool not found (Debian package prometheus)"; exit 77; fi
 source "$(dirname "$0")/common.sh"
+need_stories260k
 daemon_sandbox
 start_daemon_with "$serve" "$tmp/serve.log" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" --step-interval-ms 300
 curl -s "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"Once","max_tokens":8}' >/dev/null

@@ -6,12 +6,10 @@
 # Fixtures: hand-set capacities and a fast policy (seconds, not minutes).
 set -u
 tools=$1; src=$2
-data=${FTP_TEST_DATA:-}
-m=$data/models/stories260K/stories260K.gguf
-if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 gears=$src/examples/gears/stories260K-cpu-measured.json
 policy=$src/tests/tools/fixtures/fast-policy.json
 source "$(dirname "$0")/common.sh"
+need_stories260k
 tmp=$(mktemp -d)
 export FTP_SOCKET=$tmp/control.sock
 daemon=; loop=; burst=()

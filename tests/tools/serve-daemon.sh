@@ -4,10 +4,8 @@
 # stdin, a client killed mid-stream, SIGTERM in the middle of a shift.
 set -u
 serve=$1; shift_tool=$2; drain=$3; src=$4
-data=${FTP_TEST_DATA:-}
-m=$data/models/stories260K/stories260K.gguf
-if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 source "$(dirname "$0")/common.sh"
+need_stories260k
 daemon_sandbox
 
 start_daemon() {  # STEP_INTERVAL_MS

@@ -5,10 +5,8 @@
 # --virtual-device-memory is refused at start naming the device (exit 2).
 set -u
 serve=$1; shift_tool=$2; src=$3
-data=${FTP_TEST_DATA:-}
-m=$data/models/stories260K/stories260K.gguf
-if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 source "$(dirname "$0")/common.sh"
+need_stories260k
 daemon_sandbox
 gears=$src/examples/gears/stories260K-cpu.json
 

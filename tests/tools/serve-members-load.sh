@@ -8,10 +8,8 @@
 set -u
 serve=$1; shift_tool=$2; src=$3
 shifts=${4:-20}; streams=${5:-16}
-data=${FTP_TEST_DATA:-}
-m=$data/models/stories260K/stories260K.gguf
-if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 source "$(dirname "$0")/common.sh"
+need_stories260k
 daemon_sandbox
 pids=()
 trap '[ -n "$daemon" ] && kill -9 "$daemon" 2>/dev/null; for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT

@@ -4,10 +4,8 @@
 # ones; the daemon's log names it; --since filters; shift ids go on.
 set -u
 serve=$1; shift_tool=$2; src=$3
-data=${FTP_TEST_DATA:-}
-m=$data/models/stories260K/stories260K.gguf
-if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 source "$(dirname "$0")/common.sh"
+need_stories260k
 daemon_sandbox
 state=$tmp/journal
 start() {

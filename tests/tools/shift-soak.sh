@@ -9,10 +9,8 @@
 # Prints one line of JSON with the counts (docs/benchmarks.md, "shift soak").
 set -u
 serve=$1; shift_tool=$2; src=$3; shifts=${4:-100}
-data=${FTP_TEST_DATA:-}
-m=$data/models/stories260K/stories260K.gguf
-if [ ! -f "$m" ]; then echo "SKIP: stories260K.gguf not found under '$data'"; exit 77; fi
 source "$(dirname "$0")/common.sh"
+need_stories260k
 daemon_sandbox
 golden=$(tail -c +4 "$data/models/stories260K/golden_greedy_t0_prompt_Zoo_steps60.txt")
 
