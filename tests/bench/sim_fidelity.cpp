@@ -25,6 +25,16 @@
 // The rate is --concurrency / (the simulated time of one mean request
 // alone), so the domain batches a few requests at a time.
 //
+// The "shift" workload is the synthetic one through serve::Service, the
+// library of ftp-serve, with two gears of one CPU virtual device each (vd0,
+// vd1): the real engine in wall-clock time, and the simulated engine
+// (sim::engine_factory, paced to wall-clock time, as ftp-serve --engine sim
+// runs it) on the probed devices with the calibration; in each, when half
+// of the requests have arrived, Service::shift moves from gear "a" (vd0) to
+// gear "b" (vd1): a shadow domain is built and warmed, traffic ramps
+// 10 %, 50 %, 100 % with checks, the old domain drains while the new one
+// serves. Latencies are the client's, from the completion events.
+//
 // Output: the load average (the machine is shared; the calibration runs in
 // the same process minutes before), a table on stderr (P50/P99 TTFT, TPOT
 // and E2E, real, sim, sim/real and whether it is within 10 %), one JSON
@@ -43,6 +53,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -59,6 +71,7 @@
 #include "engine/executor.hpp"
 #include "engine/weight_store.hpp"
 #include "plan/model_shape.hpp"
+#include "serve/service.hpp"
 #include "sim/calibrate.hpp"
 #include "sim/serving.hpp"
 #include "sim/simulated_engine.hpp"
@@ -70,7 +83,7 @@ using namespace ftp;
 namespace {
 
 struct Options {
-  std::vector<std::string> models = {"stories260K", "synthetic", "azure-code"};
+  std::vector<std::string> models = {"stories260K", "synthetic", "azure-code", "shift"};
   std::string stories;            // path of stories260K.gguf
   std::string azure;              // path of the Azure code trace (CSV)
   int azure_offset = 1000;        // first request of the slice
@@ -226,9 +239,14 @@ engine::DomainConfig domain_config() {
 }
 
 /// The real engine in wall-clock time, as ftp-serve --gear tp=1 runs it:
-/// its rank thread on CPU virtual device vd0 (all of this process's CPUs).
-Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vector<sim::StepSample>* samples) {
-  static auto vds = backend::split_cpu(1, backend::discover_cpu().memory_bytes);
+/// its rank thread on CPU virtual device vd0 of this process's CPUs split
+/// `n_vd` ways (1: all of them; the shift workload's service splits them 2
+/// ways, so its calibration runs on the same share).
+Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vector<sim::StepSample>* samples,
+                   int n_vd = 1) {
+  static std::map<int, std::vector<std::unique_ptr<backend::VirtualDevice>>> split;
+  auto& vds = split[n_vd];
+  if (vds.empty()) vds = backend::split_cpu(n_vd, backend::discover_cpu().memory_bytes);
   Recording* rec = nullptr;
   engine::DomainConfig cfg = domain_config();
   cfg.stages = {engine::StageLayout{0, store.hparams().n_layer, 1, {vds[0].get()}}};
@@ -274,6 +292,134 @@ std::string load_average() {
   return b;
 }
 
+/// This CPU's probed speeds as `n` virtual devices vd0..vd<n-1>, one
+/// thread each, for the simulated engine (and ftp-serve --engine sim).
+doc::Topology probe_topology(const plan::GroupPerf& perf, int n) {
+  doc::Topology topo;
+  topo.source = "probe";
+  topo.name = "sim-fidelity-cpu";
+  topo.nodes.push_back(doc::Host{"node0", "localhost", "", 0, 0, 0});
+  doc::Island island{"island0", {}, std::nullopt};
+  for (int i = 0; i < n; ++i) {
+    doc::Device dev;
+    dev.id = "vd" + std::to_string(i);
+    dev.type = "virtual";
+    dev.node = "node0";
+    dev.parent = "cpu0";
+    dev.memory_bytes = 4ull << 30;
+    dev.compute_units = 1;
+    dev.gemm_tflop_s = perf.tflop_s;
+    dev.gemm_dtype = "f32";
+    dev.memory_bandwidth_gb_s = perf.gb_s;
+    dev.perf_source = "measured";
+    topo.devices.push_back(dev);
+    island.devices.push_back(dev.id);
+  }
+  topo.islands.push_back(island);
+  doc::validate(topo);
+  return topo;
+}
+
+/// Gears "a" (vd0) and "b" (vd1), one rank each, of model `hp`.
+doc::GearTable two_gears(const model::HParams& hp) {
+  json::Json t = json::Json{{"kind", "ftp.gear-table/v1"},
+                            {"model", json::Json{{"name", "synthetic"},
+                                                 {"n_layers", hp.n_layer},
+                                                 {"n_heads", hp.n_head},
+                                                 {"n_kv_heads", hp.n_head_kv},
+                                                 {"hidden_size", hp.n_embd}}},
+                            {"topology", "sim-fidelity-cpu"},
+                            {"gears", json::Json::array()}};
+  for (const char* g : {"a", "b"}) {
+    json::Json stage{{"layers", json::Json::array({0, hp.n_layer})},
+                     {"devices", json::Json::array({std::string(g) == "a" ? "vd0" : "vd1"})}};
+    t["gears"].push_back(json::Json{{"name", g}, {"tp", 1}, {"pp", 1}, {"dp", 1},
+                                    {"replicas", json::Json::array({json::Json{{"stages", json::Json::array({stage})}}})}});
+  }
+  return doc::gear_table_from_json(t);
+}
+
+/// The workload through a Service of gears a and b, in wall-clock time,
+/// with a shift to b once half of the requests have arrived. `factory`
+/// null: the real engine. Returns the client's latencies.
+Latencies run_service_shift(const model::Model& m, const Workload& w, const doc::Topology& topo,
+                            std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine::DomainConfig&)>
+                                factory,
+                            json::Json& shift_outcome) {
+  serve::ServiceConfig cfg;
+  cfg.model_name = "synthetic";
+  cfg.gears = two_gears(m.hparams);
+  cfg.start_gear = "a";
+  const auto dc = domain_config();
+  cfg.kv_blocks = dc.kv_blocks;
+  cfg.max_running = dc.max_running;
+  cfg.max_batched_tokens = dc.max_batched_tokens;
+  cfg.virtual_devices = 2;
+  cfg.step_interval_ms = 500;
+  cfg.rollback_p99_factor = 1000;  // the comparison needs the shift to commit in both
+  if (factory) {
+    cfg.engine_factory = std::move(factory);
+    cfg.topology = topo;
+  }
+  serve::Service svc(m, cfg);
+  svc.start();
+  const std::size_t n = w.at.size();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<double> first(n, -1), end(n, -1);
+  std::vector<int> count(n, 0);
+  std::size_t done = 0;
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::thread shifter;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                           std::chrono::duration<double>(w.at[i])));
+    if (i == n / 2)
+      shifter = std::thread([&] {
+        serve::ShiftOptions so;
+        so.to = "b";
+        const auto ev = svc.shift(so, nullptr);
+        std::lock_guard lk(mu);
+        shift_outcome = doc::to_json(ev);
+      });
+    serve::CompletionRequest r;
+    r.id = std::to_string(i);
+    r.prompt_tokens = w.prompt[i];
+    r.max_tokens = w.output[i];
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    r.on_event = [&, i](const serve::CompletionEvent& e) {
+      const double t = now();
+      std::lock_guard lk(mu);
+      if (e.completion_tokens > 0 && first[i] < 0) first[i] = t;
+      count[i] = e.completion_tokens;
+      if (e.finished) {
+        end[i] = t;
+        if (e.finish_reason == engine::FinishReason::error && error.empty()) error = e.request_id + ": " + e.error;
+        ++done;
+        cv.notify_all();
+      }
+    };
+    svc.submit(std::move(r));
+  }
+  {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done == n; });
+  }
+  if (shifter.joinable()) shifter.join();
+  svc.drain_and_stop();
+  if (!error.empty()) throw Error("shift workload: request " + error);
+  Latencies l;
+  for (std::size_t i = 0; i < n; ++i) {
+    l.ttft_ms.push_back((first[i] - w.at[i]) * 1e3);
+    l.e2e_ms.push_back((end[i] - w.at[i]) * 1e3);
+    if (count[i] > 1) l.tpot_ms.push_back((end[i] - first[i]) / (count[i] - 1) * 1e3);
+  }
+  return l;
+}
+
 struct Row {
   std::string model, metric;
   double real = 0, sim = 0;
@@ -292,10 +438,10 @@ int main(int argc, char** argv) {
   o.azure = test::data_dir() + "/traces/azure-llm-2023/AzureLLMInferenceTrace_code.csv";
   auto& app = tool.app();
   app.add_option("--models", o.models,
-                 "Workloads: stories260K, synthetic (~29 M) and/or azure-code (the trace slice on the synthetic model); "
-                 "default all three")
+                 "Workloads: stories260K, synthetic (~29 M), azure-code (the trace slice on the synthetic model) and/or "
+                 "shift (the synthetic one through the serve library with a gear shift in the middle); default all four")
       ->delimiter(',')
-      ->check(CLI::IsMember({"stories260K", "synthetic", "azure-code"}));
+      ->check(CLI::IsMember({"stories260K", "synthetic", "azure-code", "shift"}));
   app.add_option("--azure-trace", o.azure,
                  "The Azure code trace, CSV (default $FTP_TEST_DATA/traces/azure-llm-2023/AzureLLMInferenceTrace_code.csv)");
   app.add_option("--azure-offset", o.azure_offset, "First request of the azure-code slice (default 1000)")
@@ -379,9 +525,11 @@ int main(int argc, char** argv) {
       std::vector<sim::StepSample> samples;
       {
         // A few steps to warm caches and threads, not counted.
-        run_real(store, make_workload(o, 2, 1000.0, o.seed + 2000, vocab), nullptr);
+        const int n_vd = name == "shift" ? 2 : 1;
+        run_real(store, make_workload(o, 2, 1000.0, o.seed + 2000, vocab), nullptr, n_vd);
         const double t1 = alone_s(plan::Calibration{});
-        run_real(store, make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000, vocab), &samples);
+        run_real(store, make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000, vocab), &samples,
+                 n_vd);
       }
       const auto cal = sim::calibrate(shape, perf, samples);
       const double fit_err = sim::calibration_rms_error(shape, perf, cal, samples);
@@ -392,12 +540,19 @@ int main(int argc, char** argv) {
       const double rate = o.concurrency / alone_s(cal);
       const Workload w = trace ? trace_workload(o, *trace, o.requests, rate, o.seed, vocab, model.hparams.n_ctx_train)
                                : make_workload(o, o.requests, rate, o.seed, vocab);
+      json::Json shift_real, shift_sim;
+      const auto topo = probe_topology(perf, 2);
       const auto t_real0 = std::chrono::steady_clock::now();
-      Latencies real = run_real(store, w, nullptr);
+      Latencies real = name == "shift" ? run_service_shift(model, w, topo, nullptr, shift_real) : run_real(store, w, nullptr);
       const double real_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_real0).count();
       const auto t_sim0 = std::chrono::steady_clock::now();
-      Latencies simd = run_sim(model.hparams, shape, perf, cal, w);
+      Latencies simd = name == "shift" ? run_service_shift(model, w, topo,
+                                                           sim::engine_factory(shape, model, topo, cal,
+                                                                               sim::Pacing::wait_real_time),
+                                                           shift_sim)
+                                       : run_sim(model.hparams, shape, perf, cal, w);
       const double sim_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_sim0).count();
+      if (name == "shift") std::cerr << "shift: real " << shift_real.dump() << "\nshift: sim  " << shift_sim.dump() << "\n";
 
       std::vector<Row> mine = {
           {name, "TTFT P50 ms", bench::percentile(real.ttft_ms, 50), bench::percentile(simd.ttft_ms, 50)},
@@ -422,29 +577,12 @@ int main(int argc, char** argv) {
                                   {"calibration_steps", samples.size()},
                                   {"real_wall_s", real_s},
                                   {"sim_wall_s", sim_wall_s},
+                                  {"shift", json::Json{{"real", shift_real}, {"sim", shift_sim}}},
                                   {"metrics", metrics}});
       if (!o.write_calibration.empty() && !wrote) {
         std::ofstream(o.write_calibration) << sim::calibration_to_json(cal, perf, fit_err).dump(2) << "\n";
         // The probed device as a one-device topology for ftp-serve --engine sim.
-        doc::Topology topo;
-        topo.source = "probe";
-        topo.name = "sim-fidelity-cpu";
-        topo.nodes.push_back(doc::Host{"node0", "localhost", "", 0, 0, 0});
-        doc::Device dev;
-        dev.id = "vd0";
-        dev.type = "virtual";
-        dev.node = "node0";
-        dev.parent = "cpu0";
-        dev.memory_bytes = 4ull << 30;
-        dev.compute_units = 1;
-        dev.gemm_tflop_s = perf.tflop_s;
-        dev.gemm_dtype = "f32";
-        dev.memory_bandwidth_gb_s = perf.gb_s;
-        dev.perf_source = "measured";
-        topo.devices.push_back(dev);
-        topo.islands.push_back(doc::Island{"island0", {"vd0"}, std::nullopt});
-        doc::validate(topo);
-        std::ofstream(o.write_calibration + ".topology.json") << doc::to_json(topo).dump(2) << "\n";
+        std::ofstream(o.write_calibration + ".topology.json") << doc::to_json(probe_topology(perf, 1)).dump(2) << "\n";
         wrote = true;
       }
       std::fprintf(stderr,
