@@ -3,9 +3,9 @@
 // same workload through the same scheduler (engine::Domain).
 //
 // For each workload in one run -- stories260K, a synthetic ~29 M-parameter
-// Llama written by tests/support (the synthetic ~1.1 B model decodes at a
-// few tokens/s on this 2-core VM, too slow for a replay of tens of
-// requests), and "azure-code": a slice of the Azure LLM code trace on the
+// Llama written by tests/support ("synthetic-1b", TinyLlama's ~1.1 B shape
+// in Q8_0, runs only when named: minutes a run on a 2-core VM), and
+// "azure-code": a slice of the Azure LLM code trace on the
 // synthetic model, scaled to the CPU (prompt lengths / --azure-scale, output
 // lengths as traced, clamped to the model; the slice's gaps stretched so its
 // mean rate is the offered load below) --:
@@ -88,6 +88,7 @@ struct Options {
   std::string azure;              // path of the Azure code trace (CSV)
   int azure_offset = 1000;        // first request of the slice
   double azure_scale = 32;        // prompt lengths are divided by this
+  int split = 0;                  // CPUs split this many ways for the real engine; 0: 1 (shift: 2)
   int requests = 40;
   int calibration_requests = 40;
   double concurrency = 3;
@@ -439,9 +440,10 @@ int main(int argc, char** argv) {
   auto& app = tool.app();
   app.add_option("--models", o.models,
                  "Workloads: stories260K, synthetic (~29 M), azure-code (the trace slice on the synthetic model) and/or "
-                 "shift (the synthetic one through the serve library with a gear shift in the middle); default all four")
+                 "shift (the synthetic one through the serve library with a gear shift in the middle); default all four; "
+                 "synthetic-1b (TinyLlama's shape in Q8_0, minutes a run) only when named")
       ->delimiter(',')
-      ->check(CLI::IsMember({"stories260K", "synthetic", "azure-code", "shift"}));
+      ->check(CLI::IsMember({"stories260K", "synthetic", "azure-code", "shift", "synthetic-1b"}));
   app.add_option("--azure-trace", o.azure,
                  "The Azure code trace, CSV (default $FTP_TEST_DATA/traces/azure-llm-2023/AzureLLMInferenceTrace_code.csv)");
   app.add_option("--azure-offset", o.azure_offset, "First request of the azure-code slice (default 1000)")
@@ -454,6 +456,10 @@ int main(int argc, char** argv) {
       ->check(ftp::cli::in_range(5, 100000));
   app.add_option("--concurrency", o.concurrency, "Offered load: requests in flight if none waited (default 3)")
       ->check(ftp::cli::in_range(0.1, 64.0));
+  app.add_option("--split", o.split,
+                 "The real engine runs on the first of this many equal shares of the CPUs (default 1: all; the shift "
+                 "workload 2, as its service splits them)")
+      ->check(ftp::cli::in_range(1, 64));
   app.add_option("--seed", o.seed, "Seed of the evaluation workload (calibration: seed + 1000)");
   app.add_flag("--check", o.check, "Exit 6 when a metric is off by more than 10 %");
   app.add_option("--write-calibration", o.write_calibration,
@@ -505,6 +511,12 @@ int main(int argc, char** argv) {
         s.n_vocab = 4096;
         s.n_ctx = 1024;
         path = o.synthetic_path.empty() ? (tmp / "synthetic.gguf").string() : o.synthetic_path;
+        if (name == "synthetic-1b") {  // TinyLlama 1.1 B, Q8_0 (engine-bench's fastest CPU dtype)
+          s.n_layer = 22, s.n_embd = 2048, s.n_ff = 5632, s.n_head = 32, s.n_head_kv = 4, s.n_vocab = 32000;
+          s.n_ctx = 2048;
+          s.dtype = model::DType::q8_0;
+          path = (tmp / "synthetic-1b.gguf").string();
+        }
         if (!std::filesystem::exists(path)) testing::write_synthetic_gguf(path, s);
       }
       auto model = model::load_model(path);
@@ -523,9 +535,9 @@ int main(int argc, char** argv) {
         return l.ttft_ms[0] * 1e-3 + l.tpot_ms[0] * 1e-3 * (w.output[0] - 1);
       };
       std::vector<sim::StepSample> samples;
+      const int n_vd = o.split > 0 ? o.split : name == "shift" ? 2 : 1;
       {
         // A few steps to warm caches and threads, not counted.
-        const int n_vd = name == "shift" ? 2 : 1;
         run_real(store, make_workload(o, 2, 1000.0, o.seed + 2000, vocab), nullptr, n_vd);
         const double t1 = alone_s(plan::Calibration{});
         run_real(store, make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000, vocab), &samples,
@@ -543,7 +555,8 @@ int main(int argc, char** argv) {
       json::Json shift_real, shift_sim;
       const auto topo = probe_topology(perf, 2);
       const auto t_real0 = std::chrono::steady_clock::now();
-      Latencies real = name == "shift" ? run_service_shift(model, w, topo, nullptr, shift_real) : run_real(store, w, nullptr);
+      Latencies real = name == "shift" ? run_service_shift(model, w, topo, nullptr, shift_real)
+                                       : run_real(store, w, nullptr, n_vd);
       const double real_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_real0).count();
       const auto t_sim0 = std::chrono::steady_clock::now();
       Latencies simd = name == "shift" ? run_service_shift(model, w, topo,
