@@ -74,6 +74,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
       if (hook->service) hook->service->on_member(m);
     });
   }
+  pool_->canonicalize(cfg_.gears);  // "GPU-<uuid>", "cuda:1" -> the pool's "gpu1"
   pool_->check(cfg_.gears);
   output_ = std::make_unique<OutputProcessor>(*tok_, eog_, telemetry_, [this] { return now_us(); });
   ShifterConfig sc;
@@ -620,6 +621,7 @@ void Service::check_model(const doc::GearTable& table) const {
 void Service::reload(doc::GearTable table) {
   doc::validate(table);
   check_model(table);
+  pool_->canonicalize(table);
   if (cfg_.device_memory) {
     for (const auto& g : table.gears)
       if (g.weight_mode == "release")
