@@ -75,6 +75,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
     });
   }
   pool_->canonicalize(cfg_.gears);  // "GPU-<uuid>", "cuda:1" -> the pool's "gpu1"
+  if (pool_->kind() == DevicePool::Kind::cuda) gpu_signals_ = backend::nvml::GpuSignals::open();
   pool_->check(cfg_.gears);
   output_ = std::make_unique<OutputProcessor>(*tok_, eog_, telemetry_, [this] { return now_us(); });
   ShifterConfig sc;
@@ -723,14 +724,34 @@ Json Service::gears_json() const {
   return j;
 }
 
+void Service::sample_gpus(std::vector<doc::GpuLoad>& gpus, std::string& why) const {
+  if (!gpu_signals_) {
+    why = std::string("no GPU in the device pool (") + to_string(pool_->kind()) + " devices)";
+    return;
+  }
+  if (why = gpu_signals_->unavailable(); !why.empty()) {
+    why = "NVML: " + why;
+    return;
+  }
+  std::map<std::string, std::string> ids;  // uuid -> the pool's id
+  for (const auto& d : pool_->devices())
+    if (d.type == "gpu" && !d.uuid.empty()) ids[d.uuid] = d.id;
+  gpus = gpu_signals_->sample(ids);
+  const auto lost = pool_->lost();
+  for (const auto& g : gpus)
+    if (!g.available && ids.count(g.uuid) && !lost.count(g.id)) pool_->mark_lost(g.id, "NVML: " + g.unavailable_because);
+}
+
 doc::Observation Service::observe() const {
   doc::Observation o = telemetry_.observe(now_ms(), current_gear(), shifter_->shifting(), samples());
+  sample_gpus(o.gpus, o.gpu_signals_unavailable);
   for (const auto& [id, why] : pool_->lost()) o.lost_devices.push_back(doc::LostDevice{id, why});
   return o;
 }
 
 std::string Service::prometheus() const {
   ServiceSample s;
+  sample_gpus(s.gpus, s.gpu_signals_unavailable);
   s.gear = current_gear();
   for (const auto& d : pool_->status()) s.devices_leased += d.value("state", "") == "leased" ? 1 : 0;
   return telemetry_.prometheus(s, samples());

@@ -21,6 +21,7 @@
 #include "doc/control.hpp"
 #include "doc/gear_table.hpp"
 #include "backend/cpu/virtual_device.hpp"
+#include "backend/nvml.hpp"
 #include "control/router.hpp"
 #include "control/clock.hpp"
 #include "engine/domain.hpp"
@@ -287,6 +288,11 @@ class Service {
   // The pool before the store: the store's device copies go back to the
   // pool's virtual devices as it is destroyed.
   std::unique_ptr<DevicePool> pool_;
+  /// NVML's GPU signals on a CUDA service (null on others).
+  std::unique_ptr<backend::nvml::GpuSignals> gpu_signals_;
+  /// One NVML sample of the pool's GPUs into `gpus`, or why not into
+  /// `why`; a GPU NVML says is lost or has ECC errors is marked lost.
+  void sample_gpus(std::vector<doc::GpuLoad>& gpus, std::string& why) const;
   std::unique_ptr<engine::WeightStore> store_;            // null with an engine_factory
   engine::Backend* backend_ = nullptr;                    // the real engine's (cfg_.backend)
   std::int64_t t0_us_ = 0;                                 // cfg_.clock at construction
