@@ -242,6 +242,8 @@ class Service {
   /// Each of this process's CPU virtual devices that `table` uses (device-memory mode).
   std::map<backend::VirtualDevice*, DeviceShards> device_shards(const doc::GearTable& table) const;
   /// Device-memory mode, at start: copies each device's shard union onto it.
+  /// Every CUDA ordinal's shards over the resident gears of `table`.
+  std::map<int, std::vector<engine::RankShard>> gpu_shards(const doc::GearTable& table) const;
   void copy_weights_to_devices();
   std::optional<doc::Gear> find_gear(const std::string& name) const;
   /// Builds and warms the domains of `gear` (the shifter's Build).
