@@ -39,6 +39,9 @@ struct Domain::Seq {
   bool engine_can_choose = true;  // sampler.engine_can_choose()
   bool stops = false;        // an eos or stop tokens to mask before min_tokens
   bool logprobs = false;     // req.logprobs >= 0
+  bool greedy = false;       // temperature <= 0: a choice without a draw (Sampler::next_choice)
+  float top_p = 1.0f;        // req.sampling.top_p
+  float sampler_temperature = 0.0f;  // req.sampling.temperature (<= 0 when greedy)
   std::uint64_t arrival = 0;
   std::vector<int> tokens;   // prompt + generated: everything whose KV is wanted
   std::vector<int> blocks;
@@ -61,6 +64,17 @@ struct Domain::Seq {
     engine_can_choose = sampler.engine_can_choose();
     stops = req.eos >= 0 || !req.stop_tokens.empty();
     logprobs = req.logprobs >= 0;
+    greedy = !(req.sampling.temperature > 0.0f);
+    top_p = req.sampling.top_p;
+    sampler_temperature = req.sampling.temperature;
+  }
+  /// Sampler::next_choice without touching the sampler when greedy (no draw).
+  TokenChoice next_choice() {
+    if (!greedy) return sampler.next_choice();
+    TokenChoice c;
+    c.temperature = sampler_temperature;
+    c.top_p = top_p;
+    return c;
   }
   int pending() const { return static_cast<int>(tokens.size()) - computed; }
   /// A prompt position whose logits give the next prompt token's log-probability.
@@ -530,7 +544,7 @@ int Domain::step() {
       std::vector<TokenChoice> choices;
       for (std::size_t i = 0; i < plan.size(); ++i)
         if (chunks[i].want_logits) {
-          choices.push_back(plan[i].first->sampler.next_choice());
+          choices.push_back(plan[i].first->next_choice());
           choices.back().logprobs = plan[i].first->logprobs ? plan[i].first->req.logprobs : -1;
         }
       chosen = want_lp ? exec_->forward_choose_logprobs(chunks, cfg_.micro_batches, choices, chosen_lp)
