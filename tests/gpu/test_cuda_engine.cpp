@@ -271,7 +271,8 @@ void refuses_pending_types(Backend& cuda, const std::filesystem::path& dir) {
 /// A domain of TP 2 (both ranks on cuda:0) built while a TP 1 domain of the
 /// same weights serves: the weights are resident, only views, KV and
 /// buffers are made.
-void another_gear(Backend& cuda, const std::filesystem::path& dir) {
+/// A 4-layer BF16 synthetic model of 512 wide (two of the checks below).
+ftp::testing::SyntheticShape small_bf16_shape() {
   ftp::testing::SyntheticShape s;
   s.n_layer = 4;
   s.n_embd = 512;
@@ -280,6 +281,11 @@ void another_gear(Backend& cuda, const std::filesystem::path& dir) {
   s.n_head_kv = 8;
   s.n_vocab = 1000;
   s.dtype = DType::bf16;
+  return s;
+}
+
+void another_gear(Backend& cuda, const std::filesystem::path& dir) {
+  ftp::testing::SyntheticShape s = small_bf16_shape();
   s.stddev = 0.08f;  // logits far from ties: TP 1 and TP 2 sum in different orders
   const std::string file = (dir / "gear.gguf").string();
   ftp::testing::write_synthetic_gguf(file, s);
@@ -334,14 +340,7 @@ void another_gear(Backend& cuda, const std::filesystem::path& dir) {
 /// tensors: rank 0 of TP 4 alone, then the TP 1 union on top (the rest),
 /// a TP 2 domain after it (0 bytes more), release (all freed).
 void shard_union_on_device(Backend& cuda, const std::filesystem::path& dir) {
-  ftp::testing::SyntheticShape s;
-  s.n_layer = 4;
-  s.n_embd = 512;
-  s.n_ff = 1024;
-  s.n_head = 8;
-  s.n_head_kv = 8;
-  s.n_vocab = 1000;
-  s.dtype = DType::bf16;
+  ftp::testing::SyntheticShape s = small_bf16_shape();
   const std::string file = (dir / "union.gguf").string();
   ftp::testing::write_synthetic_gguf(file, s);
   ftp::model::Model m = ftp::model::load_model(file);
