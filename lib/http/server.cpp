@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <csignal>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -144,6 +145,12 @@ void Server::start() {
     rl.rlim_cur = rl.rlim_max;
     setrlimit(RLIMIT_NOFILE, &rl);
   }
+  // libuv writes with write(2), which raises SIGPIPE when a client has hung
+  // up: a server in any process (not only the daemon, which ignores it too)
+  // must see EPIPE on that connection instead of dying. Only the default
+  // disposition is replaced; an embedder's own handler stays.
+  struct sigaction sa{};
+  if (sigaction(SIGPIPE, nullptr, &sa) == 0 && sa.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   // http-parser's own bound on a header block, above ours (ours answers 431).
   http_parser_set_max_header_size(static_cast<std::uint32_t>(
       std::max<std::size_t>(c.opts.limits.max_header_bytes + 4096, 8192)));

@@ -16,8 +16,8 @@ namespace {
 
 constexpr double kNormBytes = 4;  ///< per element of a norm vector: the engine converts them to float32
 
-/// Length of the union of half-open integer intervals [a, b).
-long long union_length(std::vector<std::pair<long long, long long>> iv) {
+/// Length of the union of half-open integer intervals [a, b) (sorts them).
+long long union_length(std::vector<std::pair<long long, long long>>& iv) {
   if (iv.empty()) return 0;
   std::sort(iv.begin(), iv.end());
   long long covered = 0, lo = iv.front().first, hi = iv.front().second;
@@ -61,31 +61,50 @@ double shard_union_bytes(const ModelShape& m, const std::vector<Shard>& shards) 
   // down). The norms go with every rank of a layer, the embedding with
   // every rank of a first stage (each embeds its rows whole), the head and
   // the final norm with rank 0 of a last stage (it alone computes logits).
+  //
+  // Every layer that the same shards cover holds the same bytes, so the
+  // layers are cut into segments at the shards' first and end layers and
+  // each segment's unions are computed once (the planner asks for every
+  // stage of every candidate: one union per layer would allocate per layer).
   using Iv = std::vector<std::pair<long long, long long>>;
-  struct LayerParts {
-    Iv q_rows, kv_rows, wo_cols, ff_rows, down_cols;
-  };
   const long long h = m.hidden_size, hd = m.head_dim, blk = dtype_block(m.dtype);
-  std::map<int, LayerParts> layers;
+  std::vector<int> cuts;
+  cuts.reserve(2 * shards.size());
   bool embed = false, head = false;
   for (const Shard& s : shards) {
-    const model::TpSplit sp = model::tp_split(m.n_heads, m.n_kv_heads, m.intermediate_size, s.tp, s.rank);
-    for (int l = s.first_layer; l < s.first_layer + s.n_layers; ++l) {
-      LayerParts& p = layers[l];
-      p.q_rows.emplace_back(sp.q_begin * hd, sp.q_end * hd);
-      p.kv_rows.emplace_back(sp.kv_begin * hd, sp.kv_end * hd);
-      p.wo_cols.push_back(blocks(sp.q_begin * hd, sp.q_end * hd, blk));
-      p.ff_rows.emplace_back(sp.ff_begin, sp.ff_end);
-      p.down_cols.push_back(blocks(sp.ff_begin, sp.ff_end, blk));
-    }
+    if (s.n_layers <= 0) continue;
+    cuts.push_back(s.first_layer);
+    cuts.push_back(s.first_layer + s.n_layers);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  std::vector<model::TpSplit> splits;
+  splits.reserve(shards.size());
+  for (const Shard& s : shards) {
+    splits.push_back(model::tp_split(m.n_heads, m.n_kv_heads, m.intermediate_size, s.tp, s.rank));
     embed = embed || s.first;
     head = head || (s.last && s.rank == 0);
   }
   double params = 0, norms = 0;  // the norms: float32 vectors in the engine, whatever the file stores
-  for (auto& [l, p] : layers) {
-    params += double(h) * (union_length(p.q_rows) + 2.0 * union_length(p.kv_rows) + union_length(p.wo_cols) +
-                           2.0 * union_length(p.ff_rows) + union_length(p.down_cols));
-    norms += 2.0 * double(h);
+  Iv q_rows, kv_rows, wo_cols, ff_rows, down_cols;
+  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+    const int lo = cuts[c], n = cuts[c + 1] - cuts[c];
+    q_rows.clear(), kv_rows.clear(), wo_cols.clear(), ff_rows.clear(), down_cols.clear();
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const Shard& s = shards[i];
+      if (lo < s.first_layer || lo >= s.first_layer + s.n_layers) continue;
+      const model::TpSplit& sp = splits[i];
+      q_rows.emplace_back(sp.q_begin * hd, sp.q_end * hd);
+      kv_rows.emplace_back(sp.kv_begin * hd, sp.kv_end * hd);
+      wo_cols.push_back(blocks(sp.q_begin * hd, sp.q_end * hd, blk));
+      ff_rows.emplace_back(sp.ff_begin, sp.ff_end);
+      down_cols.push_back(blocks(sp.ff_begin, sp.ff_end, blk));
+    }
+    if (q_rows.empty()) continue;  // a gap between shards
+    params += double(n) * double(h) *
+              (union_length(q_rows) + 2.0 * union_length(kv_rows) + union_length(wo_cols) +
+               2.0 * union_length(ff_rows) + union_length(down_cols));
+    norms += double(n) * 2.0 * double(h);
   }
   // A tied head is the embedding: held once where both are.
   if (embed) params += double(m.vocab_size) * h;

@@ -561,17 +561,22 @@ void Service::place_withdrawn(const std::shared_ptr<Placed>& p, const std::strin
 bool Service::place_again(const std::shared_ptr<Placed>& p) {
   auto where = std::make_shared<DomainRunner*>(nullptr);
   engine::GenerationRequest g = engine_request(p, where);
-  // Admitted already: it takes no new place in the waiting queue.
+  // Admitted already: never refused now, but it waits in its new domain's
+  // queue, and the requests after it see it there (Admission::carry).
+  const int n = static_cast<int>(p->prompt.size());
   for (int attempt = 0; attempt < 4; ++attempt) {
-    auto dom = route(p->request, static_cast<int>(p->prompt.size()));
+    auto dom = route(p->request, n);
     if (!dom) return false;
     *where = dom.get();
+    *p->ticket = admission_.carry(dom->id(), n);
     try {
       if (dom->submit(std::move(g))) return true;
     } catch (const InputError& e) {
+      (*p->ticket)->release();
       fail_placed(p, std::string("run again on domain ") + dom->id() + ": " + e.what());
       return true;
     }
+    (*p->ticket)->release();
   }
   return false;
 }

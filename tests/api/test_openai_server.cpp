@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -748,6 +749,15 @@ TEST_F(HttpTest, BindFailureNamesTheAddress) {
     EXPECT_NE(m.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << m;
     EXPECT_NE(m.find("in use"), std::string::npos) << m;
   }
+}
+
+TEST_F(HttpTest, AHangUpCannotKillTheProcessWithSigpipe) {
+  // This test binary never touches SIGPIPE itself (the daemon ignores it in
+  // run_daemon): the HTTP server must, since libuv writes with write(2) and a
+  // client that hangs up mid-stream otherwise kills whatever embeds it.
+  struct sigaction sa{};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &sa), 0);
+  EXPECT_EQ(sa.sa_handler, SIG_IGN);
 }
 
 TEST_F(HttpTest, ClientLeavingMidStreamHurtsNoOtherRequest) {

@@ -18,6 +18,20 @@ for c in "$src"/examples/clusters/*.json; do
   for m in llama-7b llama-70b stories260K; do
     out=$tmp/$cn.$m.json
     "$plan" --topology "$tmp/$cn.topo.json" --model "$models/$m.json" >"$out" 2>"$tmp/err"; rc=$?
+    # A cluster whose whole memory is below the model's weights (llama-70b in BF16 on one
+    # 40 GB A100) has no gear: refused with exit 1, a device and the bytes short named.
+    bpp=$(jq -r '{"f32":4,"f16":2,"bf16":2}[.dtype] // 1' "$models/$m.json")
+    if jq -e --slurpfile m "$models/$m.json" --argjson bpp "$bpp" '$m[0] as $s
+        | ($s.hidden_size * $s.n_kv_heads / $s.n_heads) as $kv
+        | ($s.n_layers * $s.hidden_size * (2*$s.hidden_size + 2*$kv + 3*$s.intermediate_size)
+           + 2*$s.vocab_size*$s.hidden_size) as $params
+        | ([.devices[].memory_bytes]|add) < $params*$bpp' "$tmp/$cn.topo.json" >/dev/null; then
+      check "$cn $m: more weights than memory: exit 1" test $rc -eq 1
+      check "$cn $m: more weights than memory: names a device and bytes short" \
+        grep -qE "no gear fits: $m needs .*GB short on device" "$tmp/err"
+      check "$cn $m: more weights than memory: nothing on stdout" test ! -s "$out"
+      continue
+    fi
     check "$cn $m: exit 0" test $rc -eq 0
     check "$cn $m: a gear table for the model" \
       jq -e --arg m "$m" --arg t "$cn" '.kind=="ftp.gear-table/v1" and .model.name==$m and .topology==$t and (.gears|length)>=1' "$out"
@@ -44,7 +58,6 @@ for c in "$src"/examples/clusters/*.json; do
          | [$c[] | select(has("device_memory")) | .device_memory] as $rows
          | ($rows | map(.device) | sort) == $d
            and all($rows[]; .fits and .need_bytes <= .memory_bytes and .weights_bytes > 0)' "$out"
-    bpp=$(jq -r '{"f32":4,"f16":2,"bf16":2}[.dtype] // 1' "$models/$m.json")
     check "$cn $m: devices once each, heads divisible, weight shards fit" \
       jq -e --slurpfile t "$tmp/$cn.topo.json" --argjson bpp "$bpp" '.model as $m
         | ($t[0].devices | map({key: .id, value: .memory_bytes}) | from_entries) as $mem
