@@ -567,6 +567,17 @@ FTP_AVX512 inline __m256i fold(__m512i v) {
   return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
+/// A super-block's integer dots: the four weight vectors (unsigned) with
+/// 256 activation quants in their order, each pair of products times its
+/// int16 scale, summed in int32 and folded to the AVX2 kernels' 8 lanes.
+FTP_AVX512 inline __m256i dots_512(const __m512i (&w)[4], const __m512i (&s)[4], const std::int8_t* xq) {
+        __m512i p0 = _mm512_madd_epi16(_mm512_maddubs_epi16(w[0], load512(xq)), s[0]);
+        __m512i p1 = _mm512_madd_epi16(_mm512_maddubs_epi16(w[1], load512(xq + 64)), s[1]);
+        p0 = _mm512_dpwssd_epi32(p0, _mm512_maddubs_epi16(w[2], load512(xq + 128)), s[2]);
+        p1 = _mm512_dpwssd_epi32(p1, _mm512_maddubs_epi16(w[3], load512(xq + 192)), s[3]);
+  return fold(_mm512_add_epi32(p0, p1));
+}
+
 /// q4_k_int with 512-bit vectors and VNNI; xp: the quants in kQ4KOrder.
 /// The float step packs what q4_k_int keeps in two accumulators into one
 /// vector: lanes 0-7 the groups' sums (x d x d_x), lanes 8-11 the mins'
@@ -598,14 +609,10 @@ FTP_AVX512 void q4_k_512(const Q8KInts& a, const std::int8_t* xp, int u0, int k,
       for (int i = 0; i < 4; ++i) s[i] = _mm512_shuffle_epi8(scl, ctl[i]);
       for (int u = 0; u < T; ++u) {
         const std::int8_t* xq = xp + static_cast<std::ptrdiff_t>(u0 + u) * k + b * 256;
-        __m512i p0 = _mm512_madd_epi16(_mm512_maddubs_epi16(w[0], load512(xq)), s[0]);
-        __m512i p1 = _mm512_madd_epi16(_mm512_maddubs_epi16(w[1], load512(xq + 64)), s[1]);
-        p0 = _mm512_dpwssd_epi32(p0, _mm512_maddubs_epi16(w[2], load512(xq + 128)), s[2]);
-        p1 = _mm512_dpwssd_epi32(p1, _mm512_maddubs_epi16(w[3], load512(xq + 192)), s[3]);
         const std::size_t xb = static_cast<std::size_t>(u0 + u) * static_cast<std::size_t>(nb) + static_cast<std::size_t>(b);
         // min_j x (the quant sum of group j), exact in int32, four lanes of pairs.
         const __m128i m = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.bsums32.data() + xb * 8)));
-        const __m512i sumi = _mm512_inserti32x4(_mm512_castsi256_si512(fold(_mm512_add_epi32(p0, p1))), m, 2);
+        const __m512i sumi = _mm512_inserti32x4(_mm512_castsi256_si512(dots_512(w, s, xq)), m, 2);
         // d x d_x in lanes 0-7, d_min x d_x in 8-11 (12-15 unused).
         const __m512 f = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dd, _mm_set1_ps(a.d[xb]))));
         acc[r][u] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(sumi), acc[r][u]);
@@ -655,11 +662,7 @@ FTP_AVX512 void q6_k_512(const Q8KInts& a, const std::int8_t* xp, int u0, int k,
       for (int i = 0; i < 4; ++i) s[i] = _mm512_shuffle_epi8(sc, ctl[i]);
       for (int u = 0; u < T; ++u) {
         const std::int8_t* xq = xp + static_cast<std::ptrdiff_t>(u0 + u) * k + b * 256;
-        __m512i p0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w[0], load512(xq)), s[0]);
-        __m512i p1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w[1], load512(xq + 64)), s[1]);
-        p0 = _mm512_dpwssd_epi32(p0, _mm512_maddubs_epi16(w[2], load512(xq + 128)), s[2]);
-        p1 = _mm512_dpwssd_epi32(p1, _mm512_maddubs_epi16(w[3], load512(xq + 192)), s[3]);
-        const __m256i sumi = fold(_mm512_add_epi32(p0, p1));
+        const __m256i sumi = dots_512(w, s, xq);
         const std::size_t xb = static_cast<std::size_t>(u0 + u) * static_cast<std::size_t>(nb) + static_cast<std::size_t>(b);
         const __m256i corr = _mm256_madd_epi16(s16, load256(a.bsums16.data() + xb * 16));
         const __m256i sv = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
