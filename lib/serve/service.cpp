@@ -46,8 +46,6 @@ Service::Service(const model::Model& model, ServiceConfig config)
     if (cfg_.backend != "cpu")
       no("it imitates a GPU's memory on CPU virtual devices (--backend cpu), not backend " + cfg_.backend);
     if (cfg_.members) no("members hold their own weights; it runs in one process only");
-    for (const auto& g : cfg_.gears.gears)
-      if (g.weight_mode == "release") no("gear " + g.name + " is in release weight mode, which frees mapped pages, not copies");
     // A device's TP-2t shard inside its TP-t shard: its copy is the union of the shards it serves.
     plan::nest_ranks(cfg_.gears);
   }
@@ -85,8 +83,11 @@ Service::Service(const model::Model& model, ServiceConfig config)
   sc.step_interval_ms = cfg_.step_interval_ms;
   sc.rollback_p99_factor = cfg_.rollback_p99_factor;
   sc.drain_timeout_ms = cfg_.drain_timeout_ms;
+  if (store_)
+    weights_ = std::make_unique<WeightResidency>(*store_, backend_, *pool_,
+                                                 [this](const DeviceBinding& b, const doc::Gear& g) { return shards_of(b, g); });
   shifter_ = std::make_unique<Shifter>(
-      domains_, telemetry_, *pool_, store_.get(), *cfg_.clock, [this] { return now_ms(); },
+      domains_, telemetry_, *pool_, weights_.get(), *cfg_.clock, [this] { return now_ms(); },
       [this](const doc::Gear& g, bool slow) { return build_domains(g, slow); },
       [this](const std::string& name) { return find_gear(name); }, sc,
       [this](const std::string& id) {
@@ -339,6 +340,25 @@ std::map<int, std::vector<engine::RankShard>> Service::gpu_shards(const doc::Gea
             out[b.gpu].push_back(engine::RankShard{st.first_layer, st.n_layers, tp, r, s == 0, s + 1 == rep.stages.size()});
         }
       }
+  }
+  return out;
+}
+
+std::vector<engine::RankShard> Service::shards_of(const DeviceBinding& b, const doc::Gear& gear) const {
+  std::lock_guard lk(table_mu_);
+  if (b.virtual_device) {
+    // The union over the table in force, as at start (a reload may have changed it).
+    auto all = device_shards(cfg_.gears);
+    auto it = all.find(b.virtual_device);
+    return it == all.end() ? std::vector<engine::RankShard>{} : it->second.shards;
+  }
+  // A GPU: the resident gears' union, as at start, and the shards `gear` puts there.
+  std::vector<engine::RankShard> out = gpu_shards(cfg_.gears)[b.gpu];
+  if (gear.weight_mode == "release") {
+    doc::GearTable one;
+    one.gears = {gear};
+    one.gears[0].weight_mode = "resident";
+    for (const auto& sh : gpu_shards(one)[b.gpu]) out.push_back(sh);
   }
   return out;
 }
@@ -658,12 +678,7 @@ void Service::reload(doc::GearTable table) {
   check_model(table);
   pool_->canonicalize(table);
   if (pool_->kind() == DevicePool::Kind::cuda) plan::nest_ranks(table);
-  if (cfg_.device_memory) {
-    for (const auto& g : table.gears)
-      if (g.weight_mode == "release")
-        throw InputError("--device-memory: gear " + g.name + " is in release weight mode, which frees mapped pages, not copies");
-    plan::nest_ranks(table);
-  }
+  if (cfg_.device_memory) plan::nest_ranks(table);
   pool_->check(table);
   if (cfg_.reload_check) cfg_.reload_check(table);
   if (cfg_.device_memory && store_ && store_->device_memory())
