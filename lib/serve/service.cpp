@@ -303,7 +303,9 @@ void Service::check_table_fits() const {
                      std::to_string(static_cast<std::uint64_t>(d->weights)) +
                      " as the union of its shards over the gears, KV " + std::to_string(static_cast<std::uint64_t>(d->kv)) +
                      " for one request of the full context at its gears' kv_cache_cap, activations " +
-                     std::to_string(static_cast<std::uint64_t>(d->activations)) + "), " +
+                     std::to_string(static_cast<std::uint64_t>(d->activations)) + ", CUDA graphs " +
+                     std::to_string(static_cast<std::uint64_t>(d->graphs)) + ", NCCL buffers " +
+                     std::to_string(static_cast<std::uint64_t>(d->comm_buffers)) + "), " +
                      std::to_string(d->memory_bytes) + " bytes free");
 }
 
