@@ -94,6 +94,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
         std::lock_guard lk(route_mu_);
         router_.forget(id);
       });
+  if (backend_) shifter_->set_communicator_stats([b = backend_] { return b->communicator_stats(); });
   if (!cfg_.state_dir.empty()) {
     journal_ = std::make_unique<Journal>(cfg_.state_dir);
     interrupted_ = journal_->recover();
@@ -378,9 +379,42 @@ void Service::copy_weights_to_devices() {
   for (const auto& [vd, d] : device_shards(cfg_.gears)) store_->copy_to_device(*vd, d.shards);
 }
 
+std::vector<std::vector<engine::RankSpec>> Service::stage_groups(const doc::GearTable& table) const {
+  std::vector<std::vector<engine::RankSpec>> out;
+  for (const doc::Gear& g : table.gears)
+    for (const doc::Replica& rep : g.replicas)
+      for (const doc::Stage& st : rep.stages) {
+        std::vector<engine::RankSpec> specs;
+        bool member = false;
+        for (std::size_t r = 0; r < st.devices.size(); ++r) {
+          const DeviceBinding b = pool_->bind(st.devices[r]);
+          member = member || !b.member.empty();
+          engine::RankSpec rs;
+          rs.rank = static_cast<int>(r);
+          rs.tp = static_cast<int>(st.devices.size());
+          rs.device = b.virtual_device;
+          rs.gpu = b.gpu;
+          specs.push_back(rs);
+        }
+        if (!member) out.push_back(std::move(specs));  // a stage across processes meets over Gloo
+      }
+  return out;
+}
+
+void Service::prepare_communicators() {
+  if (!backend_ || !store_ || cfg_.engine_factory) return;
+  std::vector<std::vector<engine::RankSpec>> groups;
+  {
+    std::lock_guard lk(table_mu_);
+    groups = stage_groups(cfg_.gears);
+  }
+  backend_->prepare_communicators(groups);
+}
+
 void Service::start() {
   check_table_fits();
   copy_weights_to_devices();
+  prepare_communicators();
   const std::optional<doc::Gear> g = find_gear(cfg_.start_gear);
   DomainList doms = build_domains(*g, false);
   for (auto& d : doms) {
@@ -699,6 +733,8 @@ void Service::reload(doc::GearTable table) {
     cfg_.gears = std::move(table);
     ++table_generation_;
   });
+  // The pool follows the table: its new device sets are made now, not at the next shift.
+  if (ready_) prepare_communicators();
 }
 
 doc::GearTable Service::gear_table() const {

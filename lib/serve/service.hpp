@@ -248,6 +248,12 @@ class Service {
   /// Every CUDA ordinal's shards over the resident gears of `table`.
   std::map<int, std::vector<engine::RankShard>> gpu_shards(const doc::GearTable& table) const;
   void copy_weights_to_devices();
+  /// Every stage of `table` that runs in this process, as the specs of its
+  /// ranks (devices and GPUs bound), for the communicator pool.
+  std::vector<std::vector<engine::RankSpec>> stage_groups(const doc::GearTable& table) const;
+  /// Makes the communicators of every stage of the table in force ahead
+  /// (engine::Backend::prepare_communicators): at start and after a reload.
+  void prepare_communicators();
   /// WeightResidency's ShardsOf: what device `b` holds once its released
   /// weights come back for a shift to `gear`.
   std::vector<engine::RankShard> shards_of(const DeviceBinding& b, const doc::Gear& gear) const;

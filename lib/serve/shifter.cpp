@@ -219,6 +219,7 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
   };
 
   const std::uint64_t copied_before = weights_ ? weights_->copied_bytes() : 0;
+  const engine::CommunicatorStats comm_before = comm_stats_ ? comm_stats_() : engine::CommunicatorStats{};
   try {
     fresh = build_(*target, true);
   } catch (const std::exception& e) {
@@ -231,7 +232,17 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
   // Device-memory mode: the domains view the devices' copies; what they copied is measured, not assumed.
   if (weights_ && weights_->device_memory())
     warm_msg += "; weights copied: " + std::to_string(weights_->copied_bytes() - copied_before) + " bytes";
+  if (comm_stats_) {
+    // Pooled ahead (Service::start, reload): 0 and 0 ms; measured, not assumed.
+    const engine::CommunicatorStats now = comm_stats_();
+    ev.communicators_created = now.created - comm_before.created;
+    ev.communicator_ms = now.create_ms - comm_before.create_ms;
+    warm_msg += "; communicators created: " + std::to_string(*ev.communicators_created) + " in " +
+                number_text(*ev.communicator_ms) + " ms";
+  }
   emit(ShiftPhase::warm, 0, warm_msg);
+  ev.communicators_created.reset();
+  ev.communicator_ms.reset();
 
   const bool fault = o.inject_fault == "check";
   for (double share : ramp) {

@@ -14,6 +14,7 @@
 #include "core/json.hpp"
 #include "doc/control.hpp"
 #include "doc/gear_table.hpp"
+#include "engine/rank_backend.hpp"
 #include "serve/device_pool.hpp"
 #include "serve/domain_set.hpp"
 #include "serve/journal.hpp"
@@ -104,6 +105,10 @@ class Shifter {
   /// Appends every shift event to `journal` (null: none; it must outlive
   /// the shifter); shift ids continue after the journal's last.
   void set_journal(Journal* journal);
+  /// What the engine backend's communicator pool has made so far
+  /// (engine::Backend::communicator_stats): the warm phase records what
+  /// building its domains added. Null: not recorded.
+  void set_communicator_stats(std::function<engine::CommunicatorStats()> stats) { comm_stats_ = std::move(stats); }
 
  private:
   void set_weights(const DomainList& doms, double share);
@@ -132,6 +137,7 @@ class Shifter {
   std::vector<doc::ShiftEvent> records_;
   std::uint64_t next_shift_ = 0;
   Journal* journal_ = nullptr;
+  std::function<engine::CommunicatorStats()> comm_stats_;
 };
 
 }  // namespace ftp::serve
