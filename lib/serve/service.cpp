@@ -387,8 +387,12 @@ std::vector<std::vector<engine::RankSpec>> Service::stage_groups(const doc::Gear
         std::vector<engine::RankSpec> specs;
         bool member = false;
         for (std::size_t r = 0; r < st.devices.size(); ++r) {
+          // A member's device ("n1/vd0"): its stage meets over Gloo, and the member may not have joined yet.
+          if (st.devices[r].find('/') != std::string::npos) {
+            member = true;
+            break;
+          }
           const DeviceBinding b = pool_->bind(st.devices[r]);
-          member = member || !b.member.empty();
           engine::RankSpec rs;
           rs.rank = static_cast<int>(r);
           rs.tp = static_cast<int>(st.devices.size());
