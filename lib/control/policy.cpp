@@ -314,16 +314,18 @@ void validate(const PolicyConfig& c) {
 
 // ---------------------------------------------------------------- rollback
 
-void RollbackMonitor::start(std::int64_t t_ms, double baseline_p99_ms) {
+void RollbackMonitor::start(std::int64_t t_ms, double baseline_p99_ms, double queue_depth) {
   start_ms_ = t_ms;
   baseline_ = baseline_p99_ms;
+  start_queue_ = queue_depth;
   breach_since_.reset();
   state_ = baseline_p99_ms > 0 ? Verdict::watching : Verdict::committed;
 }
 
 RollbackMonitor::Verdict RollbackMonitor::observe(const doc::Observation& o) {
   if (state_ != Verdict::watching) return state_;
-  if (o.e2e_ms.p99 > config_.p99_factor * baseline_) {
+  const bool draining = o.queue_depth_mean < start_queue_;
+  if (o.e2e_ms.p99 > config_.p99_factor * baseline_ && !draining) {
     if (!breach_since_) breach_since_ = o.t_ms;
     if (o.t_ms - *breach_since_ >= static_cast<std::int64_t>(config_.window_s * 1000)) state_ = Verdict::rollback;
   } else {
@@ -523,7 +525,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     if (o.gear == pending_->to && !o.shifting) {
       last_shift_ms_ = o.t_ms;
       if (pending_->load_driven) {
-        rollback_.start(o.t_ms, pending_->baseline_p99);
+        rollback_.start(o.t_ms, pending_->baseline_p99, o.queue_depth_mean);
         rollback_to_ = pending_->from;
       } else {
         rollback_.stop();  // a guard or rollback shift ends the watch of the shift before it

@@ -105,15 +105,20 @@ PolicyConfig policy_config_from_json(const json::Json& j);
 void validate(const PolicyConfig& c);
 
 /// Watches latency after a shift and says when to roll it back: when E2E
-/// P99 stays above p99_factor x baseline for window_s without a break.
+/// P99 stays above p99_factor x baseline for window_s without a break. An
+/// observation whose queue is shorter than the queue at the shift's end
+/// breaks a breach: a backlog from before the shift is draining, and the
+/// requests finishing then are the ones that waited longest, so P99 rises
+/// although the new gear carries the load.
 class RollbackMonitor {
  public:
   enum class Verdict { idle, watching, rollback, committed };
 
   explicit RollbackMonitor(RollbackConfig config = {}) : config_(config) {}
   /// Starts watching a shift that completed at t_ms; baseline is the
-  /// pre-shift E2E P99 (ms). A baseline of 0 (unknown) commits at once.
-  void start(std::int64_t t_ms, double baseline_p99_ms);
+  /// pre-shift E2E P99 (ms), queue_depth the queue then. A baseline of 0
+  /// (unknown) commits at once.
+  void start(std::int64_t t_ms, double baseline_p99_ms, double queue_depth = 0);
   /// Feeds an observation; watching until it says rollback or committed.
   Verdict observe(const doc::Observation& o);
   bool active() const noexcept { return state_ == Verdict::watching; }
@@ -131,6 +136,7 @@ class RollbackMonitor {
   Verdict state_ = Verdict::idle;
   std::int64_t start_ms_ = 0;
   double baseline_ = 0;
+  double start_queue_ = 0;
   std::optional<std::int64_t> breach_since_;
 };
 

@@ -438,6 +438,39 @@ TEST(GearShifter, StaggerWithinFiveMinutes) {
   EXPECT_GE(seen.size(), 15u) << "replicas get different offsets";
 }
 
+TEST(GearShifter, NoRollbackWhileTheBacklogDrains) {
+  // A shift up under a backlog: the queue at the shift's end is long, and
+  // while it drains P99 is above the baseline (the requests finishing waited
+  // longest). That is no regression; a queue that grows again is.
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));  // baseline P99 2000 ms
+  ASSERT_EQ(d.action, "shift");
+  Observation done = busy(30, "standard", 300);
+  done.queue_depth = done.queue_depth_mean = 400;
+  s(done);  // the monitor watches, from a queue of 400
+  double q = 400;
+  for (int t = 40; t < 400; t += 10) {
+    Observation o = obs(t, "standard", 300);
+    q = std::max(1.0, q - 20);
+    o.queue_depth = o.queue_depth_mean = q;
+    o.e2e_ms.p99 = 3500;  // > 1.5 x 2000, for longer than the 180 s window
+    d = s(o);
+    ASSERT_EQ(d.action, "hold") << "t=" << t << ": draining, no rollback: " << d.reason;
+  }
+  // The queue grows past its size at the shift's end: now a breach counts.
+  for (int t = 400; t <= 580; t += 10) {
+    Observation o = obs(t, "standard", 300);
+    o.queue_depth = o.queue_depth_mean = 500;
+    o.e2e_ms.p99 = 3500;
+    d = s(o);
+    if (d.action != "hold") break;
+  }
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "economy");
+  EXPECT_CONTAINS(d.reason, "rollback: E2E P99 3500 ms");
+}
+
 TEST(GearShifter, RollbackAfterItsWindow) {
   Shifter s;
   Decision d;
