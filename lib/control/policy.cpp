@@ -689,8 +689,9 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     target = ranked[static_cast<std::size_t>(rank(cur) + 1)];
   if ((dir > 0 && rank(target) <= rank(cur)) || (dir == -1 && rank(target) >= rank(cur))) {
     // Resolve by position on the ladder: one step further than the fit says is never taken.
-    return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits forecast " +
-                               num(forecast) + " req/s", sig);
+    return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits " +
+                               (dir > 0 ? "forecast " : "the window's peak, forecast and rate now: ") + num(demand) +
+                               " req/s", sig);
   }
   if (auto b = backoff_.find(table_.gears[target].name); b != backoff_.end() && o.t_ms < b->second.not_before_ms)
     return hold(o, name(), std::string(what) + ": " + table_.gears[target].name + " was rolled back from " +
@@ -700,9 +701,9 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
 
   if (backlog_driven && gs.backlog_derate_floor < 1) {
     // This gear and the smaller ones carry less than their capacity says:
-    // at most the load they could not keep up with, as up_threshold x safe.
+    // at most the load they could not keep up with, as safe capacity.
     const auto d = derate_.find(o.gear);
-    const double f = std::clamp((d == derate_.end() ? 1.0 : d->second) * load / (gs.up_threshold * safe),
+    const double f = std::clamp((d == derate_.end() ? 1.0 : d->second) * load / safe,
                                 gs.backlog_derate_floor, 1.0);
     for (int i : ranked) {
       double& di = derate_.try_emplace(table_.gears[static_cast<std::size_t>(i)].name, 1.0).first->second;

@@ -61,7 +61,7 @@ struct GearShifterConfig {
   double backlog_drive_s = 2;
   /// ours: a backlog-driven up-shift from a gear at work load L says the
   /// gear carries less than its capacity: its safe capacity, and that of
-  /// every smaller gear, is scaled down to L / up_threshold for the rest of
+  /// every smaller gear, is scaled down to L for the rest of
   /// the run, by a factor of no less than this. 1: off (the capacities stay
   /// as the table and the capacity refresh say).
   double backlog_derate_floor = 0.25;
