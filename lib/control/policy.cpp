@@ -379,6 +379,17 @@ std::vector<int> without_lost(const std::vector<int>& ladder, const doc::GearTab
   return out;
 }
 
+/// The first device of `g` whose GPU signals (o.gpus) say other processes
+/// take more than `limit` of its SMs, with that share; empty when none.
+std::pair<std::string, double> contended_device_of(const doc::Gear& g, const doc::Observation& o, double limit) {
+  for (const auto& rep : g.replicas)
+    for (const auto& st : rep.stages)
+      for (const auto& dev : st.devices)
+        for (const auto& gpu : o.gpus)
+          if (gpu.id == dev && gpu.other_compute > limit) return {dev, gpu.other_compute};
+  return {};
+}
+
 std::vector<int> by_safe_capacity(std::vector<int> ladder, const doc::GearTable& t, const CapacityTracker& cap) {
   std::stable_sort(ladder.begin(), ladder.end(), [&](int a, int b) {
     return cap.capacity(t.gears[static_cast<std::size_t>(a)].name).safe_rps <
@@ -580,6 +591,44 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
                  "lost device: " + o.gear + " uses " + lost + "; " + table_.gears[static_cast<std::size_t>(target)].name +
                      " uses none that is lost",
                  sig, false, false);
+  }
+
+  // 1c. GPU contention (issue 17, FlexPipe's seed): other processes take
+  // a share of a current device's SMs above contention_index. That votes
+  // to move away from the device, not up: to the gear without contended
+  // (or lost) devices that holds the forecast, once it is confirmed over
+  // `confirmations` observations and the dwell has passed. With no such
+  // gear the load rules below decide as before.
+  if (const auto [dev, share] = contended_device_of(table_.gears[static_cast<std::size_t>(cur)], o, gs.contention_index);
+      !dev.empty()) {
+    std::vector<int> free_of;
+    for (int i : without_lost(ladder_, table_, o))
+      if (contended_device_of(table_.gears[static_cast<std::size_t>(i)], o, gs.contention_index).first.empty())
+        free_of.push_back(i);
+    sig.push_back({"gpu_contention", share, gs.contention_index, !free_of.empty()});
+    if (!free_of.empty()) {
+      const auto period_ms = static_cast<std::int64_t>(gs.confirmation_period_s * 1000);
+      if (contention_count_ == 0 || o.t_ms - contention_t_ms_ >= period_ms) {
+        contention_count_ = std::min(contention_count_ + 1, gs.confirmations);
+        contention_t_ms_ = o.t_ms;
+      }
+      const std::string what = "contention: other processes take " + num(share) + " of " + dev + "'s SMs (> " +
+                               num(gs.contention_index) + ")";
+      if (contention_count_ < gs.confirmations)
+        return hold(o, name(), what + "; confirmation " + std::to_string(contention_count_) + " of " +
+                                   std::to_string(gs.confirmations), sig);
+      const auto dwell_ms = static_cast<std::int64_t>(gs.min_dwell_s * 1000);
+      if (last_shift_ms_ && o.t_ms - *last_shift_ms_ < dwell_ms)
+        return hold(o, name(), what + " confirmed, but dwell: " + secs(o.t_ms - *last_shift_ms_) + " of " +
+                                   secs(dwell_ms) + " since the last shift", sig);
+      contention_count_ = 0;
+      const int target = target_for(forecast, by_safe_capacity(free_of, table_, capacity_));
+      return shift(o, table_.gears[static_cast<std::size_t>(target)].name,
+                   what + "; " + table_.gears[static_cast<std::size_t>(target)].name + " uses no contended device", sig,
+                   false, false);
+    }
+  } else {
+    contention_count_ = 0;
   }
 
   // 2. Memory guard (before rollback: a rollback out of a gear whose KV is

@@ -185,6 +185,10 @@ class Policy {
 ///    ratio, contention) vote; at least min_agreeing_signals
 ///    (forecast included) over `confirmations` consecutive observations
 ///    confirmation_period_s apart, and min_dwell_s since the last shift.
+///    Before the load: GPU contention (observation.gpus[].other_compute >
+///    contention_index on a device of the current gear) shifts, after the
+///    same confirmations and dwell, to the gear that uses no contended or
+///    lost device and holds the forecast: away from the device, not up.
 ///    The target is the smallest normal gear with the forecast, in its own
 ///    work, <= up_threshold x its safe capacity (the largest when none). With replicas > 1 the shift
 ///    starts at a random offset within stagger_max_s (not_before_ms).
@@ -230,6 +234,8 @@ class GearShifter final : public Policy {
   std::optional<std::int64_t> last_shift_ms_;
   int confirm_dir_ = 0, confirm_count_ = 0;
   std::int64_t confirm_t_ms_ = 0;
+  int contention_count_ = 0;           ///< observations in a row with a contended current GPU (o.gpus)
+  std::int64_t contention_t_ms_ = 0;
   std::deque<std::pair<std::int64_t, double>> p99_history_;
   /// (t_ms, forecast) of the down_peak_window_s, forecasts decreasing (the window's peak in front).
   std::deque<std::pair<std::int64_t, double>> peak_history_;

@@ -78,6 +78,26 @@ Json to_json(const Observation& o) {
     for (const auto& d : o.lost_devices) lost.push_back(Json{{"id", d.id}, {"why", d.why}});
     j["lost_devices"] = lost;
   }
+  if (!o.gpus.empty()) {
+    Json gpus = Json::array();
+    for (const auto& g : o.gpus) {
+      Json x{{"id", g.id},
+             {"uuid", g.uuid},
+             {"utilization", g.utilization},
+             {"memory_utilization", g.memory_utilization},
+             {"memory_total", g.memory_total},
+             {"memory_used", g.memory_used},
+             {"other_memory", g.other_memory},
+             {"other_compute", g.other_compute},
+             {"other_processes", g.other_processes},
+             {"ecc_uncorrected", g.ecc_uncorrected},
+             {"available", g.available}};
+      if (!g.unavailable_because.empty()) x["unavailable_because"] = g.unavailable_because;
+      gpus.push_back(std::move(x));
+    }
+    j["gpus"] = gpus;
+  }
+  if (!o.gpu_signals_unavailable.empty()) j["gpu_signals_unavailable"] = o.gpu_signals_unavailable;
   return j;
 }
 
@@ -122,6 +142,24 @@ Observation observation_from_json(const Json& j) {
   }
   if (auto ls = r.find("lost_devices"))
     for (const auto& n : ls->items()) o.lost_devices.push_back(LostDevice{n.str("id"), n.has("why") ? n.str("why") : ""});
+  if (auto gs = r.find("gpus"))
+    for (const auto& n : gs->items()) {
+      GpuLoad g;
+      g.id = n.str("id");
+      g.uuid = n.has("uuid") ? n.str("uuid") : "";
+      g.utilization = ratio(n, "utilization");
+      g.memory_utilization = ratio(n, "memory_utilization");
+      g.memory_total = static_cast<std::uint64_t>(nonneg_or_zero(n, "memory_total"));
+      g.memory_used = static_cast<std::uint64_t>(nonneg_or_zero(n, "memory_used"));
+      g.other_memory = static_cast<std::uint64_t>(nonneg_or_zero(n, "other_memory"));
+      g.other_compute = ratio(n, "other_compute");
+      g.other_processes = n.has("other_processes") ? n.positive_int("other_processes", true) : 0;
+      g.ecc_uncorrected = static_cast<std::uint64_t>(nonneg_or_zero(n, "ecc_uncorrected"));
+      g.available = n.boolean_or("available", true);
+      g.unavailable_because = n.has("unavailable_because") ? n.str("unavailable_because") : "";
+      o.gpus.push_back(std::move(g));
+    }
+  if (r.has("gpu_signals_unavailable")) o.gpu_signals_unavailable = r.str("gpu_signals_unavailable");
   return o;
 }
 

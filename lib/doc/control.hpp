@@ -34,6 +34,24 @@ struct DeviceLoad {
   double utilization = 0;             ///< 0..1, share of time busy with our work
 };
 
+/// One GPU as NVML sees it at an observation (the whole GPU, every
+/// process on it): what the contention index and lost-device handling
+/// read on a CUDA service.
+struct GpuLoad {
+  std::string id;                     ///< the device pool's id ("gpu0"); "nvml<N>" for a GPU the pool does not use
+  std::string uuid;                   ///< "GPU-..."
+  double utilization = 0;             ///< 0..1, share of the last sample period a kernel ran (any process)
+  double memory_utilization = 0;      ///< 0..1, share of it the memory was read or written
+  std::uint64_t memory_total = 0;     ///< bytes
+  std::uint64_t memory_used = 0;      ///< bytes, by every process and the driver
+  std::uint64_t other_memory = 0;     ///< bytes held by other processes' compute contexts
+  double other_compute = 0;           ///< 0..1, SM share of other processes since the last sample
+  int other_processes = 0;            ///< other processes with a compute context on it
+  std::uint64_t ecc_uncorrected = 0;  ///< volatile uncorrected ECC errors (since the driver loaded)
+  bool available = true;              ///< false: lost or ECC errors; the service marks it lost
+  std::string unavailable_because;    ///< why not available ("GPU is lost", "3 uncorrected ECC errors")
+};
+
 /// A device the service has lost (a member gone, a GPU taken away).
 struct LostDevice {
   std::string id;                     ///< "n2/vd0"
@@ -65,6 +83,13 @@ struct Observation {
   Percentiles ttft_ms, tpot_ms, e2e_ms;
   std::vector<DeviceLoad> devices;
   std::vector<DomainView> domains;
+  /// The GPUs' own signals from NVML (a CUDA service); in JSON when not
+  /// empty.
+  std::vector<GpuLoad> gpus;
+  /// Why `gpus` is empty where one could expect it ("no GPU in the device
+  /// pool (backend cpu)", "NVML: dlopen libnvml.so.1: ..."); in JSON when
+  /// not empty.
+  std::string gpu_signals_unavailable;
   /// Devices lost now: a policy shifts to no gear that uses one (in JSON
   /// only when there is one).
   std::vector<LostDevice> lost_devices;

@@ -22,41 +22,68 @@ std::string_view to_string(FinishReason r) noexcept {
 }
 
 struct Domain::Seq {
-  GenerationRequest req;
-  std::vector<int> tokens;   // prompt + generated: everything whose KV is wanted
+  // Read by every pass of a step over the batch: kept together, ahead of
+  // the request and the sampler (whose random engine alone is 2.5 KB), so
+  // that a pass touches one or two cache lines of each sequence. A replay
+  // of a 512-GPU cluster was bound by these misses.
   int computed = 0;          // leading tokens whose KV is in the cache
-  std::vector<int> blocks;
-  std::vector<int> output;
-  Sampler sampler;
-  std::uint64_t arrival = 0;
   int choice = 0;            // which of the request's choices
   int forks_left = 0;        // choice 0: the choices still to fork from it
   int shared_tokens = 0;     // choice 0: the prompt positions whose full pages the choices share
-  std::vector<TokenLogprobs> prompt_lp;  // with req.prompt_logprobs: entry j for prompt token j + 1
+  int prompt_size = 0;       // req.prompt.size()
+  int min_tokens = 0;        // req.min_tokens
+  int max_tokens = 0;        // req.max_tokens
+  int eos = -1;              // req.eos
+  bool prompt_logprobs = false;  // req.prompt_logprobs
   bool prompt_lp_sent = false;
+  bool engine_can_choose = true;  // sampler.engine_can_choose()
+  bool stops = false;        // an eos or stop tokens to mask before min_tokens
+  bool logprobs = false;     // req.logprobs >= 0
+  bool greedy = false;       // temperature <= 0: a choice without a draw (Sampler::next_choice)
+  float top_p = 1.0f;        // req.sampling.top_p
+  float sampler_temperature = 0.0f;  // req.sampling.temperature (<= 0 when greedy)
+  std::uint64_t arrival = 0;
+  std::vector<int> tokens;   // prompt + generated: everything whose KV is wanted
+  std::vector<int> blocks;
+  std::vector<int> output;
   std::string group;         // req.group, or its id
 
-  Seq(GenerationRequest r, std::uint64_t a, int c = 0) : req(std::move(r)), sampler(choice_params(req.sampling, c)),
-                                                         arrival(a), choice(c) {
+  GenerationRequest req;
+  Sampler sampler;
+  std::vector<TokenLogprobs> prompt_lp;  // with req.prompt_logprobs: entry j for prompt token j + 1
+
+  Seq(GenerationRequest r, std::uint64_t a, int c = 0)
+      : choice(c), arrival(a), req(std::move(r)), sampler(choice_params(req.sampling, c)) {
     tokens = req.prompt;
     group = req.group.empty() ? req.id : req.group;
+    prompt_size = static_cast<int>(req.prompt.size());
+    min_tokens = req.min_tokens;
+    max_tokens = req.max_tokens;
+    eos = req.eos;
+    prompt_logprobs = req.prompt_logprobs;
+    engine_can_choose = sampler.engine_can_choose();
+    stops = req.eos >= 0 || !req.stop_tokens.empty();
+    logprobs = req.logprobs >= 0;
+    greedy = !(req.sampling.temperature > 0.0f);
+    top_p = req.sampling.top_p;
+    sampler_temperature = req.sampling.temperature;
+  }
+  /// Sampler::next_choice without touching the sampler when greedy (no draw).
+  TokenChoice next_choice() {
+    if (!greedy) return sampler.next_choice();
+    TokenChoice c;
+    c.temperature = sampler_temperature;
+    c.top_p = top_p;
+    return c;
   }
   int pending() const { return static_cast<int>(tokens.size()) - computed; }
   /// A prompt position whose logits give the next prompt token's log-probability.
-  bool prompt_row() const {
-    return req.prompt_logprobs && !prompt_lp_sent && computed + 1 < static_cast<int>(req.prompt.size());
-  }
+  bool prompt_row() const { return prompt_logprobs && !prompt_lp_sent && computed + 1 < prompt_size; }
   static SamplingParams choice_params(SamplingParams p, int c) {
     p.seed += static_cast<std::uint64_t>(c);  // wraps mod 2^64
     return p;
   }
 };
-
-namespace {
-
-using EventList = std::vector<std::pair<std::function<void(const GenerationEvent&)>, GenerationEvent>>;
-
-}  // namespace
 
 std::uint64_t kv_block_bytes_per_rank(const model::HParams& hp, const StageLayout& st, int block_tokens) {
   const auto kv_heads = static_cast<std::uint64_t>(split_rank(hp, st.tp, 0).kv_heads.size());  // the same on every rank
@@ -157,8 +184,8 @@ void Domain::fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out) {
 }
 
 bool Domain::host_samples(const Seq& s) const {
-  if (!s.sampler.engine_can_choose() || s.prompt_row()) return true;
-  const bool masks = static_cast<int>(s.output.size()) < s.req.min_tokens && (s.req.eos >= 0 || !s.req.stop_tokens.empty());
+  if (!s.engine_can_choose || s.prompt_row()) return true;
+  const bool masks = static_cast<int>(s.output.size()) < s.min_tokens && s.stops;
   return masks;
 }
 
@@ -242,13 +269,13 @@ void Domain::finish(Seq& s, FinishReason reason, const std::string& error, Event
   e.choice = s.choice;
   const int ends = 1 + s.forks_left;
   if (s.req.on_event) {
-    events.emplace_back(s.req.on_event, e);
+    events.emplace_back(&s.req.on_event, e);
     // Choices not forked yet (a cancel or failure before the prompt's
     // shared pages were computed) finish with choice 0.
     for (int c = 1; c <= s.forks_left; ++c) {
       e.choice = c;
       e.index = 0;
-      events.emplace_back(s.req.on_event, e);
+      events.emplace_back(&s.req.on_event, e);
     }
   }
   s.forks_left = 0;
@@ -303,22 +330,24 @@ int Domain::step() {
     // Cancelled (or, after abort_all, all) requests leave before the plan:
     // their pages go back now.
     EventList gone;
+    std::vector<std::unique_ptr<Seq>> retired;  // alive until their events are delivered
     auto drop = [&](auto& seqs) {
       for (auto it = seqs.begin(); it != seqs.end();) {
         if (!abort.empty()) {
           finish(**it, FinishReason::error, "domain " + cfg_.id + ": " + abort, gone);
-          it = seqs.erase(it);
         } else if (cancel.count((*it)->req.id)) {
           finish(**it, FinishReason::cancelled, "", gone);
-          it = seqs.erase(it);
         } else {
           ++it;
+          continue;
         }
+        retired.push_back(std::move(*it));
+        it = seqs.erase(it);
       }
     };
     drop(running_);
     drop(waiting_);
-    for (auto& [fn, e] : gone) fn(e);  // the counters follow after admission below
+    for (auto& [fn, e] : gone) (*fn)(e);  // the counters follow after admission below
   }
   if (withdraw && !waiting_.empty()) {
     // Not started: nothing computed, sent or forked yet, and every choice
@@ -329,9 +358,11 @@ int Domain::step() {
              (s.req.n == 1 || s.forks_left == s.req.n - 1);
     };
     EventList back;
+    std::vector<std::unique_ptr<Seq>> retired;  // alive until their events are delivered
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       if (unstarted(**it)) {
         finish(**it, FinishReason::withdrawn, "", back);
+        retired.push_back(std::move(*it));
         it = waiting_.erase(it);
       } else {
         ++it;
@@ -342,7 +373,7 @@ int Domain::step() {
         std::lock_guard lk(mu_);
         n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
       }
-      for (auto& [fn, e] : back) fn(e);
+      for (auto& [fn, e] : back) (*fn)(e);
     }
   }
   int budget = cfg_.max_batched_tokens;
@@ -351,10 +382,23 @@ int Domain::step() {
   // 0. Fairness: while several groups have work, one holds at most `cap`
   // of the batch. A waiting group with nothing running gets a place from
   // the group over its cap that runs the most (its newest sequence).
-  std::unordered_set<std::string> groups;
-  for (const auto& s : running_) groups.insert(s->group);
-  for (const auto& s : waiting_) groups.insert(s->group);
-  const int cap = groups.size() > 1
+  bool several_groups = false;
+  {
+    const std::string* first = nullptr;
+    auto look = [&](const auto& seqs) {
+      for (const auto& s : seqs) {
+        if (!first) {
+          first = &s->group;
+        } else if (s->group != *first) {
+          several_groups = true;
+          return;
+        }
+      }
+    };
+    look(running_);
+    if (!several_groups) look(waiting_);
+  }
+  const int cap = several_groups
                       ? std::max(1, static_cast<int>(cfg_.max_group_share * max_running))
                       : max_running;
   auto per_group = running_per_group();
@@ -449,19 +493,28 @@ int Domain::step() {
   }
   if (plan.empty()) return 0;
 
-  std::vector<SeqChunk> chunks;
-  chunks.reserve(plan.size());
+  std::vector<SeqChunk>& chunks = chunks_;
+  while (chunks.size() > plan.size()) {
+    spare_tokens_.push_back(std::move(chunks.back().tokens));
+    chunks.pop_back();
+  }
+  while (chunks.size() < plan.size()) {
+    chunks.emplace_back();
+    if (!spare_tokens_.empty()) {
+      chunks.back().tokens = std::move(spare_tokens_.back());
+      spare_tokens_.pop_back();
+    }
+  }
   std::vector<char> prompt_row(plan.size(), 0);  // logits for a prompt token's log-probability, not a choice
   int computed_tokens = 0;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     auto [s, n] = plan[i];
-    SeqChunk c;
+    SeqChunk& c = chunks[i];
     c.blocks = &s->blocks;
     c.start_pos = s->computed;
     c.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + n);
     prompt_row[i] = s->prompt_row();
     c.want_logits = s->computed + n == static_cast<int>(s->tokens.size()) || prompt_row[i];
-    chunks.push_back(std::move(c));
     computed_tokens += n;
   }
   std::vector<std::unique_ptr<Seq>> forked;
@@ -482,7 +535,7 @@ int Domain::step() {
     for (std::size_t i = 0; i < plan.size(); ++i)
       if (chunks[i].want_logits) {
         engine_chooses = engine_chooses && !host_samples(*plan[i].first);
-        want_lp = want_lp || plan[i].first->req.logprobs >= 0;
+        want_lp = want_lp || plan[i].first->logprobs;
       }
     std::vector<std::vector<float>> logits;
     std::vector<int> chosen;
@@ -491,8 +544,8 @@ int Domain::step() {
       std::vector<TokenChoice> choices;
       for (std::size_t i = 0; i < plan.size(); ++i)
         if (chunks[i].want_logits) {
-          choices.push_back(plan[i].first->sampler.next_choice());
-          choices.back().logprobs = plan[i].first->req.logprobs;
+          choices.push_back(plan[i].first->next_choice());
+          choices.back().logprobs = plan[i].first->logprobs ? plan[i].first->req.logprobs : -1;
         }
       chosen = want_lp ? exec_->forward_choose_logprobs(chunks, cfg_.micro_batches, choices, chosen_lp)
                        : exec_->forward_choose(chunks, cfg_.micro_batches, choices);
@@ -505,7 +558,7 @@ int Domain::step() {
     std::size_t li = 0;
     for (std::size_t i = 0; i < plan.size(); ++i) {
       Seq& s = *plan[i].first;
-      bool was_prefill = plan[i].second > 1 || s.computed < static_cast<int>(s.req.prompt.size());
+      bool was_prefill = plan[i].second > 1 || s.computed < s.prompt_size;
       const int pos = s.computed + plan[i].second - 1;  // the chunk's last position
       s.computed += plan[i].second;
       if (was_prefill) prompt_tokens += static_cast<std::uint64_t>(plan[i].second);
@@ -523,7 +576,7 @@ int Domain::step() {
       std::optional<TokenLogprobs> lp;
       if (engine_chooses) {
         tok = chosen[li];
-        if (s.req.logprobs >= 0) lp = std::move(chosen_lp[li]);
+        if (s.logprobs) lp = std::move(chosen_lp[li]);
         ++li;
       } else {
         auto& row = logits[li++];
@@ -550,19 +603,19 @@ int Domain::step() {
       e.index = static_cast<int>(s.output.size()) - 1;
       e.choice = s.choice;
       e.logprobs = std::move(lp);
-      if (s.req.prompt_logprobs && !s.prompt_lp_sent) {
+      if (s.prompt_logprobs && !s.prompt_lp_sent) {
         e.prompt_logprobs = std::move(s.prompt_lp);
         s.prompt_lp.clear();
         s.prompt_lp_sent = true;
       }
-      if (s.req.on_event) events.emplace_back(s.req.on_event, e);
+      if (s.req.on_event) events.emplace_back(&s.req.on_event, std::move(e));
       FinishReason reason = FinishReason::none;
       // eos and stop tokens cannot come before min_tokens (masked above).
-      if (tok == s.req.eos ||
-          std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), tok) != s.req.stop_tokens.end() ||
+      if (tok == s.eos ||
+          (s.stops && std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), tok) != s.req.stop_tokens.end()) ||
           (s.req.stop_check && s.req.stop_check(s.choice, s.output)))
         reason = FinishReason::stop;
-      else if (static_cast<int>(s.output.size()) >= s.req.max_tokens ||
+      else if (static_cast<int>(s.output.size()) >= s.max_tokens ||
                static_cast<int>(s.tokens.size()) >= cfg_.max_context)
         reason = FinishReason::length;
       if (reason != FinishReason::none) {
@@ -582,9 +635,20 @@ int Domain::step() {
       done.push_back(s);
     }
   }
-  running_.erase(std::remove_if(running_.begin(), running_.end(),
-                                [&](const auto& p) { return std::find(done.begin(), done.end(), p.get()) != done.end(); }),
-                 running_.end());
+  // Finished sequences leave the batch, alive until their events are delivered.
+  std::vector<std::unique_ptr<Seq>> retired;
+  if (!done.empty()) {
+    std::sort(done.begin(), done.end());
+    auto is_done = [&](const std::unique_ptr<Seq>& p) { return std::binary_search(done.begin(), done.end(), p.get()); };
+    std::size_t kept = 0;
+    for (auto& p : running_) {
+      if (is_done(p))
+        retired.push_back(std::move(p));
+      else
+        running_[kept++] = std::move(p);
+    }
+    running_.resize(kept);
+  }
   // Forked choices wait first in line: their prompt is (almost) computed.
   for (auto it = forked.rbegin(); it != forked.rend(); ++it) waiting_.push_front(std::move(*it));
   {
@@ -595,7 +659,7 @@ int Domain::step() {
     n_running_ = static_cast<int>(running_.size());
     n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
   }
-  for (auto& [fn, e] : events) fn(e);
+  for (auto& [fn, e] : events) (*fn)(e);
   return computed_tokens;
 }
 

@@ -189,8 +189,11 @@ class Domain {
   struct Seq;
   bool ensure_blocks(Seq& s, int upto_tokens);
   void release(Seq& s);
-  void finish(Seq& s, FinishReason reason, const std::string& error,
-              std::vector<std::pair<std::function<void(const GenerationEvent&)>, GenerationEvent>>& events);
+  /// Events of one step, delivered after it: each names its request's
+  /// callback, which stays alive (the sequence is retired, not destroyed,
+  /// until they are delivered).
+  using EventList = std::vector<std::pair<const std::function<void(const GenerationEvent&)>*, GenerationEvent>>;
+  void finish(Seq& s, FinishReason reason, const std::string& error, EventList& events);
   /// The choices 1..n-1 of `s` (choice 0), sharing its prompt's full pages.
   void fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out);
   /// Whether a row of `s` needs the logits on the host (top-k, penalties,
@@ -215,6 +218,10 @@ class Domain {
   bool withdraw_ = false;                      // withdraw_unstarted (under mu_)
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
+  // The chunks of a step, kept from step to step with their token vectors
+  // (and spare ones) so that a step allocates none in the steady state.
+  std::vector<SeqChunk> chunks_;
+  std::vector<std::vector<int>> spare_tokens_;
   std::uint64_t arrivals_ = 0;
   DomainStats stats_;
   int n_running_ = 0, n_waiting_ = 0;

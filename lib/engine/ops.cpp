@@ -857,7 +857,7 @@ void matmul(const float* x, const MatView& w, float* out, int t) {
         break;
       case model::DType::f32: break;
       default:  // the other block types: decoded a few rows at a time, float activations
-        return matmul_quant(x, w, out, t);
+        return wide ? matmul_quant512(x, w, out, t) : matmul_quant(x, w, out, t);
     }
   }
 #endif

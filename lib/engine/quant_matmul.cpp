@@ -2,6 +2,7 @@
 #include "engine/quant_matmul.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -486,6 +487,290 @@ struct Q6KInt {
     q6_k_int<R, T>(a, u0, k, rows, out, ldo, pf);
   }
 };
+
+// ---------------------------------------------------------------------------
+// AVX-512 (BW, VL, VNNI) forms of the Q4_0, Q4_K and Q6_K kernels, where
+// the CPU has them (ops::matmul checks). Each block's integer lanes are
+// exactly those of q4_0_int / q4_k_int / q6_k_int -- a 512-bit vector
+// holds two of the AVX2 kernel's 256-bit chunks, its halves added before
+// the float step; Q4_0's dpbusd starts from the activations' -8 offset --
+// and the float steps are the same, so the outputs are bit for bit the
+// AVX2 kernels' (Matmul.IntegerKernelsAreBitIdenticalAcrossTheX86Families).
+// What changes is the instructions per block: dpwssd / dpbusd in place of
+// madd + add or the sign tricks, 64 weights a vector for the K-quants, the
+// activations stored once per call in the order the weight vectors need,
+// Q4_K's 12 scale bytes decoded in vector lanes. Zen 4 runs a 512-bit
+// operation as two 256-bit halves, so what counts there is the number of
+// operations, not their width: measured on one Zen 4 core from L2
+// (interleaved with the AVX2 kernels, best of 3000 products of 256 x 2048),
+// Q4_0 x1.5, Q6_K x1.2, Q4_K x1.0-1.1.
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define FTP_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
+
+/// The Q8_K quants of t tokens with each super-block's eight chunks of 32
+/// in the order `order` (chunk c of the result is chunk order[c] of a.q).
+void permute_chunks(const Q8KInts& a, int t, int k, const int (&order)[8], std::vector<std::int8_t>& out) {
+  out.resize(a.q.size());
+  const std::size_t n = static_cast<std::size_t>(t) * static_cast<std::size_t>(k);
+  for (std::size_t o = 0; o < n; o += 256)
+    for (int c = 0; c < 8; ++c) std::memcpy(out.data() + o + 32 * c, a.q.data() + o + 32 * order[c], 32);
+}
+
+/// Q4_K's chunks for q4_k_512: the vector of bytes qs[64j, 64j + 64) holds
+/// groups 4j (low nibbles, first 32 bytes), 4j + 1 (high nibbles, first
+/// 32), 4j + 2 (low, last 32) and 4j + 3 (high, last 32); its low nibbles
+/// meet chunks 4j and 4j + 2, its high nibbles chunks 4j + 1 and 4j + 3.
+constexpr int kQ4KOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+/// Q6_K's for q6_k_512: weight vector i holds weights 32i + l (l < 32, the
+/// first half of the super-block) and 128 + 32i + l.
+constexpr int kQ6KOrder[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+/// scales_mins_k4 in vector lanes: the same 16 bytes (scales 0-7 | mins 0-7).
+FTP_AVX512 inline __m128i scales_mins_k4_v(const std::uint8_t* s) {
+  // Bytes 12-15 of the load are the first quants: never used.
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));  // v0 v2 v1 v2
+  const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));  // v0 v0 v1 v1
+  const __m128i lo = _mm_and_si128(b, _mm_set1_epi32(0x3f3f3f3f));
+  const __m128i nib = _mm_and_si128(_mm_srlv_epi32(b, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi32(0x0f0f0f0f));
+  const __m128i top = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_set1_epi32(0x30303030));
+  return _mm_blend_epi32(lo, _mm_or_si128(nib, top), 0b1010);
+}
+
+/// pshufb controls over four copies of eight int16 scales: in 128-bit lane
+/// L, word w[L] in every pair of bytes.
+constexpr std::array<std::uint8_t, 64> lane_words(int w0, int w1, int w2, int w3) {
+  std::array<std::uint8_t, 64> c{};
+  const int w[4] = {w0, w1, w2, w3};
+  for (int i = 0; i < 64; ++i) c[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(2 * w[i / 16] + (i & 1));
+  return c;
+}
+/// The same over four copies of eight unsigned scale bytes: byte w[L]
+/// zero-extended to 16 bits (a control byte 0x80 gives 0).
+constexpr std::array<std::uint8_t, 64> lane_bytes(int w0, int w1, int w2, int w3) {
+  std::array<std::uint8_t, 64> c{};
+  const int w[4] = {w0, w1, w2, w3};
+  for (int i = 0; i < 64; ++i) c[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i & 1 ? 0x80 : w[i / 16]);
+  return c;
+}
+alignas(64) constexpr std::array<std::uint8_t, 64> kQ4KWords[4] = {lane_bytes(0, 0, 2, 2), lane_bytes(1, 1, 3, 3),
+                                                                  lane_bytes(4, 4, 6, 6), lane_bytes(5, 5, 7, 7)};
+alignas(64) constexpr std::array<std::uint8_t, 64> kQ6KWords[4] = {lane_words(0, 1, 0, 1), lane_words(2, 3, 2, 3),
+                                                                  lane_words(4, 5, 4, 5), lane_words(6, 7, 6, 7)};
+
+FTP_AVX512 inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
+FTP_AVX512 inline __m256i fold(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+/// A super-block's integer dots: the four weight vectors (unsigned) with
+/// 256 activation quants in their order, each pair of products times its
+/// int16 scale, summed in int32 and folded to the AVX2 kernels' 8 lanes.
+FTP_AVX512 inline __m256i dots_512(const __m512i (&w)[4], const __m512i (&s)[4], const std::int8_t* xq) {
+        __m512i p0 = _mm512_madd_epi16(_mm512_maddubs_epi16(w[0], load512(xq)), s[0]);
+        __m512i p1 = _mm512_madd_epi16(_mm512_maddubs_epi16(w[1], load512(xq + 64)), s[1]);
+        p0 = _mm512_dpwssd_epi32(p0, _mm512_maddubs_epi16(w[2], load512(xq + 128)), s[2]);
+        p1 = _mm512_dpwssd_epi32(p1, _mm512_maddubs_epi16(w[3], load512(xq + 192)), s[3]);
+  return fold(_mm512_add_epi32(p0, p1));
+}
+
+/// q4_k_int with 512-bit vectors and VNNI; xp: the quants in kQ4KOrder.
+/// The float step packs what q4_k_int keeps in two accumulators into one
+/// vector: lanes 0-7 the groups' sums (x d x d_x), lanes 8-11 the mins'
+/// (x d_min x d_x), each lane the same operation as there.
+template <int R, int T>
+FTP_AVX512 void q4_k_512(const Q8KInts& a, const std::int8_t* xp, int u0, int k, const std::uint8_t* const* rows,
+                         float* out, int ldo, std::ptrdiff_t pf) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) acc[r][u] = _mm512_setzero_ps();
+  const int nb = k / 256;
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2);
+  __m512i ctl[4];
+  for (int i = 0; i < 4; ++i) ctl[i] = load512(kQ4KWords[i].data());
+  for (int b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 144;
+      if (pf) prefetch<3>(blk + pf);
+      // d, d_min as floats (lanes 0, 1).
+      const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(*reinterpret_cast<const std::int32_t*>(blk)));
+      const __m128i sm = scales_mins_k4_v(blk + 4);  // 8 scales | 8 mins, bytes
+      const __m512i scl = _mm512_broadcast_i32x4(sm);
+      const __m128i mins = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+      const __m512i q0 = load512(blk + 16), q1 = load512(blk + 80);
+      const __m512i w[4] = {_mm512_and_si512(q0, low), _mm512_and_si512(_mm512_srli_epi16(q0, 4), low),
+                            _mm512_and_si512(q1, low), _mm512_and_si512(_mm512_srli_epi16(q1, 4), low)};
+      __m512i s[4];
+      for (int i = 0; i < 4; ++i) s[i] = _mm512_shuffle_epi8(scl, ctl[i]);
+      for (int u = 0; u < T; ++u) {
+        const std::int8_t* xq = xp + static_cast<std::ptrdiff_t>(u0 + u) * k + b * 256;
+        const std::size_t xb = static_cast<std::size_t>(u0 + u) * static_cast<std::size_t>(nb) + static_cast<std::size_t>(b);
+        // min_j x (the quant sum of group j), exact in int32, four lanes of pairs.
+        const __m128i m = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.bsums32.data() + xb * 8)));
+        const __m512i sumi = _mm512_inserti32x4(_mm512_castsi256_si512(dots_512(w, s, xq)), m, 2);
+        // d x d_x in lanes 0-7, d_min x d_x in 8-11 (12-15 unused).
+        const __m512 f = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dd, _mm_set1_ps(a.d[xb]))));
+        acc[r][u] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(sumi), acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) {
+      __m128 m = _mm512_extractf32x4_ps(acc[r][u], 2);
+      m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+      m = _mm_add_ss(m, _mm_movehdup_ps(m));
+      out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(_mm512_castps512_ps256(acc[r][u])) - _mm_cvtss_f32(m);
+    }
+}
+
+/// q6_k_int with 512-bit vectors and VNNI; xp: the quants in kQ6KOrder.
+template <int R, int T>
+FTP_AVX512 void q6_k_512(const Q8KInts& a, const std::int8_t* xp, int u0, int k, const std::uint8_t* const* rows,
+                         float* out, int ldo, std::ptrdiff_t pf) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps();
+  const int nb = k / 256;
+  const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+  const __m512i spread = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
+  __m512i ctl[4];
+  for (int i = 0; i < 4; ++i) ctl[i] = load512(kQ6KWords[i].data());
+  for (int b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 210;
+      if (pf) prefetch<4>(blk + pf);
+      const float d = half_at(blk + 208);
+      const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+      // Scales 0-7 in lanes 0 and 1, 8-15 in lanes 2 and 3.
+      const __m512i sc = _mm512_permutexvar_epi64(spread, _mm512_castsi256_si512(s16));
+      // ql[0, 32) | ql[64, 96) and ql[32, 64) | ql[96, 128): the two halves' a0 and a1.
+      const __m512i z0 = _mm512_inserti64x4(_mm512_castsi256_si512(load256(blk)), load256(blk + 64), 1);
+      const __m512i z1 = _mm512_inserti64x4(_mm512_castsi256_si512(load256(blk + 32)), load256(blk + 96), 1);
+      const __m512i hh = load512(blk + 128);
+      // (a & 0x0f) | (h & 0x30): ternary logic 0xf8 is A | (B & C).
+      const __m512i w[4] = {
+          _mm512_ternarylogic_epi32(_mm512_and_si512(z0, m4), _mm512_slli_epi16(hh, 4), m30, 0xf8),
+          _mm512_ternarylogic_epi32(_mm512_and_si512(z1, m4), _mm512_slli_epi16(hh, 2), m30, 0xf8),
+          _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(z0, 4), m4), hh, m30, 0xf8),
+          _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(z1, 4), m4), _mm512_srli_epi16(hh, 2), m30, 0xf8)};
+      __m512i s[4];
+      for (int i = 0; i < 4; ++i) s[i] = _mm512_shuffle_epi8(sc, ctl[i]);
+      for (int u = 0; u < T; ++u) {
+        const std::int8_t* xq = xp + static_cast<std::ptrdiff_t>(u0 + u) * k + b * 256;
+        const __m256i sumi = dots_512(w, s, xq);
+        const std::size_t xb = static_cast<std::size_t>(u0 + u) * static_cast<std::size_t>(nb) + static_cast<std::size_t>(b);
+        const __m256i corr = _mm256_madd_epi16(s16, load256(a.bsums16.data() + xb * 16));
+        const __m256i sv = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+        acc[r][u] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d[xb]), _mm256_cvtepi32_ps(sv), acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(acc[r][u]);
+}
+
+/// q4_0_int with AVX-512 VL and VNNI: the nibbles unsigned (0..15, a
+/// broadcast load of the 16 bytes shifted by 0 and 4 per 64-bit lane) into
+/// dpbusd with the activations' int8 quants, the accumulator started at
+/// ncorr (-8 x the sum of each lane's 4 quants), so each block's 8 int32
+/// lanes are exactly q4_0_int's (sum of (q - 8) x_q over the lane's 4
+/// weights); then the same float steps. About half q4_0_int's
+/// instructions per block: no sign tricks, no madd, the scale broadcast
+/// by the load.
+template <int R, int T>
+FTP_AVX512 void q4_0_vl(const std::int8_t* xq, const float* xd, const std::int32_t* ncorr, int k,
+                        const std::uint8_t* const* rows, float* out, int ldo, std::ptrdiff_t pf) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) acc[r][u] = _mm256_setzero_ps();
+  const int nb = k / 32;
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  const __m256i shift = _mm256_setr_epi64x(0, 0, 4, 4);
+  for (int b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 18;
+      if (pf && (b & 3) == 0) prefetch<2>(blk + pf);  // 72 bytes every 4 blocks
+      std::uint16_t h;
+      std::memcpy(&h, blk, 2);
+      const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h)));
+      // Weights 0..15 (low nibbles) in the low lane, 16..31 (high) in the high lane.
+      const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+      const __m256i w = _mm256_and_si256(_mm256_srlv_epi64(q, shift), low);
+      for (int u = 0; u < T; ++u) {
+        const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(u) * nb + b;
+        const __m256i p = _mm256_dpbusd_epi32(load256(ncorr + 8 * o), w,
+                                              load256(xq + static_cast<std::ptrdiff_t>(u) * k + b * 32));
+        acc[r][u] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[o])), _mm256_cvtepi32_ps(p), acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < T; ++u) out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(acc[r][u]);
+}
+
+/// matmul_q4_0_int with q4_0_vl.
+FTP_AVX512 void matmul_q4_0_vl(const float* x, const MatView& w, const Decoder& d, float* out, int t) {
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  thread_local Q8Ints a;
+  thread_local std::vector<std::int32_t> ncorr;
+  q8_0_ints(x, t, k, a);
+  const int nb = k / 32;
+  ncorr.resize(static_cast<std::size_t>(t) * static_cast<std::size_t>(nb) * 8);
+  const __m256i eight = _mm256_set1_epi8(8);
+  for (std::size_t o = 0; o < static_cast<std::size_t>(t) * static_cast<std::size_t>(nb); ++o) {
+    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), eight, load256(a.q.data() + 32 * o));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ncorr.data() + 8 * o), _mm256_sub_epi32(_mm256_setzero_si256(), s));
+  }
+  using Fn = void (*)(const std::int8_t*, const float*, const std::int32_t*, int, const std::uint8_t* const*, float*, int,
+                      std::ptrdiff_t);
+  static constexpr Fn k4[4] = {nullptr, q4_0_vl<4, 1>, q4_0_vl<4, 2>, q4_0_vl<4, 3>};
+  static constexpr Fn k1[4] = {nullptr, q4_0_vl<1, 1>, q4_0_vl<1, 2>, q4_0_vl<1, 3>};
+  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i, std::ptrdiff_t pf) {
+    const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(u) * nb;
+    (rows == 4 ? k4 : k1)[g](a.q.data() + static_cast<std::ptrdiff_t>(u) * k, a.d.data() + o, ncorr.data() + 8 * o, k, wr,
+                             out + static_cast<std::ptrdiff_t>(u) * n + i, n, pf);
+  });
+}
+
+/// matmul_k_int with the 512-bit kernels.
+template <template <int, int> class K>
+void matmul_k_512(const float* x, const MatView& w, const Decoder& d, float* out, int t) {
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  thread_local Q8KInts a;
+  thread_local std::vector<std::int8_t> xp;
+  q8_k_ints(x, t, k, a);
+  permute_chunks(a, t, k, K<1, 1>::order, xp);
+  using Fn = void (*)(const Q8KInts&, const std::int8_t*, int, int, const std::uint8_t* const*, float*, int, std::ptrdiff_t);
+  static constexpr Fn four[4] = {nullptr, K<4, 1>::run, K<4, 2>::run, K<4, 3>::run};
+  static constexpr Fn one[4] = {nullptr, K<1, 1>::run, K<1, 2>::run, K<1, 3>::run};
+  for_each_tile(w, d, t, [&](const std::uint8_t* const* wr, int rows, int u, int g, int i, std::ptrdiff_t pf) {
+    (rows == 4 ? four : one)[g](a, xp.data(), u, k, wr, out + static_cast<std::ptrdiff_t>(u) * n + i, n, pf);
+  });
+}
+
+template <int R, int T>
+struct Q4K512 {
+  static constexpr const int (&order)[8] = kQ4KOrder;
+  static void run(const Q8KInts& a, const std::int8_t* xp, int u0, int k, const std::uint8_t* const* rows, float* out,
+                  int ldo, std::ptrdiff_t pf) {
+    q4_k_512<R, T>(a, xp, u0, k, rows, out, ldo, pf);
+  }
+};
+template <int R, int T>
+struct Q6K512 {
+  static constexpr const int (&order)[8] = kQ6KOrder;
+  static void run(const Q8KInts& a, const std::int8_t* xp, int u0, int k, const std::uint8_t* const* rows, float* out,
+                  int ldo, std::ptrdiff_t pf) {
+    q6_k_512<R, T>(a, xp, u0, k, rows, out, ldo, pf);
+  }
+};
+
+#pragma GCC diagnostic pop
 #endif
 
 const float* quantized_activations(const MatView& w, const float* x, int t) {
@@ -536,8 +821,21 @@ void matmul_quant(const float* x, const MatView& w, float* out, int t) {
     }
   }
 }
+
+void matmul_quant512(const float* x, const MatView& w, float* out, int t) {
+  if (t == 0 || w.rows == 0) return;
+  const Decoder d(w);
+  const std::int64_t k = w.cols;
+  if (w.t->dtype == model::DType::q4_0 && d.lead == 0 && k % 32 == 0) return matmul_q4_0_vl(x, w, d, out, t);
+  if (d.lead == 0 && k % 256 == 0) {
+    if (w.t->dtype == model::DType::q4_k) return matmul_k_512<Q4K512>(x, w, d, out, t);
+    if (w.t->dtype == model::DType::q6_k) return matmul_k_512<Q6K512>(x, w, d, out, t);
+  }
+  matmul_quant(x, w, out, t);
+}
 #else
 void matmul_quant(const float* x, const MatView& w, float* out, int t) { matmul_quant_scalar(x, w, out, t); }
+void matmul_quant512(const float* x, const MatView& w, float* out, int t) { matmul_quant_scalar(x, w, out, t); }
 #endif
 
 void matmul_quant_scalar(const float* x, const MatView& w, float* out, int t) {

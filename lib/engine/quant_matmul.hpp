@@ -50,6 +50,13 @@ void quantize_activations(model::DType w, const float* x, int t, int k, float* o
 /// matmul_quant_scalar is the same sum order in plain C++.
 void matmul_quant(const float* x, const MatView& w, float* out, int t);
 
+/// matmul_quant with AVX-512 (F/BW/VL/DQ/VNNI; callers check the CPU):
+/// Q4_0, Q4_K and Q6_K views of whole blocks take AVX-512 VNNI forms of
+/// the integer kernels, bit for bit the same outputs as matmul_quant's
+/// (the same integer lanes, the same float steps); every other view is
+/// matmul_quant.
+void matmul_quant512(const float* x, const MatView& w, float* out, int t);
+
 /// matmul_quant without AVX2: the same buffers, plain scalar dots in
 /// column order (the portable path where the CPU lacks AVX2/FMA).
 void matmul_quant_scalar(const float* x, const MatView& w, float* out, int t);

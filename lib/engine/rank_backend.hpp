@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -194,6 +195,31 @@ class Backend {
     (void)weights;
     (void)ranks;
     return {};
+  }
+  /// Device backends (CUDA): makes each device's resident weights the
+  /// union of its shards over the gear table (`shards`: CUDA ordinal ->
+  /// every rank it serves in any gear), before any domain is built, so
+  /// that a shift takes views and copies nothing. Returns the bytes each
+  /// device holds. Default (CPU: WeightStore::copy_to_device does it on
+  /// virtual devices): nothing.
+  virtual std::map<int, std::uint64_t> make_resident(const WeightStore& weights,
+                                                     const std::map<int, std::vector<RankShard>>& shards) {
+    (void)weights;
+    (void)shards;
+    return {};
+  }
+  /// Weight bytes the backend holds on each device now (the accounting a
+  /// test compares with plan::device_memory); empty on the CPU backend.
+  virtual std::map<int, std::uint64_t> resident_bytes(const WeightStore& weights) const {
+    (void)weights;
+    return {};
+  }
+  /// GPU release mode: frees `device`'s resident weights (no domain on it
+  /// may remain); returns the bytes freed. Default: 0.
+  virtual std::uint64_t release_device(const WeightStore& weights, int device) {
+    (void)weights;
+    (void)device;
+    return 0;
   }
 };
 

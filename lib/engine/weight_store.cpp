@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include <sys/mman.h>
@@ -181,14 +182,9 @@ struct WeightStore::DeviceCopy {
   /// columns [c0, c0 + view.cols) of the mapped tensor `from` (found by its
   /// data: a tied head's view is of the embedding's bytes).
   struct Segment {
-    const model::TensorView* from = nullptr;  // the mapped tensor
-    std::int64_t r0 = 0, c0 = 0;
+    ShardSegment at;         // where in the mapped tensor
     model::TensorView view;  // the copy, in the tensor's dtype; view.data into DeviceCopy::mem
-
-    bool holds(const MatView& m) const {
-      return m.t->data == from->data && m.r0 >= r0 && m.r0 + m.rows <= r0 + view.rows && m.c0 >= c0 &&
-             m.c0 + m.cols <= c0 + view.cols;
-    }
+    bool holds(const MatView& m) const { return at.holds(m); }
   };
 
   backend::VirtualDevice* device = nullptr;
@@ -260,7 +256,7 @@ RankLayerView WeightStore::layer(int layer, int tp, int rank, const backend::Vir
     if (!s)
       throw Error("device-memory mode: device " + device->name() + " holds no copy of " + range_text(*m) +
                   " (rank " + std::to_string(rank) + " of tp " + std::to_string(tp) + ")");
-    *m = MatView{&s->view, m->r0 - s->r0, m->rows, m->c0 - s->c0, m->cols};
+    *m = MatView{&s->view, m->r0 - s->at.r0, m->rows, m->c0 - s->at.c0, m->cols};
   }
   const LayerVecs& lv = vecs->second;
   v.attn_norm = lv.attn_norm.data();
@@ -302,18 +298,11 @@ MatView WeightStore::output(const backend::VirtualDevice* device) const {
   return MatView{&t, 0, t.rows, 0, t.cols};
 }
 
-std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const std::vector<RankShard>& shards) {
-  if (copies_.count(&device)) throw Error("device-memory mode: device " + device.name() + " has its copy already");
-  {
-    std::lock_guard lk(pack_mu_);
-    if (packed_) throw Error("weight store: device-memory mode after the CPU backend packed the Q8_0 weights");
-    pack_tried_ = true;  // the copies are read as they are, never packed
-  }
-  auto c = std::make_unique<DeviceCopy>();
-  c->device = &device;
+ShardUnion WeightStore::shard_union(const std::vector<RankShard>& shards) const {
+  ShardUnion u;
   // Every view of every shard, by tensor (its data: a tied head is the embedding's).
   std::map<const void*, std::pair<const model::TensorView*, std::vector<MatView>>> views;
-  bool embedding = false, head = false;
+  std::set<int> layers;
   for (const RankShard& sh : shards) {
     for (int L = sh.first_layer; L < sh.first_layer + sh.n_layers; ++L) {
       const RankLayerView v = mapped_layer(L, sh.tp, sh.rank);
@@ -323,20 +312,17 @@ std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const 
           e.first = m->t;
           e.second.push_back(*m);
         }
-      c->vecs.try_emplace(L, vecs_[static_cast<std::size_t>(L)]);
+      layers.insert(L);
     }
-    embedding = embedding || sh.first;
-    head = head || (sh.last && sh.rank == 0);
+    u.embedding = u.embedding || sh.first;
+    u.head = u.head || (sh.last && sh.rank == 0);
   }
   const MatView out = output();
-  if (embedding) {
+  if (u.embedding) {
     const model::TensorView& t = m_.weights.tok_embd;
     views[t.data] = {&t, {MatView{&t, 0, t.rows, 0, t.cols}}};
   }
-  if (head) {
-    views[out.t->data] = {out.t, {out}};
-    c->output_norm = output_norm_;
-  }
+  if (u.head) views[out.t->data] = {out.t, {out}};
   // Each tensor's views merged into rectangles: row ranges of a
   // column-parallel matrix (its views have every column), else column
   // ranges, widened to whole blocks, of a row-parallel one (every row).
@@ -357,27 +343,57 @@ std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const 
       iv.emplace_back(m.c0 / blk * blk, std::min<std::int64_t>(t.cols, (m.c0 + m.cols + blk - 1) / blk * blk));
     }
     for (const auto& [a, b] : merged(std::move(iv))) {
-      DeviceCopy::Segment s;
-      s.from = &t;
-      s.r0 = by_rows ? a : 0;
-      s.c0 = by_rows ? 0 : a;
-      s.view = t;
-      s.view.rows = by_rows ? b - a : t.rows;
-      s.view.cols = by_rows ? t.cols : b - a;
-      s.view.bytes = model::dtype_bytes(t.dtype, s.view.rows * s.view.cols);
-      s.view.data = nullptr;
-      c->segments.push_back(std::move(s));
+      ShardSegment g;
+      g.from = &t;
+      g.r0 = by_rows ? a : 0;
+      g.c0 = by_rows ? 0 : a;
+      g.rows = by_rows ? b - a : t.rows;
+      g.cols = by_rows ? t.cols : b - a;
+      g.bytes = model::dtype_bytes(t.dtype, g.rows * g.cols);
+      u.matrix_bytes += g.bytes;
+      u.segments.push_back(g);
     }
+  }
+  u.layers.assign(layers.begin(), layers.end());
+  for (int L : u.layers)
+    for (const auto& [p, n] : layer_vectors(L)) u.vector_bytes += n * sizeof(float);
+  if (u.head) u.vector_bytes += output_norm_.size() * sizeof(float);
+  return u;
+}
+
+std::vector<std::pair<const float*, std::size_t>> WeightStore::layer_vectors(int layer) const {
+  const LayerVecs& lv = vecs_.at(static_cast<std::size_t>(layer));
+  std::vector<std::pair<const float*, std::size_t>> out;
+  for (const auto* v : {&lv.attn_norm, &lv.ffn_norm, &lv.bq, &lv.bk, &lv.bv, &lv.q_norm, &lv.k_norm})
+    if (!v->empty()) out.emplace_back(v->data(), v->size());
+  return out;
+}
+
+std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const std::vector<RankShard>& shards) {
+  if (copies_.count(&device)) throw Error("device-memory mode: device " + device.name() + " has its copy already");
+  {
+    std::lock_guard lk(pack_mu_);
+    if (packed_) throw Error("weight store: device-memory mode after the CPU backend packed the Q8_0 weights");
+    pack_tried_ = true;  // the copies are read as they are, never packed
+  }
+  const ShardUnion u = shard_union(shards);
+  auto c = std::make_unique<DeviceCopy>();
+  c->device = &device;
+  for (int L : u.layers) c->vecs.try_emplace(L, vecs_[static_cast<std::size_t>(L)]);
+  if (u.head) c->output_norm = output_norm_;
+  for (const ShardSegment& g : u.segments) {
+    DeviceCopy::Segment s;
+    s.at = g;
+    s.view = *g.from;
+    s.view.rows = g.rows;
+    s.view.cols = g.cols;
+    s.view.bytes = g.bytes;
+    s.view.data = nullptr;
+    c->segments.push_back(std::move(s));
   }
   std::size_t total = 0;
   for (const DeviceCopy::Segment& s : c->segments) total += aligned(s.view.bytes);
-  std::uint64_t vec_bytes = c->output_norm.size() * sizeof(float);
-  for (const auto& [L, lv] : c->vecs)
-    for (const auto* v : {&lv.attn_norm, &lv.ffn_norm, &lv.bq, &lv.bk, &lv.bv, &lv.q_norm, &lv.k_norm})
-      vec_bytes += v->size() * sizeof(float);
-  std::uint64_t seg_bytes = 0;
-  for (const DeviceCopy::Segment& s : c->segments) seg_bytes += s.view.bytes;
-  c->bytes = seg_bytes + vec_bytes;
+  c->bytes = u.bytes();
   // Reserved before anything is allocated: a copy that does not fit is refused, naming the device.
   device.reserve_weights(c->bytes, "weights (device-memory mode: " + std::to_string(c->segments.size()) +
                                        " ranges of its shards' union)");
@@ -389,14 +405,14 @@ std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const 
     for (DeviceCopy::Segment& s : c->segments) {
       unsigned char* dst = base + off;
       off += aligned(s.view.bytes);
-      const model::TensorView& t = *s.from;
+      const model::TensorView& t = *s.at.from;
       const auto* src = static_cast<const unsigned char*>(t.data);
       if (s.view.cols == t.cols) {
-        std::memcpy(dst, src + model::dtype_bytes(t.dtype, s.r0 * t.cols), s.view.bytes);
+        std::memcpy(dst, src + model::dtype_bytes(t.dtype, s.at.r0 * t.cols), s.view.bytes);
       } else {
         const std::size_t row = model::dtype_bytes(t.dtype, s.view.cols);
         for (std::int64_t r = 0; r < t.rows; ++r)
-          std::memcpy(dst + static_cast<std::size_t>(r) * row, src + model::dtype_bytes(t.dtype, r * t.cols + s.c0), row);
+          std::memcpy(dst + static_cast<std::size_t>(r) * row, src + model::dtype_bytes(t.dtype, r * t.cols + s.at.c0), row);
       }
       s.view.data = dst;
     }
@@ -405,8 +421,8 @@ std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const 
     throw;
   }
   const model::TensorView& e = m_.weights.tok_embd;
-  if (embedding) c->embedding = c->find(MatView{&e, 0, e.rows, 0, e.cols});
-  if (head) c->head = c->find(out);
+  if (u.embedding) c->embedding = c->find(MatView{&e, 0, e.rows, 0, e.cols});
+  if (u.head) c->head = c->find(output());
   copied_bytes_ += c->bytes;
   const std::uint64_t b = c->bytes;
   copies_.emplace(&device, std::move(c));

@@ -84,6 +84,34 @@ struct RankShard {
   bool operator==(const RankShard&) const = default;
 };
 
+/// One rectangle of a mapped tensor that a device's shard union holds:
+/// rows [r0, r0 + rows) and columns [c0, c0 + cols) of `from` (a
+/// column-parallel matrix: whole rows; a row-parallel one: whole columns,
+/// widened to whole blocks of its dtype).
+struct ShardSegment {
+  const model::TensorView* from = nullptr;
+  std::int64_t r0 = 0, rows = 0, c0 = 0, cols = 0;
+  std::uint64_t bytes = 0;
+  /// Whether the view `m` (of the same tensor's bytes) lies inside.
+  bool holds(const MatView& m) const noexcept {
+    return m.t && from && m.t->data == from->data && m.r0 >= r0 && m.r0 + m.rows <= r0 + rows && m.c0 >= c0 &&
+           m.c0 + m.cols <= c0 + cols;
+  }
+};
+
+/// What a device holds for the ranks of `shards` (WeightStore::shard_union):
+/// the one computation behind device-memory mode's copies and the CUDA
+/// backend's resident uploads.
+struct ShardUnion {
+  std::vector<ShardSegment> segments;  ///< each tensor's merged views, each byte once
+  std::vector<int> layers;             ///< the layers held (their vectors), ascending
+  bool embedding = false;              ///< a first stage's rank: the token embedding whole
+  bool head = false;                   ///< rank 0 of a last stage: the classifier and the final norm
+  std::uint64_t matrix_bytes = 0;      ///< of the segments
+  std::uint64_t vector_bytes = 0;      ///< the layers' float32 vectors and the final norm
+  std::uint64_t bytes() const noexcept { return matrix_bytes + vector_bytes; }
+};
+
 /// The resident weights: the model's tensors where they lie (memory-mapped,
 /// in their stored dtype), viewed by every domain of every gear. Only the
 /// vectors are converted to float32: the norms (n_embd or head_dim floats
@@ -136,6 +164,13 @@ class WeightStore {
   /// The classifier [n_vocab][n_embd] (the token embedding when tied;
   /// from `device`'s copy, as layer).
   MatView output(const backend::VirtualDevice* device = nullptr) const;
+
+  /// The union of what the ranks of `shards` read, as one device holds it
+  /// (the rules of copy_to_device below); no allocation of weights.
+  ShardUnion shard_union(const std::vector<RankShard>& shards) const;
+  /// The float32 vectors of layer `layer` as the store converted them
+  /// (norms, biases, per-head norms; empty ones where the layer has none).
+  std::vector<std::pair<const float*, std::size_t>> layer_vectors(int layer) const;
 
   /// Device-memory mode: copies into memory of `device`'s own exactly what
   /// the ranks of `shards` read (their union, each byte once: rows of the

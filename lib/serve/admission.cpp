@@ -54,6 +54,17 @@ std::shared_ptr<Admission::Ticket> Admission::admit(const std::string& domain, i
   return std::make_shared<Ticket>(*this, domain, t);
 }
 
+std::shared_ptr<Admission::Ticket> Admission::carry(const std::string& domain, int prompt_tokens) {
+  const std::int64_t t = prompt_tokens;
+  std::lock_guard lk(mu_);
+  Queue& d = domains_[domain];
+  ++service_.requests;
+  service_.tokens += t;
+  ++d.requests;
+  d.tokens += t;
+  return std::make_shared<Ticket>(*this, domain, t);
+}
+
 void Admission::release(const std::string& domain, std::int64_t tokens) {
   std::lock_guard lk(mu_);
   --service_.requests;

@@ -49,6 +49,11 @@ class Admission {
   /// naming the bound it would pass, with `retry_after_s`. The ticket must
   /// not outlive this Admission.
   std::shared_ptr<Ticket> admit(const std::string& domain, int prompt_tokens, int retry_after_s);
+  /// Counts a request that was admitted before (moved off a draining
+  /// domain, or run again after its domain failed) in `domain`'s queue and
+  /// the service's, past the bounds if need be: it was accepted once and is
+  /// never refused now, but the requests that arrive after it see it waiting.
+  std::shared_ptr<Ticket> carry(const std::string& domain, int prompt_tokens);
 
   const AdmissionLimits& limits() const noexcept { return limits_; }
   /// Requests and prompt tokens waiting now (the service's).

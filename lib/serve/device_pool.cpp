@@ -2,6 +2,7 @@
 #include "serve/device_pool.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <set>
 
 #include "backend/cpu/cpu_info.hpp"
@@ -40,7 +41,7 @@ const char* to_string(DevicePool::Kind k) noexcept {
 }
 
 DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const doc::Topology* topology,
-                       std::uint64_t vd_memory)
+                       std::uint64_t vd_memory, const std::vector<backend::GpuInfo>* gpus)
     : kind_(kind) {
   if (kind == Kind::named) {
     if (topology && !topology->devices.empty()) {
@@ -57,7 +58,7 @@ DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const d
     for (const auto& g : table.gears)
       for (const auto& d : g.devices()) n_vd = std::max(n_vd, vd_index(d) + 1);
   if (kind == Kind::cuda) {
-    for (const auto& gi : backend::discover_gpus()) {
+    for (const auto& gi : gpus ? *gpus : backend::discover_gpus()) {
       doc::Device d = device("gpu" + std::to_string(gi.index), "gpu", "");
       d.name = gi.name;
       d.uuid = gi.uuid;
@@ -104,7 +105,37 @@ void DevicePool::member_lost(const std::string& member, const std::string& why) 
   for (const auto& d : it->second) lost_[d] = "member " + member + " lost: " + why;
 }
 
-DeviceBinding DevicePool::bind(const std::string& full) const {
+std::string DevicePool::canonical(const std::string& name) const {
+  // "cuda:N" is the CUDA runtime's spelling of gpuN.
+  if (kind_ == Kind::cuda && name.size() > 5 && name.compare(0, 5, "cuda:") == 0 &&
+      name.find_first_not_of("0123456789", 5) == std::string::npos)
+    return "gpu" + name.substr(5);
+  const auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  const std::string l = lower(name);
+  if (l.compare(0, 4, "gpu-") != 0 && l.compare(0, 4, "mig-") != 0) return name;
+  for (const auto& d : devices_)
+    if (!d.uuid.empty() && lower(d.uuid) == l) return d.id;
+  return name;
+}
+
+int DevicePool::canonicalize(doc::GearTable& table) const {
+  int changed = 0;
+  for (auto& g : table.gears)
+    for (auto& rep : g.replicas)
+      for (auto& st : rep.stages)
+        for (auto& d : st.devices)
+          if (std::string c = canonical(d); c != d) {
+            d = std::move(c);
+            ++changed;
+          }
+  return changed;
+}
+
+DeviceBinding DevicePool::bind(const std::string& given) const {
+  const std::string full = canonical(given);
   std::string name = full;
   const auto slash = full.find('/');
   bool members = false;
@@ -146,8 +177,10 @@ DeviceBinding DevicePool::bind(const std::string& full) const {
     return b;
   }
   std::string have;
-  for (const auto& d : devices_) have += (have.empty() ? "" : ", ") + d.id;
-  throw InputError("device \"" + name + "\" is not one of this service's " + to_string(kind_) + " devices (" +
+  for (const auto& d : devices_) have += (have.empty() ? "" : ", ") + d.id + (d.uuid.empty() ? "" : " = " + d.uuid);
+  const std::string l = name.substr(0, 4);
+  const bool uuid = l == "GPU-" || l == "gpu-" || l == "MIG-" || l == "mig-";
+  throw InputError("device \"" + name + "\"" + (uuid ? " (a GPU UUID)" : "") + " is not one of this service's " + to_string(kind_) + " devices (" +
                    (have.empty() ? std::string("none") : have) + ")" +
                    (kind_ == Kind::cpu && name.compare(0, 3, "gpu") == 0 ? "; GPUs need --backend cuda" : "") +
                    (kind_ == Kind::cpu && vd_index(name) >= 0 ? "; --virtual-devices N offers more" : ""));

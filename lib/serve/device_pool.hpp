@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/virtual_device.hpp"
+#include "backend/gpu.hpp"
 #include "core/json.hpp"
 #include "doc/gear_table.hpp"
 #include "doc/topology.hpp"
@@ -30,6 +31,10 @@ struct DeviceBinding {
 ///   and its memory split evenly among them.
 /// - "cuda": the GPUs of discover_gpus() as gpu0..gpu<G-1>, plus vd0..vd<N-1>
 ///   as shares of gpu0 (several ranks on one GPU, as the gpu suite runs).
+///   A gear may name a GPU by ordinal ("gpu1", "cuda:1") or by UUID
+///   ("GPU-8f3c...", a MIG slice's "MIG-..."): canonical() turns each into
+///   the pool's id ("gpu1"), so leases, the memory plan and the shard
+///   unions see one device under one name.
 /// - "named" (an engine factory's devices, e.g. the simulated engine's):
 ///   the given topology's devices, or the gear table's own names when there
 ///   is none; nothing is bound to hardware.
@@ -43,15 +48,27 @@ class DevicePool {
   /// vdN of `table` needs. `topology`: for Kind::named only (may be empty).
   /// `virtual_device_memory`: each CPU virtual device's budget, bytes; 0:
   /// the host's memory split evenly among them.
+  /// `gpus`: Kind::cuda's GPUs instead of discover_gpus() (tests on a
+  /// machine without one; null: discover).
   DevicePool(Kind kind, const doc::GearTable& table, int virtual_devices, const doc::Topology* topology = nullptr,
-             std::uint64_t virtual_device_memory = 0);
+             std::uint64_t virtual_device_memory = 0, const std::vector<backend::GpuInfo>* gpus = nullptr);
 
   Kind kind() const noexcept { return kind_; }
   /// The devices, as a topology document's devices (ids, types, parents).
   const std::vector<doc::Device>& devices() const noexcept { return devices_; }
 
-  /// Binds `name`; throws InputError naming it and what the pool has.
+  /// Binds `name` (canonical() first); throws InputError naming it and
+  /// what the pool has.
   DeviceBinding bind(const std::string& name) const;
+  /// The pool's id of `name`: a GPU's ordinal spelling ("cuda:1") or UUID
+  /// (case-insensitive, as nvidia-smi -L prints it) becomes "gpu1", a
+  /// topology device's uuid its id; any other name is returned as it is
+  /// (bind() then says whether the pool has it).
+  std::string canonical(const std::string& name) const;
+  /// Rewrites every device name of `table` to canonical(); returns how
+  /// many it changed. The service calls it before check(), at start and
+  /// on reload.
+  int canonicalize(doc::GearTable& table) const;
   /// Binds every device of every gear of `table` (at start and on reload);
   /// throws InputError naming the gear and the device. A member's device
   /// ("n1/vd0") is checked when a gear using it is built: members join later.

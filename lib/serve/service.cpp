@@ -74,6 +74,10 @@ Service::Service(const model::Model& model, ServiceConfig config)
       if (hook->service) hook->service->on_member(m);
     });
   }
+  pool_->canonicalize(cfg_.gears);  // "GPU-<uuid>", "cuda:1" -> the pool's "gpu1"
+  // GPU ranks nest too (a TP-2t shard inside the TP-t one): each GPU's union is its largest shard.
+  if (pool_->kind() == DevicePool::Kind::cuda) plan::nest_ranks(cfg_.gears);
+  if (pool_->kind() == DevicePool::Kind::cuda) gpu_signals_ = backend::nvml::GpuSignals::open();
   pool_->check(cfg_.gears);
   output_ = std::make_unique<OutputProcessor>(*tok_, eog_, telemetry_, [this] { return now_us(); });
   ShifterConfig sc;
@@ -319,7 +323,34 @@ std::map<backend::VirtualDevice*, Service::DeviceShards> Service::device_shards(
   return out;
 }
 
+std::map<int, std::vector<engine::RankShard>> Service::gpu_shards(const doc::GearTable& table) const {
+  std::map<int, std::vector<engine::RankShard>> out;
+  for (const doc::Gear& g : table.gears) {
+    if (g.weight_mode == "release") continue;  // uploaded by its ranks when built, freed at retire
+    for (const doc::Replica& rep : g.replicas)
+      for (std::size_t s = 0; s < rep.stages.size(); ++s) {
+        const doc::Stage& st = rep.stages[s];
+        const int tp = static_cast<int>(st.devices.size());
+        for (int r = 0; r < tp; ++r) {
+          const std::string& name = st.devices[static_cast<std::size_t>(r)];
+          if (name.find('/') != std::string::npos) continue;  // a member's device: its own process uploads
+          const DeviceBinding b = pool_->bind(name);
+          if (b.gpu >= 0)
+            out[b.gpu].push_back(engine::RankShard{st.first_layer, st.n_layers, tp, r, s == 0, s + 1 == rep.stages.size()});
+        }
+      }
+  }
+  return out;
+}
+
 void Service::copy_weights_to_devices() {
+  if (store_ && backend_ && pool_->kind() == DevicePool::Kind::cuda) {
+    // Each GPU holds the union of the shards its ranks serve over the
+    // table, uploaded once, before the first domain (issue 17).
+    std::lock_guard lk(table_mu_);
+    backend_->make_resident(*store_, gpu_shards(cfg_.gears));
+    return;
+  }
   if (!cfg_.device_memory || !store_ || store_->device_memory()) return;
   std::lock_guard lk(table_mu_);
   for (const auto& [vd, d] : device_shards(cfg_.gears)) store_->copy_to_device(*vd, d.shards);
@@ -561,17 +592,22 @@ void Service::place_withdrawn(const std::shared_ptr<Placed>& p, const std::strin
 bool Service::place_again(const std::shared_ptr<Placed>& p) {
   auto where = std::make_shared<DomainRunner*>(nullptr);
   engine::GenerationRequest g = engine_request(p, where);
-  // Admitted already: it takes no new place in the waiting queue.
+  // Admitted already: never refused now, but it waits in its new domain's
+  // queue, and the requests after it see it there (Admission::carry).
+  const int n = static_cast<int>(p->prompt.size());
   for (int attempt = 0; attempt < 4; ++attempt) {
-    auto dom = route(p->request, static_cast<int>(p->prompt.size()));
+    auto dom = route(p->request, n);
     if (!dom) return false;
     *where = dom.get();
+    *p->ticket = admission_.carry(dom->id(), n);
     try {
       if (dom->submit(std::move(g))) return true;
     } catch (const InputError& e) {
+      (*p->ticket)->release();
       fail_placed(p, std::string("run again on domain ") + dom->id() + ": " + e.what());
       return true;
     }
+    (*p->ticket)->release();
   }
   return false;
 }
@@ -620,6 +656,8 @@ void Service::check_model(const doc::GearTable& table) const {
 void Service::reload(doc::GearTable table) {
   doc::validate(table);
   check_model(table);
+  pool_->canonicalize(table);
+  if (pool_->kind() == DevicePool::Kind::cuda) plan::nest_ranks(table);
   if (cfg_.device_memory) {
     for (const auto& g : table.gears)
       if (g.weight_mode == "release")
@@ -721,14 +759,34 @@ Json Service::gears_json() const {
   return j;
 }
 
+void Service::sample_gpus(std::vector<doc::GpuLoad>& gpus, std::string& why) const {
+  if (!gpu_signals_) {
+    why = std::string("no GPU in the device pool (") + to_string(pool_->kind()) + " devices)";
+    return;
+  }
+  if (why = gpu_signals_->unavailable(); !why.empty()) {
+    why = "NVML: " + why;
+    return;
+  }
+  std::map<std::string, std::string> ids;  // uuid -> the pool's id
+  for (const auto& d : pool_->devices())
+    if (d.type == "gpu" && !d.uuid.empty()) ids[d.uuid] = d.id;
+  gpus = gpu_signals_->sample(ids);
+  const auto lost = pool_->lost();
+  for (const auto& g : gpus)
+    if (!g.available && ids.count(g.uuid) && !lost.count(g.id)) pool_->mark_lost(g.id, "NVML: " + g.unavailable_because);
+}
+
 doc::Observation Service::observe() const {
   doc::Observation o = telemetry_.observe(now_ms(), current_gear(), shifter_->shifting(), samples());
+  sample_gpus(o.gpus, o.gpu_signals_unavailable);
   for (const auto& [id, why] : pool_->lost()) o.lost_devices.push_back(doc::LostDevice{id, why});
   return o;
 }
 
 std::string Service::prometheus() const {
   ServiceSample s;
+  sample_gpus(s.gpus, s.gpu_signals_unavailable);
   s.gear = current_gear();
   for (const auto& d : pool_->status()) s.devices_leased += d.value("state", "") == "leased" ? 1 : 0;
   return telemetry_.prometheus(s, samples());

@@ -21,6 +21,7 @@
 #include "doc/control.hpp"
 #include "doc/gear_table.hpp"
 #include "backend/cpu/virtual_device.hpp"
+#include "backend/nvml.hpp"
 #include "control/router.hpp"
 #include "control/clock.hpp"
 #include "engine/domain.hpp"
@@ -241,6 +242,8 @@ class Service {
   /// Each of this process's CPU virtual devices that `table` uses (device-memory mode).
   std::map<backend::VirtualDevice*, DeviceShards> device_shards(const doc::GearTable& table) const;
   /// Device-memory mode, at start: copies each device's shard union onto it.
+  /// Every CUDA ordinal's shards over the resident gears of `table`.
+  std::map<int, std::vector<engine::RankShard>> gpu_shards(const doc::GearTable& table) const;
   void copy_weights_to_devices();
   std::optional<doc::Gear> find_gear(const std::string& name) const;
   /// Builds and warms the domains of `gear` (the shifter's Build).
@@ -287,6 +290,11 @@ class Service {
   // The pool before the store: the store's device copies go back to the
   // pool's virtual devices as it is destroyed.
   std::unique_ptr<DevicePool> pool_;
+  /// NVML's GPU signals on a CUDA service (null on others).
+  std::unique_ptr<backend::nvml::GpuSignals> gpu_signals_;
+  /// One NVML sample of the pool's GPUs into `gpus`, or why not into
+  /// `why`; a GPU NVML says is lost or has ECC errors is marked lost.
+  void sample_gpus(std::vector<doc::GpuLoad>& gpus, std::string& why) const;
   std::unique_ptr<engine::WeightStore> store_;            // null with an engine_factory
   engine::Backend* backend_ = nullptr;                    // the real engine's (cfg_.backend)
   std::int64_t t0_us_ = 0;                                 // cfg_.clock at construction

@@ -349,6 +349,39 @@ std::string Telemetry::prometheus(const ServiceSample& svc, const std::vector<Do
   for (const auto& [st, n] : by_state) m.sample("flextp:domains", model + "," + label("state", doc::to_string(st)), n);
   m.family("flextp:devices_leased", "gauge", "Devices held by a domain.");
   m.sample("flextp:devices_leased", model, svc.devices_leased);
+  // NVML's GPU signals (a CUDA service): whole-GPU numbers, every process.
+  m.family("flextp:gpu_signals_available", "gauge",
+           "1 when NVML's GPU signals are read; 0 with the reason (no GPU in the pool, no driver).");
+  m.sample("flextp:gpu_signals_available",
+           model + (svc.gpu_signals_unavailable.empty() ? "" : "," + label("reason", svc.gpu_signals_unavailable)),
+           svc.gpu_signals_unavailable.empty() ? 1 : 0);
+  struct GpuGauge {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const doc::GpuLoad&);
+  };
+  for (const GpuGauge& x : {
+           GpuGauge{"flextp:gpu_utilization", "gauge", "Share of time a kernel ran on the GPU (any process), 0..1.",
+                    [](const doc::GpuLoad& g) { return g.utilization; }},
+           GpuGauge{"flextp:gpu_memory_used_bytes", "gauge", "GPU memory in use (every process and the driver), bytes.",
+                    [](const doc::GpuLoad& g) { return static_cast<double>(g.memory_used); }},
+           GpuGauge{"flextp:gpu_memory_total_bytes", "gauge", "GPU memory, bytes.",
+                    [](const doc::GpuLoad& g) { return static_cast<double>(g.memory_total); }},
+           GpuGauge{"flextp:gpu_other_memory_bytes", "gauge", "GPU memory held by other processes, bytes.",
+                    [](const doc::GpuLoad& g) { return static_cast<double>(g.other_memory); }},
+           GpuGauge{"flextp:gpu_other_compute", "gauge", "SM share of other processes on the GPU, 0..1.",
+                    [](const doc::GpuLoad& g) { return g.other_compute; }},
+           GpuGauge{"flextp:gpu_other_processes", "gauge", "Other processes with a compute context on the GPU.",
+                    [](const doc::GpuLoad& g) { return static_cast<double>(g.other_processes); }},
+           GpuGauge{"flextp:gpu_ecc_uncorrected_errors", "gauge", "Volatile uncorrected ECC errors of the GPU.",
+                    [](const doc::GpuLoad& g) { return static_cast<double>(g.ecc_uncorrected); }},
+           GpuGauge{"flextp:gpu_available", "gauge", "0 when NVML says the GPU is lost or has ECC errors.",
+                    [](const doc::GpuLoad& g) { return g.available ? 1.0 : 0.0; }}}) {
+    if (svc.gpus.empty()) break;
+    m.family(x.name, x.type, x.help);
+    for (const auto& g : svc.gpus) m.sample(x.name, model + "," + label("gpu", g.id) + "," + label("uuid", g.uuid), x.value(g));
+  }
   m.family("flextp:shifts_total", "counter", "Shifts by outcome and trigger.");
   std::map<doc::ShiftOutcome, bool> any;
   for (const auto& [k, n] : shifts_) {

@@ -33,6 +33,8 @@ struct DomainSample {
 struct ServiceSample {
   std::string gear;       ///< the current gear
   int devices_leased = 0; ///< devices some domain holds (DevicePool)
+  std::vector<doc::GpuLoad> gpus;       ///< NVML's GPU signals (flextp:gpu_*)
+  std::string gpu_signals_unavailable;  ///< why there are none
 };
 
 /// The service's live numbers (ARCHITECTURE.md rule 3): latency windows

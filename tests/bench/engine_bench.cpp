@@ -20,6 +20,13 @@
 // --matvec N also times the batch-1 products alone (ops::matmul on each
 // matrix kind and dtype, every layer's in turn, N passes): their GB/s
 // against the same triad, and the step's time outside them at TP 1.
+// --kernel-rate N times the batch-1 quantized kernels on their own (Q4_0,
+// Q4_K, Q6_K: ops::matmul at t = 1 on a random 256 x 2048 matrix that
+// stays in L2, best of N, the best and avx2 kernel families interleaved
+// call by call so that a loaded machine slows both alike), in GB/s of
+// weights and in cycles per block at the clock a dependent-add loop
+// measures in the same run: the rate one core computes the products at
+// when memory is no limit, against which the triad fraction can be read.
 // Output: one JSON document (kind ftp.engine-bench/v1) on stdout, a table on
 // stderr. Goals: batch-1 bandwidth fraction >= 0.8; batch-16 tokens/s >= 8 x
 // batch 1. --min-bw-fraction turns the first into a gate (exit 6).
@@ -86,6 +93,7 @@ struct Options {
   std::string dir;
   bool keep = false;
   int matvec = 0;         // --matvec passes (0: none)
+  int kernel_rate = 0;    // --kernel-rate calls per kernel family (0: none)
 };
 
 testing::SyntheticShape shape_of_dims(const std::string& name);
@@ -163,6 +171,60 @@ engine::GenerationRequest request(std::string id, std::vector<int> prompt, int m
     if (e.finish_reason == ftp::engine::FinishReason::error) throw Error("request " + e.request_id + ": " + e.error);
   };
   return r;
+}
+
+/// --kernel-rate: the batch-1 kernels of the quantized types on one core
+/// with the weights in L2 (256 x 2048, at most 590 KB), best of `calls`
+/// calls per kernel family, best and avx2 interleaved call by call. The
+/// clock: the best of 200 loops of 10^6 dependent adds (one a cycle).
+json::Json time_kernel_rate(int calls) {
+  using engine::ops::MatmulKernels;
+  double ghz = 0;  // no clock off x86: cycles are then 0
+#if defined(__x86_64__)
+  double loop_s = 1e9;
+  for (int p = 0; p < 200; ++p) {
+    const auto t0 = Clock::now();
+    long v = 0;
+    for (long i = 0; i < 250000; ++i) asm volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(v));
+    loop_s = std::min(loop_s, since(t0));
+  }
+  ghz = 1e6 / loop_s / 1e9;
+#endif
+  json::Json rows = json::Json::array();
+  const int n = 256, k = 2048;
+  const MatmulKernels was = engine::ops::matmul_kernels();
+  for (model::DType dt : {model::DType::q4_0, model::DType::q4_k, model::DType::q6_k}) {
+    const std::int64_t elems = static_cast<std::int64_t>(n) * k, blocks = elems / model::dtype_block(dt);
+    std::vector<std::uint8_t> bytes(model::dtype_bytes(dt, elems));
+    testing::random_blocks(dt, bytes.data(), blocks, 11, 1.0f);
+    model::TensorView tv;
+    tv.name = "kernel-rate";
+    tv.dtype = dt;
+    tv.rows = n;
+    tv.cols = k;
+    tv.data = bytes.data();
+    tv.bytes = bytes.size();
+    const engine::MatView w{&tv, 0, n, 0, k};
+    std::vector<float> x(static_cast<std::size_t>(k)), out(static_cast<std::size_t>(n));
+    std::mt19937 rng(5);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (auto& v : x) v = g(rng);
+    const MatmulKernels fams[2] = {MatmulKernels::best, MatmulKernels::avx2};
+    double best[2] = {1e9, 1e9};
+    for (int c = 0; c < calls; ++c)
+      for (int f = 0; f < 2; ++f) {
+        engine::ops::set_matmul_kernels(fams[f]);
+        const auto t0 = Clock::now();
+        engine::ops::matmul(x.data(), w, out.data(), 1);
+        best[f] = std::min(best[f], since(t0));
+      }
+    for (int f = 0; f < 2; ++f)
+      rows.push_back({{"dtype", model::dtype_name(dt)}, {"kernels", f == 0 ? "best" : "avx2"},
+                      {"bytes_per_s", static_cast<double>(bytes.size()) / best[f]},
+                      {"cycles_per_block", best[f] * ghz * 1e9 / static_cast<double>(blocks)}});
+  }
+  engine::ops::set_matmul_kernels(was);
+  return {{"clock_ghz", ghz}, {"rows", n}, {"cols", k}, {"calls", calls}, {"kernels", rows}};
 }
 
 /// --matvec: the batch-1 products alone, one matrix kind at a time (wq .. w_down,
@@ -366,6 +428,8 @@ int main(int argc, char** argv) {
   app.add_flag("--keep", o.keep, "Keep the model files (reused by the next run with the same --dir)");
   app.add_option("--matvec", o.matvec, "Also time the batch-1 products alone, per matrix kind and dtype, over this many passes (0: not)")
       ->check(ftp::cli::non_negative());
+  app.add_option("--kernel-rate", o.kernel_rate, "Also time the batch-1 Q4_0/Q4_K/Q6_K kernels from L2, best of this many calls per kernel family (0: not)")
+      ->check(ftp::cli::non_negative());
   app.add_option("--min-bw-fraction", min_bw_fraction, "Exit 6 when a batch-1 bandwidth fraction is below this (0: no gate)")
       ->check(ftp::cli::non_negative());
 
@@ -458,6 +522,7 @@ int main(int argc, char** argv) {
     doc["int8"] = i8;
     doc["decode_context_tokens"] = o.context;
     doc["runs"] = runs;
+    if (o.kernel_rate > 0) doc["kernel_rate"] = time_kernel_rate(o.kernel_rate);
     doc["goals"] = {{"batch_1_bandwidth_fraction", 0.8}, {"batch_16_speedup", 8.0}, {"rss_over_weights_plus_kv", 1.1}};
     doc["gate"] = {{"min_bw_fraction", min_bw_fraction}, {"passed", gate_ok}};
     tool.emit(doc);
@@ -508,6 +573,18 @@ int main(int argc, char** argv) {
       t << line;
     }
     t << "\n";
+    if (doc.contains("kernel_rate")) {
+      const auto& kr = doc["kernel_rate"];
+      std::snprintf(line, sizeof line, "kernel rate (batch 1, 256 x 2048 in L2, one core, clock ~%.2f GHz):\n",
+                    kr["clock_ghz"].get<double>());
+      t << line;
+      for (const auto& r : kr["kernels"]) {
+        std::snprintf(line, sizeof line, "  %-5s %-5s %7.1f GB/s %6.1f cycles per block\n", r["dtype"].get<std::string>().c_str(),
+                      r["kernels"].get<std::string>().c_str(), r["bytes_per_s"].get<double>() / 1e9,
+                      r["cycles_per_block"].get<double>());
+        t << line;
+      }
+    }
     std::cerr << t.str();
     if (!gate_ok) {
       std::cerr << "engine-bench: error: a batch-1 bandwidth fraction is below --min-bw-fraction " << min_bw_fraction << "\n";

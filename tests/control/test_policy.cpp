@@ -389,6 +389,56 @@ TEST(GearShifter, EveryGearWithALostDeviceHolds) {
   EXPECT_CONTAINS(d.reason, "standard uses lost device d1, and every other gear uses a lost device too");
 }
 
+// Issue 17: other processes on a GPU of the current gear (NVML's
+// other_compute) vote to move away from it, not up.
+TEST(GearShifter, GpuContentionShiftsAwayFromTheContendedDevice) {
+  Shifter s;
+  auto contended = [](double t, const std::string& dev, double share) {
+    Observation o = obs(t, "standard", 300);
+    ftp::doc::GpuLoad g;
+    g.id = dev;
+    g.other_compute = share;
+    o.gpus.push_back(g);
+    return o;
+  };
+  Decision d = s(contended(0, "d2", 0.5));
+  EXPECT_EQ(d.action, "hold");
+  EXPECT_CONTAINS(d.reason, "contention: other processes take 0.5 of d2's SMs (> 0.3); confirmation 1 of 3");
+  ASSERT_NE(signal(d, "gpu_contention"), nullptr);
+  EXPECT_TRUE(signal(d, "gpu_contention")->agrees);
+  s(contended(10, "d2", 0.5));
+  d = s(contended(20, "d2", 0.5));
+  ASSERT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "performance") << "the smallest gear without d2 that holds 300 req/s";
+  EXPECT_CONTAINS(d.reason, "performance uses no contended device");
+  // Below the threshold, or on a device the gear does not use: no vote.
+  Shifter quiet;
+  for (int t = 0; t <= 20; t += 10) d = quiet(contended(t, "d2", 0.2));
+  EXPECT_EQ(signal(d, "gpu_contention"), nullptr);
+  Shifter other;
+  for (int t = 0; t <= 20; t += 10) d = other(contended(t, "d5", 0.9));
+  EXPECT_EQ(signal(d, "gpu_contention"), nullptr);
+  EXPECT_EQ(d.action, "hold");
+}
+
+TEST(GearShifter, GpuContentionEverywhereLeavesItToTheLoad) {
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) {
+    Observation o = obs(t, "standard", 300);
+    for (const char* dev : {"d0", "d2", "d3"}) {
+      ftp::doc::GpuLoad g;
+      g.id = dev;
+      g.other_compute = 0.6;
+      o.gpus.push_back(g);
+    }
+    d = s(o);
+  }
+  ASSERT_NE(signal(d, "gpu_contention"), nullptr);
+  EXPECT_FALSE(signal(d, "gpu_contention")->agrees) << "every other gear uses a contended device";
+  EXPECT_EQ(d.reason.find("contention:"), std::string::npos);
+}
+
 TEST(GearShifter, MemoryGuardAtOnce) {
   Shifter s;
   Decision d;

@@ -473,6 +473,47 @@ bool cpu_has_vnni() {
 
 }  // namespace
 
+// The AVX-512 forms of the Q4_0, Q4_K and Q6_K integer kernels give the
+// AVX2 kernels' outputs bit for bit (the same integer lanes, the same float
+// steps), so a model's tokens and logits do not depend on which x86 CPU
+// runs it. Row counts with tails of 1-3 rows, batches of 1..17.
+TEST(Matmul, IntegerKernelsAreBitIdenticalAcrossTheX86Families) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "x86 kernels only";
+#else
+  if (!cpu_has_vnni()) GTEST_SKIP() << "no AVX-512 VNNI here: best is the AVX2 kernel";
+  struct Case {
+    DType dt;
+    std::int64_t rows, cols, r0, nr, c0, nc;
+  };
+  const std::vector<Case> cases = {
+      {DType::q4_k, 23, 1024, 0, 23, 0, 1024}, {DType::q4_k, 23, 1024, 2, 19, 256, 512},
+      {DType::q6_k, 23, 1024, 0, 23, 0, 1024}, {DType::q6_k, 23, 1024, 1, 21, 512, 512},
+      {DType::q4_0, 23, 1024, 0, 23, 0, 1024}, {DType::q4_0, 23, 1024, 2, 19, 96, 640},
+  };
+  std::uint32_t seed = 300;
+  for (const auto& c : cases) {
+    RandomTensor rt = random_tensor(c.dt, c.rows, c.cols, seed++);
+    const MatView w{&rt.view, c.r0, c.nr, c.c0, c.nc};
+    for (int t : {1, 2, 3, 4, 7, 17}) {
+      std::mt19937 rng(seed++);
+      std::normal_distribution<float> g(0.0f, 1.0f);
+      std::vector<float> x(static_cast<std::size_t>(t * c.nc));
+      for (auto& v : x) v = g(rng);
+      std::vector<float> best(static_cast<std::size_t>(t * c.nr), NAN), avx2(best.size(), NAN);
+      ops::set_matmul_kernels(ops::MatmulKernels::best);
+      ops::matmul(x.data(), w, best.data(), t);
+      ops::set_matmul_kernels(ops::MatmulKernels::avx2);
+      ops::matmul(x.data(), w, avx2.data(), t);
+      for (std::size_t o = 0; o < best.size(); ++o)
+        ASSERT_EQ(std::memcmp(&best[o], &avx2[o], 4), 0) << ftp::model::dtype_name(c.dt) << " t=" << t << " row " << o % c.nr
+                                                         << " token " << o / c.nr << ": " << best[o] << " vs " << avx2[o];
+    }
+  }
+  ops::set_matmul_kernels(ops::MatmulKernels::best);
+#endif
+}
+
 // The layout as packed_weights.hpp describes it, read back element by
 // element against the tensor's own Q8_0 blocks; rows past the end are zero.
 TEST(PackedQ8, LayoutHoldsEveryScaleAndWeight) {

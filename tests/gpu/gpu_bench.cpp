@@ -168,10 +168,12 @@ engine::StageLayout stage(int n_layer, std::vector<int> gpus) {
 /// built: (1) the KV pool in BF16 holds twice the tokens of float32 -- the
 /// pages that fit the KV room in BF16 are allocated, and as many float32
 /// pages are refused; (2) what a TP 1, TP 2 and TP 4 domain of ranks on
-/// the one GPU add to its memory, against weights / TP per rank (pending
-/// sharded uploads: DeviceWeights::ensure still uploads whole tensors, so
-/// ranks share one full copy and the check reports it). Returns 7 when (1)
-/// fails; (2) is reported, not asserted, until the uploads are sharded.
+/// the one GPU add to its memory, against weights / TP per rank: for each
+/// TP, a fresh store (its own resident copy) uploads rank 0's shard of the
+/// layers only (WeightStore::shard_union; CudaBackend::make_resident), and
+/// both the backend's accounting and cudaMemGetInfo's drop are read, then
+/// released. Returns 7 when (1) fails or a rank's accounted bytes are not
+/// weights / TP within 1 %.
 int memory_check(const engine::WeightStore& store, engine::Backend& cuda, int n_layer, int B, nlohmann::json& doc) {
   const auto& hp = store.hparams();
   std::vector<engine::RankSpec> one(1);
@@ -212,18 +214,27 @@ int memory_check(const engine::WeightStore& store, engine::Backend& cuda, int n_
   for (const auto& L : store.model().weights.layers)
     for (const model::TensorView* t : L.tensors()) weights += t->bytes;
   nlohmann::json tps = nlohmann::json::array();
+  bool ranks_ok = true;
   for (int tp : {1, 2, 4}) {
+    engine::WeightStore fresh(store.model());
     std::size_t free_before = 0, free_after = 0, total = 0;
     cudaMemGetInfo(&free_before, &total);
-    engine::Executor e(store, {stage(n_layer, std::vector<int>(static_cast<std::size_t>(tp), 0))}, 16, B, &cuda, 64);
+    cuda.make_resident(fresh, {{0, {engine::RankShard{0, n_layer, tp, 0, false, false}}}});
     cudaMemGetInfo(&free_after, &total);
+    const double accounted = static_cast<double>(cuda.resident_bytes(fresh)[0]);
     const double added = static_cast<double>(free_before) - static_cast<double>(free_after);
-    std::printf("ranks on cuda:0: TP %d domain adds %.2f GB (layer weights %.2f GB; weights / TP = %.2f GB a rank)\n", tp,
-                added / 1e9, static_cast<double>(weights) / 1e9, static_cast<double>(weights) / tp / 1e9);
-    tps.push_back({{"tp", tp}, {"added_bytes", added}, {"weights_per_rank_goal_bytes", static_cast<double>(weights) / tp}});
+    const double goal = static_cast<double>(weights) / tp;
+    const bool ok = std::abs(accounted - goal) <= 0.01 * goal;
+    ranks_ok = ranks_ok && ok;
+    std::printf("rank 0 of TP %d on cuda:0: %.3f GB accounted, %.3f GB less free (layer weights %.3f GB / TP = %.3f GB)%s\n",
+                tp, accounted / 1e9, added / 1e9, static_cast<double>(weights) / 1e9, goal / 1e9,
+                ok ? "" : " NOT within 1 %");
+    tps.push_back({{"tp", tp}, {"accounted_bytes", accounted}, {"added_bytes", added},
+                   {"weights_per_rank_goal_bytes", goal}, {"within_1_percent", ok}});
+    cuda.release_device(fresh, 0);
   }
   doc["rank_weights"] = tps;
-  return bf_ok && f32_refused ? 0 : 7;
+  return bf_ok && f32_refused && ranks_ok ? 0 : 7;
 }
 
 /// One layer's matrix products alone (see the file's head), on `layers`

@@ -271,7 +271,8 @@ void refuses_pending_types(Backend& cuda, const std::filesystem::path& dir) {
 /// A domain of TP 2 (both ranks on cuda:0) built while a TP 1 domain of the
 /// same weights serves: the weights are resident, only views, KV and
 /// buffers are made.
-void another_gear(Backend& cuda, const std::filesystem::path& dir) {
+/// A 4-layer BF16 synthetic model of 512 wide (two of the checks below).
+ftp::testing::SyntheticShape small_bf16_shape() {
   ftp::testing::SyntheticShape s;
   s.n_layer = 4;
   s.n_embd = 512;
@@ -280,6 +281,11 @@ void another_gear(Backend& cuda, const std::filesystem::path& dir) {
   s.n_head_kv = 8;
   s.n_vocab = 1000;
   s.dtype = DType::bf16;
+  return s;
+}
+
+void another_gear(Backend& cuda, const std::filesystem::path& dir) {
+  ftp::testing::SyntheticShape s = small_bf16_shape();
   s.stddev = 0.08f;  // logits far from ties: TP 1 and TP 2 sum in different orders
   const std::string file = (dir / "gear.gguf").string();
   ftp::testing::write_synthetic_gguf(file, s);
@@ -328,6 +334,44 @@ void another_gear(Backend& cuda, const std::filesystem::path& dir) {
             std::to_string(room_after.empty() ? 0 : room_after[0] >> 20) + " MiB)");
   auto a = greedy(first, {1, 2, 3}, 8), b = greedy(second, {1, 2, 3}, 8);
   check(a == b, "TP 1 and TP 2 domains on shared resident weights: the same greedy tokens");
+}
+
+/// Issue 17: each GPU holds the union of its ranks' shards, not whole
+/// tensors: rank 0 of TP 4 alone, then the TP 1 union on top (the rest),
+/// a TP 2 domain after it (0 bytes more), release (all freed).
+void shard_union_on_device(Backend& cuda, const std::filesystem::path& dir) {
+  ftp::testing::SyntheticShape s = small_bf16_shape();
+  const std::string file = (dir / "union.gguf").string();
+  ftp::testing::write_synthetic_gguf(file, s);
+  ftp::model::Model m = ftp::model::load_model(file);
+  WeightStore store(m);
+  const ftp::engine::RankShard quarter{0, s.n_layer, 4, 0, true, true};
+  const ftp::engine::RankShard whole{0, s.n_layer, 1, 0, true, true};
+  cuda.make_resident(store, {{0, {quarter}}});
+  const std::uint64_t q = cuda.resident_bytes(store)[0];
+  const std::uint64_t want_q = store.shard_union({quarter}).bytes();
+  check(q == want_q, "rank 0 of TP 4 on cuda:0 holds its shard union: " + std::to_string(q) + " bytes, the store's union " +
+                         std::to_string(want_q));
+  cuda.make_resident(store, {{0, {quarter, whole}}});
+  const std::uint64_t all = cuda.resident_bytes(store)[0];
+  const std::uint64_t want_all = store.shard_union({whole}).bytes();
+  // The TP 1 union on top of the quarter: each whole tensor is one new
+  // segment and the quarter's stay (no partial upload of the rest), so
+  // the total is at most both; a table's union made at once (below) has
+  // no such overlap.
+  check(all >= want_all && all <= want_all + want_q,
+        "TP 1 after TP 4 rank 0 on cuda:0: " + std::to_string(all) + " bytes for a union of " + std::to_string(want_all));
+  check(cuda.release_device(store, 0) == all && cuda.resident_bytes(store)[0] == 0,
+        "release mode: cuda:0 frees every weight byte");
+  cuda.make_resident(store, {{0, {whole, quarter, {0, s.n_layer, 2, 1, true, true}}}});
+  const std::uint64_t nested = cuda.resident_bytes(store)[0];
+  check(std::abs(static_cast<double>(nested) - static_cast<double>(want_all)) <= 0.01 * static_cast<double>(want_all),
+        "the table's union at once on cuda:0 (TP 1, 2, 4 nested): " + std::to_string(nested) + " bytes, union " +
+            std::to_string(want_all) + " (within 1 %)");
+  {
+    Executor tp2(store, {stage(s.n_layer, 2, {0, 0})}, 64, 16, &cuda, 64);
+    check(cuda.resident_bytes(store)[0] == nested, "a TP 2 domain on the resident union uploads 0 bytes");
+  }
 }
 
 }  // namespace
@@ -379,6 +423,7 @@ int main() {
     synthetic_logits(cuda, dir);
     refuses_pending_types(cuda, dir);
     another_gear(cuda, dir);
+    shard_union_on_device(cuda, dir);
     arch_refs(cuda);
     if (gpus.size() > 1) {
       std::vector<int> all;

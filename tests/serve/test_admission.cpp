@@ -76,6 +76,29 @@ TEST(Admission, BoundsInRequestsAndTokensForTheServiceAndEachDomain) {
   }
 }
 
+TEST(Admission, ACarriedRequestIsNeverRefusedButCountsAgainstTheNextOnes) {
+  // A request moved off a draining domain (or run again after its domain
+  // failed) was accepted once: its new domain counts it, past the bound if
+  // need be, and the requests that arrive after it are refused by it.
+  AdmissionLimits l;
+  l.service_requests = 10;
+  l.domain_requests = 1;
+  Admission a(l);
+  auto t1 = a.admit("d1", 30, 2);
+  auto moved = a.carry("d1", 40);  // past d1's bound of one: carried all the same
+  EXPECT_EQ(a.waiting_requests(), 2);
+  EXPECT_EQ(a.waiting_tokens(), 70);
+  t1->release();
+  // d1 still holds the carried one: a new request finds it full.
+  EXPECT_EQ(refusal_of([&] { a.admit("d1", 1, 2); }), RefusalReason::domain_queue_requests);
+  moved->release();
+  moved->release();  // once only
+  EXPECT_EQ(a.waiting_requests(), 0);
+  EXPECT_EQ(a.waiting_tokens(), 0);
+  auto t2 = a.admit("d1", 1, 2);
+  EXPECT_EQ(a.waiting_requests(), 1);
+}
+
 std::string model_file(const char* f) { return ftp::test::data_dir() + "/models/stories260K/" + f; }
 
 ServiceConfig one_gear_config(const ftp::model::HParams& hp) {

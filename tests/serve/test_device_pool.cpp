@@ -104,3 +104,69 @@ TEST(DevicePool, LeasesAndLostDevices) {
   EXPECT_EQ(st[0]["lost_because"], "its worker died");
   EXPECT_EQ(p.lost().size(), 1u);
 }
+
+namespace {
+
+/// Two GPUs as discover_gpus() would describe them (no GPU here).
+std::vector<ftp::backend::GpuInfo> two_fake_gpus() {
+  std::vector<ftp::backend::GpuInfo> g(2);
+  for (int i = 0; i < 2; ++i) {
+    g[static_cast<std::size_t>(i)].index = i;
+    g[static_cast<std::size_t>(i)].name = "fake GPU";
+    g[static_cast<std::size_t>(i)].memory_bytes = 80ull << 30;
+  }
+  g[0].uuid = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
+  g[1].uuid = "GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff";
+  return g;
+}
+
+}  // namespace
+
+TEST(DevicePool, CudaBindsByOrdinalOrUuid) {
+  const auto gpus = two_fake_gpus();
+  DevicePool p(DevicePool::Kind::cuda, table({{"gpu1"}}), 0, nullptr, 0, &gpus);
+  ASSERT_EQ(p.devices().size(), 2u);
+  EXPECT_EQ(p.bind("gpu1").gpu, 1);
+  EXPECT_EQ(p.bind("cuda:1").gpu, 1);
+  EXPECT_EQ(p.bind("GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff").gpu, 1);
+  EXPECT_EQ(p.bind("gpu-0A1B2C3D-0000-1111-2222-333344445555").gpu, 0);  // case as typed
+  EXPECT_EQ(p.canonical("GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff"), "gpu1");
+  EXPECT_EQ(p.canonical("cuda:0"), "gpu0");
+  EXPECT_EQ(p.canonical("vd3"), "vd3");
+  // A gear table naming one GPU twice over: one name once canonical.
+  auto t = table({{"GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff"}, {"cuda:0", "gpu1"}});
+  EXPECT_EQ(p.canonicalize(t), 2);
+  EXPECT_EQ(t.gears[0].replicas[0].stages[0].devices[0], "gpu1");
+  EXPECT_EQ(t.gears[1].replicas[0].stages[0].devices[0], "gpu0");
+  EXPECT_EQ(error_of([&] { p.check(t); }), "");
+}
+
+TEST(DevicePool, CudaRefusesADeviceTheTopologyLacksNeverGpu0) {
+  const auto gpus = two_fake_gpus();
+  DevicePool p(DevicePool::Kind::cuda, table({{"gpu0"}}), 0, nullptr, 0, &gpus);
+  const std::string e = error_of([&] { p.bind("gpu2"); });
+  EXPECT_NE(e.find("device \"gpu2\" is not one of this service's cuda devices (gpu0 = GPU-0a1b"), std::string::npos) << e;
+  const std::string u = error_of([&] { p.bind("GPU-12345678-dead-beef-0000-000000000000"); });
+  EXPECT_NE(u.find("device \"GPU-12345678-dead-beef-0000-000000000000\" (a GPU UUID) is not one"), std::string::npos) << u;
+  EXPECT_NE(error_of([&] { p.bind("cuda:7"); }).find("device \"gpu7\""), std::string::npos);
+  EXPECT_NE(error_of([&] { p.check(table({{"gpu0"}, {"gpu0", "gpu5"}})); }).find("gear g1: device \"gpu5\""),
+            std::string::npos);
+  // No GPU at all (CI): every GPU name is refused, none falls back to a default.
+  const std::vector<ftp::backend::GpuInfo> none;
+  DevicePool empty(DevicePool::Kind::cuda, table({{"gpu0"}}), 0, nullptr, 0, &none);
+  EXPECT_NE(error_of([&] { empty.bind("gpu0"); }).find("(none)"), std::string::npos);
+}
+
+TEST(DevicePool, NamedBindsATopologyUuidToItsId) {
+  ftp::doc::Topology topo;
+  ftp::doc::Device d;
+  d.id = "n0.gpu3";
+  d.type = "gpu";
+  d.uuid = "GPU-11112222-3333-4444-5555-666677778888";
+  topo.devices.push_back(d);
+  DevicePool p(DevicePool::Kind::named, table({{"n0.gpu3"}}), 0, &topo);
+  EXPECT_EQ(p.canonical("GPU-11112222-3333-4444-5555-666677778888"), "n0.gpu3");
+  EXPECT_EQ(p.bind("GPU-11112222-3333-4444-5555-666677778888").name, "n0.gpu3");
+  EXPECT_NE(error_of([&] { p.bind("GPU-00000000-3333-4444-5555-666677778888"); }).find("not in the topology"),
+            std::string::npos);
+}

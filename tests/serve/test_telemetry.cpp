@@ -97,6 +97,34 @@ TEST(Telemetry, ObservationSumsDomainsAndMetricsNameStatesAndOutcomes) {
   has("flextp:gear_info{model_name=\"\",gear=\"standard\"} 1");
 }
 
+// Issue 17: NVML's GPU signals as flextp:gpu_*, or why there are none.
+TEST(Telemetry, GpuSignalsOrWhyNot) {
+  ftp::serve::Telemetry t;
+  ftp::serve::ServiceSample svc;
+  svc.gear = "g";
+  svc.gpu_signals_unavailable = "no GPU in the device pool (cpu devices)";
+  std::string m = t.prometheus(svc, {});
+  EXPECT_NE(m.find("\nflextp:gpu_signals_available{model_name=\"\",reason=\"no GPU in the device pool (cpu devices)\"} 0\n"),
+            std::string::npos) << m;
+  EXPECT_EQ(m.find("flextp:gpu_utilization"), std::string::npos);
+  svc.gpu_signals_unavailable.clear();
+  ftp::doc::GpuLoad g;
+  g.id = "gpu0";
+  g.uuid = "GPU-aaaa";
+  g.utilization = 0.75;
+  g.other_memory = 1024;
+  g.other_compute = 0.25;
+  g.available = false;
+  svc.gpus.push_back(g);
+  m = t.prometheus(svc, {});
+  auto has = [&](const std::string& line) { EXPECT_NE(m.find("\n" + line + "\n"), std::string::npos) << line << "\n" << m; };
+  has("flextp:gpu_signals_available{model_name=\"\"} 1");
+  has("flextp:gpu_utilization{model_name=\"\",gpu=\"gpu0\",uuid=\"GPU-aaaa\"} 0.75");
+  has("flextp:gpu_other_memory_bytes{model_name=\"\",gpu=\"gpu0\",uuid=\"GPU-aaaa\"} 1024");
+  has("flextp:gpu_other_compute{model_name=\"\",gpu=\"gpu0\",uuid=\"GPU-aaaa\"} 0.25");
+  has("flextp:gpu_available{model_name=\"\",gpu=\"gpu0\",uuid=\"GPU-aaaa\"} 0");
+}
+
 TEST(Telemetry, VllmHistogramsUseItsBucketsAndFinishReasons) {
   Telemetry t("tiny", 100);
   t.request_accepted(0, 12);

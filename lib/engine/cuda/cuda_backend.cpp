@@ -221,7 +221,8 @@ class CudaRank final : public RankBackend {
     cuda::DeviceGuard guard(device, where_);
     try {
       weights_ = cuda::DeviceWeights::get(w, device);
-      weights_->ensure(spec.first_layer, spec.n_layers, spec.first_stage, spec.last_stage);
+      // Its own shard where the table's union was not made resident first.
+      weights_->ensure(RankShard{spec.first_layer, spec.n_layers, spec.tp, spec.rank, spec.first_stage, spec.last_stage});
       neox_ = hp_.rope_type == model::RopeType::neox;
       if (w.rope_freqs()) rope_freqs_ = norm(w.rope_freqs());
       check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", where_);
@@ -949,9 +950,38 @@ class CudaBackend final : public Backend {
     return ranks;
   }
 
+  std::map<int, std::uint64_t> make_resident(const WeightStore& weights,
+                                             const std::map<int, std::vector<RankShard>>& shards) override {
+    cuda::check_kernel_dtypes(weights);
+    std::map<int, std::uint64_t> out;
+    for (const auto& [device, sh] : shards) {
+      if (device < 0 || device >= n_devices_)
+        throw InputError("cuda backend: device cuda:" + std::to_string(device) + " is not visible (" +
+                         std::to_string(n_devices_) + " CUDA devices)");
+      auto dw = cuda::DeviceWeights::get(weights, device);
+      dw->make_resident(sh);
+      resident_.push_back(dw);  // held: the union stays while no domain is built yet
+      out[device] = dw->bytes();
+    }
+    return out;
+  }
+
+  std::map<int, std::uint64_t> resident_bytes(const WeightStore& weights) const override {
+    std::map<int, std::uint64_t> out;
+    for (int d = 0; d < n_devices_; ++d) out[d] = cuda::DeviceWeights::get(weights, d)->bytes();
+    return out;
+  }
+
+  std::uint64_t release_device(const WeightStore& weights, int device) override {
+    if (device < 0 || device >= n_devices_) return 0;
+    auto dw = cuda::DeviceWeights::get(weights, device);
+    resident_.erase(std::remove(resident_.begin(), resident_.end(), dw), resident_.end());
+    return dw->release();
+  }
+
   std::vector<std::uint64_t> kv_room_bytes(const WeightStore& weights, const std::vector<RankSpec>& ranks) override {
     cuda::check_kernel_dtypes(weights);
-    std::map<int, std::vector<cuda::DeviceWeights::Span>> spans;  // device -> what its ranks read
+    std::map<int, std::vector<RankShard>> spans;  // device -> what its ranks read
     std::map<int, int> ranks_on;
     for (const RankSpec& r : ranks) {
       const int device = r.gpu < 0 ? 0 : r.gpu;
@@ -959,7 +989,7 @@ class CudaBackend final : public Backend {
         throw InputError("cuda backend: device " + std::to_string(device) + " of stage " + std::to_string(r.stage) +
                          " rank " + std::to_string(r.rank) + " is not visible (" + std::to_string(n_devices_) +
                          " CUDA devices)");
-      spans[device].push_back({r.first_layer, r.n_layers, r.first_stage, r.last_stage});
+      spans[device].push_back(RankShard{r.first_layer, r.n_layers, r.tp, r.rank, r.first_stage, r.last_stage});
       ++ranks_on[device];
     }
     std::map<int, std::uint64_t> share;
@@ -983,6 +1013,7 @@ class CudaBackend final : public Backend {
  private:
   CudaBackendOptions opts_;
   int n_devices_ = 0;
+  std::vector<std::shared_ptr<cuda::DeviceWeights>> resident_;  // make_resident's unions, kept
 };
 
 }  // namespace

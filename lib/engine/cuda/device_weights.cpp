@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <string>
@@ -68,36 +69,53 @@ DeviceWeights::~DeviceWeights() {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(device_);
-  for (auto& [host, dev] : dev_) cudaFree(dev);
+  for (auto& s : segments_) cudaFree(s.dev);
+  for (auto& [host, dev] : vecs_) cudaFree(dev);
   if (prev >= 0) cudaSetDevice(prev);
   std::lock_guard lk(g_registry_mu);
   auto it = g_registry.find({&w_, device_});
   if (it != g_registry.end() && it->second.expired()) g_registry.erase(it);
 }
 
-void DeviceWeights::upload(const model::TensorView* t) {
-  if (!t || t->empty() || dev_.count(t)) return;
+bool DeviceWeights::held(const ShardSegment& g) const {
+  const MatView m{g.from, g.r0, g.rows, g.c0, g.cols};
+  return std::any_of(segments_.begin(), segments_.end(), [&](const Segment& s) { return s.at.holds(m); });
+}
+
+void DeviceWeights::upload(const ShardSegment& g) {
+  if (held(g)) return;
+  const model::TensorView& t = *g.from;
   const std::string where = "cuda:" + std::to_string(device_) + " weights";
   void* d = nullptr;
-  cudaError_t e = cudaMalloc(&d, t->bytes);
+  cudaError_t e = cudaMalloc(&d, g.bytes);
   if (e != cudaSuccess) {
     cudaGetLastError();
     std::size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    throw BackendError(where + ": cudaMalloc of tensor " + t->name + " (" + std::to_string(t->bytes) + " bytes, " +
+    throw BackendError(where + ": cudaMalloc of tensor " + t.name + " rows [" + std::to_string(g.r0) + ", " +
+                       std::to_string(g.r0 + g.rows) + ") columns [" + std::to_string(g.c0) + ", " +
+                       std::to_string(g.c0 + g.cols) + ") (" + std::to_string(g.bytes) + " bytes, " +
                        std::to_string(free_b) + " free): " + cudaGetErrorName(e));
   }
-  e = cudaMemcpy(d, t->data, t->bytes, cudaMemcpyHostToDevice);
+  const auto* src = static_cast<const unsigned char*>(t.data);
+  if (g.cols == t.cols) {
+    e = cudaMemcpy(d, src + model::dtype_bytes(t.dtype, g.r0 * t.cols), g.bytes, cudaMemcpyHostToDevice);
+  } else {
+    // A column range of every row: one pitched copy.
+    const std::size_t row = model::dtype_bytes(t.dtype, g.cols);
+    e = cudaMemcpy2D(d, row, src + model::dtype_bytes(t.dtype, g.c0), model::dtype_bytes(t.dtype, t.cols), row,
+                     static_cast<std::size_t>(g.rows), cudaMemcpyHostToDevice);
+  }
   if (e != cudaSuccess) {
     cudaFree(d);
-    check(e, "cudaMemcpy", where + " tensor " + t->name);
+    check(e, "cudaMemcpy", where + " tensor " + t.name);
   }
-  dev_[t] = d;
-  bytes_ += t->bytes;
+  segments_.push_back(Segment{g, d});
+  bytes_ += g.bytes;
 }
 
 void DeviceWeights::upload_vec(const float* host, std::size_t n, const char* what) {
-  if (!host || dev_.count(host)) return;
+  if (!host || vecs_.count(host)) return;
   const std::string where = "cuda:" + std::to_string(device_) + " weights " + what;
   void* d = nullptr;
   check(cudaMalloc(&d, n * sizeof(float)), "cudaMalloc", where);
@@ -106,71 +124,75 @@ void DeviceWeights::upload_vec(const float* host, std::size_t n, const char* wha
     cudaFree(d);
     check(e, "cudaMemcpy", where);
   }
-  dev_[host] = d;
+  vecs_[host] = d;
   bytes_ += n * sizeof(float);
 }
 
-template <class Tensor, class Vec>
-void DeviceWeights::for_each_needed(const Span& sp, Tensor&& tensor, Vec&& vec) const {
-  const model::Model& m = w_.model();
-  const auto E = static_cast<std::size_t>(w_.hparams().n_embd);
-  for (int L = sp.first; L < sp.first + sp.n; ++L) {
-    const auto& layer = m.weights.layers[static_cast<std::size_t>(L)];
-    for (const model::TensorView* t : layer.matrices()) tensor(t);
-    // The vectors as the store converted them to float32 (tp 1: whole; every
-    // rank's VecView is a range of the same vector).
-    const RankLayerView v = w_.layer(L, 1, 0);
-    const auto hd = static_cast<std::size_t>(w_.hparams().head_dim);
-    vec(v.attn_norm, E, "attn_norm");
-    vec(v.ffn_norm, E, "ffn_norm");
-    for (const VecView* b : {&v.bq, &v.bk, &v.bv}) vec(b->base, static_cast<std::size_t>(b->n), "attention bias");
-    vec(v.q_norm, hd, "attn_q_norm");
-    vec(v.k_norm, hd, "attn_k_norm");
-  }
-  if (sp.n > 0) vec(w_.rope_freqs(), static_cast<std::size_t>(w_.hparams().n_rot / 2), "rope_freqs");
-  if (sp.embedding) tensor(&m.weights.tok_embd);
-  if (sp.output) {
-    tensor(w_.output().t);
-    vec(w_.output_norm(), E, "output_norm");
-  }
-}
-
-void DeviceWeights::ensure(int first, int n, bool embedding, bool output) {
+std::uint64_t DeviceWeights::make_resident(const std::vector<RankShard>& shards) {
+  const ShardUnion u = w_.shard_union(shards);
   std::lock_guard lk(mu_);
   DeviceGuard guard(device_, "cuda:" + std::to_string(device_) + " weights");
-  auto t0 = std::chrono::steady_clock::now();
-  for_each_needed(
-      Span{first, n, embedding, output}, [&](const model::TensorView* t) { upload(t); },
-      [&](const float* host, std::size_t len, const char* what) { upload_vec(host, len, what); });
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::uint64_t before = bytes_;
+  for (const ShardSegment& g : u.segments) upload(g);
+  for (int L : u.layers)
+    for (const auto& [host, n] : w_.layer_vectors(L)) upload_vec(host, n, "layer vector");
+  if (!u.layers.empty() && w_.rope_freqs())
+    upload_vec(w_.rope_freqs(), static_cast<std::size_t>(w_.hparams().n_rot / 2), "rope_freqs");
+  if (u.head) upload_vec(w_.output_norm(), static_cast<std::size_t>(w_.hparams().n_embd), "output_norm");
   upload_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return bytes_ - before;
 }
 
-std::uint64_t DeviceWeights::missing_bytes(const std::vector<Span>& spans) const {
+std::uint64_t DeviceWeights::missing_bytes(const std::vector<RankShard>& shards) const {
+  const ShardUnion u = w_.shard_union(shards);
   std::lock_guard lk(mu_);
-  std::unordered_set<const void*> counted;
   std::uint64_t bytes = 0;
-  for (const Span& sp : spans)
-    for_each_needed(
-        sp,
-        [&](const model::TensorView* t) {
-          if (t && !t->empty() && !dev_.count(t) && counted.insert(t).second) bytes += t->bytes;
-        },
-        [&](const float* host, std::size_t len, const char*) {
-          if (host && !dev_.count(host) && counted.insert(host).second) bytes += len * sizeof(float);
-        });
+  for (const ShardSegment& g : u.segments)
+    if (!held(g)) bytes += g.bytes;
+  std::unordered_set<const void*> counted;
+  auto vec = [&](const float* host, std::size_t n) {
+    if (host && !vecs_.count(host) && counted.insert(host).second) bytes += n * sizeof(float);
+  };
+  for (int L : u.layers)
+    for (const auto& [host, n] : w_.layer_vectors(L)) vec(host, n);
+  if (!u.layers.empty() && w_.rope_freqs()) vec(w_.rope_freqs(), static_cast<std::size_t>(w_.hparams().n_rot / 2));
+  if (u.head) vec(w_.output_norm(), static_cast<std::size_t>(w_.hparams().n_embd));
   return bytes;
 }
 
-const void* DeviceWeights::tensor(const model::TensorView* t) const {
+std::uint64_t DeviceWeights::release() {
   std::lock_guard lk(mu_);
-  auto it = dev_.find(t);
-  return it == dev_.end() ? nullptr : it->second;
+  DeviceGuard guard(device_, "cuda:" + std::to_string(device_) + " weights release");
+  for (auto& s : segments_) cudaFree(s.dev);
+  for (auto& [host, dev] : vecs_) cudaFree(dev);
+  segments_.clear();
+  vecs_.clear();
+  const std::uint64_t freed = bytes_;
+  bytes_ = 0;
+  return freed;
 }
 
 const float* DeviceWeights::vec(const float* host) const {
   std::lock_guard lk(mu_);
-  auto it = dev_.find(host);
-  return it == dev_.end() ? nullptr : static_cast<const float*>(it->second);
+  auto it = vecs_.find(host);
+  return it == vecs_.end() ? nullptr : static_cast<const float*>(it->second);
+}
+
+bool DeviceWeights::view(const MatView& m, kernels::WeightView& v) const {
+  std::lock_guard lk(mu_);
+  for (const Segment& s : segments_)
+    if (s.at.holds(m)) {
+      v.data = s.dev;
+      v.dtype = kernel_dtype(*m.t);
+      v.ld = s.at.cols;
+      v.r0 = m.r0 - s.at.r0;
+      v.rows = m.rows;
+      v.c0 = m.c0 - s.at.c0;
+      v.cols = m.cols;
+      return true;
+    }
+  return false;
 }
 
 std::uint64_t DeviceWeights::bytes() const {
@@ -183,17 +205,17 @@ double DeviceWeights::upload_s() const {
   return upload_s_;
 }
 
+std::size_t DeviceWeights::segments() const {
+  std::lock_guard lk(mu_);
+  return segments_.size();
+}
+
 kernels::WeightView device_view(const DeviceWeights& dw, const MatView& m) {
-  const void* d = dw.tensor(m.t);
-  if (!d) throw BackendError("cuda backend: tensor " + (m.t ? m.t->name : std::string("?")) + " is not resident on the device");
   kernels::WeightView v;
-  v.data = d;
-  v.dtype = kernel_dtype(*m.t);
-  v.ld = m.t->cols;
-  v.r0 = m.r0;
-  v.rows = m.rows;
-  v.c0 = m.c0;
-  v.cols = m.cols;
+  if (!dw.view(m, v))
+    throw BackendError("cuda backend: tensor " + (m.t ? m.t->name : std::string("?")) + " rows [" +
+                       std::to_string(m.r0) + ", " + std::to_string(m.r0 + m.rows) + ") columns [" +
+                       std::to_string(m.c0) + ", " + std::to_string(m.c0 + m.cols) + ") is not resident on the device");
   return v;
 }
 

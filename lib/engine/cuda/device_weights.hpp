@@ -12,12 +12,16 @@
 
 namespace ftp::engine::cuda {
 
-/// The resident copy of a WeightStore's tensors on one CUDA device: each
-/// tensor in its stored dtype in its own plain cudaMalloc allocation (never
-/// trimmed, never managed memory), uploaded once, then viewed by every
-/// domain of every gear on that device: a rank's MatView (a row or column
-/// range of a tensor) becomes a kernels::WeightView of the same range of
-/// the device copy. Shared by the ranks that use it; freed with the last.
+/// The resident weights of a WeightStore on one CUDA device: the union of
+/// the shards its ranks serve (WeightStore::shard_union, the rule of
+/// plan::device_memory and of the CPU's device-memory mode), each merged
+/// segment (rows of a column-parallel matrix, whole-block columns of a
+/// row-parallel one, the embedding and head whole where a rank needs them)
+/// in its stored dtype in its own plain cudaMalloc allocation, uploaded
+/// once, then viewed by every domain of every gear on that device: a
+/// rank's MatView becomes a kernels::WeightView into the segment holding
+/// it, so a TP shift copies no weight byte. Shared by the ranks that use
+/// it; freed with the last (or by release(): GPU release mode).
 class DeviceWeights {
  public:
   /// The copy of `w` on `device`, made (empty) on first request.
@@ -26,42 +30,48 @@ class DeviceWeights {
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;
 
-  /// Uploads what a stage needs that is not resident yet: the matrices and
-  /// norm vectors of layers [first, first + n), the token embedding
-  /// (`embedding`), the output norm and classifier (`output`).
-  /// Throws ftp::BackendError (out of device memory names the tensor).
-  void ensure(int first, int n, bool embedding, bool output);
+  /// Uploads the union of `shards` that is not resident yet: called with
+  /// every shard the device serves over the gear table, before any domain
+  /// (CudaBackend::make_resident), each byte is uploaded once. Returns the
+  /// bytes uploaded. Throws ftp::BackendError (out of device memory names
+  /// the tensor, the bytes and the bytes free).
+  std::uint64_t make_resident(const std::vector<RankShard>& shards);
+  /// What one rank needs (its shard), where not resident yet: a rank built
+  /// without make_resident uploads its own shard only.
+  void ensure(const RankShard& shard) { make_resident({shard}); }
+  /// Bytes make_resident(shards) would upload now.
+  std::uint64_t missing_bytes(const std::vector<RankShard>& shards) const;
+  /// GPU release mode: frees every segment and vector (no domain on the
+  /// device may be left); returns the bytes freed.
+  std::uint64_t release();
 
-  /// A range of layers with the embedding and the output, as ensure() takes it.
-  struct Span {
-    int first = 0, n = 0;
-    bool embedding = false, output = false;
-  };
-  /// Bytes that ensure() of every span would upload now (each tensor once).
-  std::uint64_t missing_bytes(const std::vector<Span>& spans) const;
-
-  /// Device address of a resident tensor's data, or null.
-  const void* tensor(const model::TensorView* t) const;
   /// Device copy of a float vector of the store (norm weights), or null.
   const float* vec(const float* host) const;
+  /// The resident segment holding `m` as a kernel view, or false.
+  bool view(const MatView& m, kernels::WeightView& out) const;
 
-  /// Bytes resident on the device; seconds spent uploading so far.
+  /// Bytes resident on the device now (the accounting tests read:
+  /// plan::device_memory's weights for the device, within 1 %); seconds
+  /// spent uploading so far; segments resident.
   std::uint64_t bytes() const;
   double upload_s() const;
+  std::size_t segments() const;
 
  private:
   DeviceWeights(const WeightStore& w, int device);
-  void upload(const model::TensorView* t);
+  struct Segment {
+    ShardSegment at;
+    void* dev = nullptr;
+  };
+  bool held(const ShardSegment& g) const;  // mu_ held
+  void upload(const ShardSegment& g);
   void upload_vec(const float* host, std::size_t n, const char* what);
-  /// Calls tensor(t) for each matrix and embedding/classifier tensor a span
-  /// needs and vec(host, n, what) for each float32 norm vector.
-  template <class Tensor, class Vec>
-  void for_each_needed(const Span& sp, Tensor&& tensor, Vec&& vec) const;
 
   const WeightStore& w_;
   int device_;
   mutable std::mutex mu_;
-  std::unordered_map<const void*, void*> dev_;  // host tensor view / vector -> device copy
+  std::vector<Segment> segments_;
+  std::unordered_map<const void*, void*> vecs_;  // host vector -> device copy
   std::uint64_t bytes_ = 0;
   double upload_s_ = 0;
 };
