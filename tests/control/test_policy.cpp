@@ -154,6 +154,9 @@ TEST(Capacity, StartsFromMeasuredElseEstimatedWithSafeAt80Percent) {
 
 TEST(Capacity, RefreshedEvery10MinFromTheLast5MinOfLiveData) {
   auto t = ftp::test::sample_gears();
+  const double est_rps = t.gears[0].estimated->max_rps;
+  t.gears[0].estimated->prefill_tokens_s = 4000;
+  t.gears[0].estimated->decode_tokens_s = 1000;
   CapacityTracker c(t);
   // economy saturated: 160 req/s arrive, the queue grows 3/s, so it serves 157.
   for (int s = 0; s <= 600; s += 10) {
@@ -172,6 +175,9 @@ TEST(Capacity, RefreshedEvery10MinFromTheLast5MinOfLiveData) {
   EXPECT_EQ(e.source, "live");
   EXPECT_EQ(e.t_ms, 600000);
   EXPECT_NEAR(e.window_s, 300, 1e-9);
+  // The token rates follow the request rate by the same factor.
+  EXPECT_NEAR(e.prefill_tokens_s, 4000 * 157 / est_rps, 1e-9);
+  EXPECT_NEAR(e.decode_tokens_s, 1000 * 157 / est_rps, 1e-9);
   EXPECT_EQ(c.capacity("standard").source, "estimate") << "no data, no change";
   EXPECT_FALSE(c.refresh(900000));
 
