@@ -225,6 +225,8 @@ goal_table() {
         + (if $g.sla_attainment >= $b.sla_attainment - 0.01 and $g.gpu_hours <= 0.6 * $b.gpu_hours then "met" else "NOT met" end)' \
       $(for n in "${rows[@]}"; do echo "$out/$n.summary.json"; done)
     echo
+    python3 "$here/hindsight-bound.py" "$out" "$prefix" $(jq -r '.gears[].name' "$out/c-gears.json")
+    echo
   } | tee -a "$md"
 }
 
