@@ -47,6 +47,26 @@ Workload small() {
   return w;
 }
 
+/// TinyLlama 1.1B's shape planned as TP 1, 2, 4 and 8 on eight A100s, and
+/// the table's per-device bytes.
+struct TpLadder {
+  ModelShape m;
+  ftp::doc::Topology topo;
+  Plan p;
+  std::vector<DeviceMemory> mem;
+};
+TpLadder tinyllama_tp_ladder() {
+  TpLadder l;
+  l.m = model("tinyllama-1.1b");
+  l.topo = ftp::doc::topology_from_cluster_spec(
+      ftp::json::read_file(source_root() + "/examples/clusters/a100-8x-nvlink.json"));
+  PlanOptions o;
+  for (int tp : {1, 2, 4, 8}) o.layouts.push_back(parse_layout("tp" + std::to_string(tp) + ":tp=" + std::to_string(tp)));
+  l.p = plan(l.topo, l.m, o);
+  l.mem = device_memory(l.m, l.p.table, l.topo, resolve(o.workload, l.m));
+  return l;
+}
+
 }  // namespace
 
 // stories260K's shape (dim 64, 8 heads of 8, 4 KV heads, feed-forward 172,
@@ -136,13 +156,8 @@ TEST(DeviceMemory, StoriesTableShardUnionsPerDevice) {
 // KV head whole at TP 8), the norms, the embedding whole, and the head where
 // it is rank 0 there.
 TEST(DeviceMemory, PlannedTablesNestSoEachDeviceHoldsItsLargestShard) {
-  const ModelShape m = model("tinyllama-1.1b");
-  const auto topo = ftp::doc::topology_from_cluster_spec(
-      ftp::json::read_file(source_root() + "/examples/clusters/a100-8x-nvlink.json"));
-  PlanOptions o;
-  for (int tp : {1, 2, 4, 8}) o.layouts.push_back(parse_layout("tp" + std::to_string(tp) + ":tp=" + std::to_string(tp)));
-  const Plan p = plan(topo, m, o);
-  const auto mem = device_memory(m, p.table, topo, resolve(o.workload, m));
+  const TpLadder l = tinyllama_tp_ladder();
+  const auto& [m, topo, p, mem] = l;
   auto by_hand = [](int tp, int rank) {  // BF16 matrices, float32 norms
     const double kv_rows = tp <= 4 ? 256.0 / tp : 64;
     const double layer = 2048 * (2 * 2048.0 / tp + 2 * kv_rows + 3 * 5632.0 / tp) * 2 + 2 * 2048 * 4;
@@ -192,13 +207,8 @@ TEST(DeviceMemory, ATableThatDoesNotFitNamesTheDevice) {
 // of TP > 1, plus the root communicator) x 32 channels x 4 MiB. CPU
 // virtual devices hold neither.
 TEST(DeviceMemory, GpusCountGraphsAndCommunicatorBuffers) {
-  const ModelShape m = model("tinyllama-1.1b");
-  const auto topo = ftp::doc::topology_from_cluster_spec(
-      ftp::json::read_file(source_root() + "/examples/clusters/a100-8x-nvlink.json"));
-  PlanOptions o;
-  for (int tp : {1, 2, 4, 8}) o.layouts.push_back(parse_layout("tp" + std::to_string(tp) + ":tp=" + std::to_string(tp)));
-  const Plan p = plan(topo, m, o);
-  const auto mem = device_memory(m, p.table, topo, resolve(o.workload, m));
+  const TpLadder l = tinyllama_tp_ladder();
+  const auto& [m, topo, p, mem] = l;
   const double one_domain = 32.0 * (22 * 16 + 8) * 65536;
   const double one_comm = 32.0 * 4 * 1048576;
   ASSERT_EQ(mem.size(), 8u);
