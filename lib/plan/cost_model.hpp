@@ -77,11 +77,11 @@ struct GpuOverheads {
   /// Communicators a device may be in at once: the root one and one split
   /// per gear of a planner's table (at most four gears).
   int max_communicators = 5;
-  /// What the planner's search sets aside on each rank of a GPU stage
-  /// (stage_memory), before the table exists: the graphs of two domains of
-  /// the whole model (a gear's and a shadow's; no rank holds more layers)
+  /// What the planner's search sets aside on each rank of a GPU stage of
+  /// `n_layers` layers (stage_memory), before the table exists: the graphs
+  /// of two domains of that stage (its gear's and a shadow's of its size)
   /// and max_communicators communicators' buffers. device_memory counts the
-  /// table's own, never more than this.
+  /// table's own (tests/tools/plan.sh checks that chosen tables fit it).
   double rank_reserve(int n_layers) const {
     return 2.0 * graph_batches * (double(n_layers) * graph_nodes_per_layer + graph_nodes_per_stage) * graph_node_bytes +
            double(max_communicators) * nccl_channels * nccl_buffer_bytes;
