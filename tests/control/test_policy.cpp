@@ -505,6 +505,48 @@ TEST(GearShifter, StaggerWithinFiveMinutes) {
   EXPECT_GE(seen.size(), 15u) << "replicas get different offsets";
 }
 
+TEST(GearShifter, LatencyDriveTakesALargerGearWhenTtftMissesTheSloWithNoQueue) {
+  // 60 req/s is inside economy's band (safe 120: 36..102), so load alone holds.
+  auto slow = [](int t, const char* gear, double queue) {
+    Observation o = obs(t, gear, 60);
+    o.ttft_ms = {900, 3000};  // P99 over the 2 s SLO
+    o.queue_depth = o.queue_depth_mean = queue;
+    return o;
+  };
+  {
+    Shifter s;
+    Decision d;
+    for (int t = 0; t <= 60; t += 10) {
+      d = s(slow(t, "economy", 5));
+      ASSERT_EQ(d.action, "hold") << "a queue: load's rules decide, t=" << t << ": " << d.reason;
+    }
+  }
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 10; t += 10) ASSERT_EQ(s(slow(t, "economy", 0.5)).action, "hold");
+  d = s(slow(20, "economy", 0.5));
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "standard") << "one step up";
+  EXPECT_CONTAINS(d.reason, "TTFT P99 3000 ms > SLO 2000 ms of economy");
+  EXPECT_TRUE(signal(d, "ttft_slo_ms")->agrees);
+  s(obs(30, "standard", 60));  // done
+  // Down by load (60 < 0.3 x 480) waits for the dwell, then is held off:
+  // economy was too slow per request.
+  for (int t = 40; t < 1820; t += 10) {  // held until 20 s + latency_hold_s (1800)
+    d = s(obs(t, "standard", 60));
+    ASSERT_EQ(d.action, "hold") << "t=" << t << ": " << d.reason;
+  }
+  EXPECT_CONTAINS(d.reason, "economy was left for TTFT over the SLO; held off for");
+  d = s(obs(1820, "standard", 60));
+  EXPECT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "economy");
+  // Off: the same observations hold.
+  PolicyConfig off;
+  off.gear_shifter.ttft_slo_ms = 0;
+  Shifter o(off);
+  for (int t = 0; t <= 60; t += 10) ASSERT_EQ(o(slow(t, "economy", 0.5)).action, "hold");
+}
+
 TEST(GearShifter, NoRollbackWhileTheBacklogDrains) {
   // A shift up under a backlog: the queue at the shift's end is long, and
   // while it drains P99 is above the baseline (the requests finishing waited
