@@ -108,11 +108,14 @@ void IntraOpPool::helper_loop(const backend::VirtualDevice* device) {
   for (;;) {
     // Spin a while for the next job, then sleep until it comes.
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; gen_.load(std::memory_order_acquire) == seen; ++i) {
+    // stop_ is set before the destructor's last bump of gen_: a helper that
+    // started after that bump (seen is the last value) sees stop_ here.
+    for (int i = 0; gen_.load(std::memory_order_seq_cst) == seen && !stop_.load(std::memory_order_seq_cst); ++i) {
       cpu_relax();
       if ((i & 255) == 255 && std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(kSpinNs)) {
         sleeping_.fetch_add(1, std::memory_order_seq_cst);
-        while (gen_.load(std::memory_order_seq_cst) == seen) gen_.wait(seen, std::memory_order_seq_cst);
+        while (gen_.load(std::memory_order_seq_cst) == seen && !stop_.load(std::memory_order_seq_cst))
+          gen_.wait(seen, std::memory_order_seq_cst);
         sleeping_.fetch_sub(1, std::memory_order_relaxed);
         break;
       }
