@@ -43,6 +43,7 @@ IntraOpPool::~IntraOpPool() {
 void IntraOpPool::run_parts(int parts, PartFn fn, void* ctx) {
   if (parts <= 0) return;
   if (helpers_.empty() || parts == 1) {
+    parts_run_.fetch_add(static_cast<std::uint64_t>(parts), std::memory_order_relaxed);
     for (int p = 0; p < parts; ++p) fn(ctx, p);
     return;
   }
@@ -56,7 +57,7 @@ void IntraOpPool::run_parts(int parts, PartFn fn, void* ctx) {
   // checked gen_, so either it sees the new generation or we see it asleep.
   gen_.store(gen, std::memory_order_seq_cst);
   if (sleeping_.load(std::memory_order_seq_cst) > 0) gen_.notify_all();
-  work(gen);
+  work(gen, false);
   // The parts the helpers claimed: they are computing, so spin, then sleep.
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; done_.load(std::memory_order_acquire) < parts; ++i) {
@@ -76,13 +77,15 @@ void IntraOpPool::run_parts(int parts, PartFn fn, void* ctx) {
   if (err) std::rethrow_exception(err);
 }
 
-void IntraOpPool::work(std::uint32_t gen) {
+void IntraOpPool::work(std::uint32_t gen, bool helper) {
   std::uint64_t c = claim_.load(std::memory_order_acquire);
   while (gen_of(c) == gen && next_of(c) < parts_of(c)) {
     if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
     // Part next_of(c) of job `gen` is ours: the job cannot end (nor its
     // function change) before we count it done.
     const int parts = parts_of(c);
+    parts_run_.fetch_add(1, std::memory_order_relaxed);
+    if (helper) helper_parts_.fetch_add(1, std::memory_order_relaxed);
     try {
       fn_.load(std::memory_order_relaxed)(ctx_.load(std::memory_order_relaxed), next_of(c));
     } catch (...) {
@@ -126,7 +129,7 @@ void IntraOpPool::helper_loop(const backend::VirtualDevice* device) {
       backend::lower_current_thread_priority(d - niced);  // best effort
       niced = d;
     }
-    work(seen);
+    work(seen, true);
   }
 }
 

@@ -61,11 +61,16 @@ class IntraOpPool {
   /// (a draining domain's threads, as its rank threads do).
   void lower_priority(int delta) noexcept { nice_delta_.store(delta, std::memory_order_relaxed); }
 
+  /// Parts run so far, in all and by the helpers: on a machine whose other
+  /// CPUs are busy the helpers get few (benchmarks report the share).
+  std::uint64_t parts_run() const noexcept { return parts_run_.load(std::memory_order_relaxed); }
+  std::uint64_t helper_parts() const noexcept { return helper_parts_.load(std::memory_order_relaxed); }
+
  private:
   using PartFn = void (*)(void*, int);
   void run_parts(int parts, PartFn fn, void* ctx);
   /// Claims and runs parts of job `gen` until none is left.
-  void work(std::uint32_t gen);
+  void work(std::uint32_t gen, bool helper);
   void helper_loop(const backend::VirtualDevice* device);
 
   // claim_: generation (high 32 bits) | parts (16) | next part (low 16).
@@ -78,6 +83,7 @@ class IntraOpPool {
   std::atomic<void*> ctx_{nullptr};
   std::atomic<bool> stop_{false};
   std::atomic<int> nice_delta_{0};
+  std::atomic<std::uint64_t> parts_run_{0}, helper_parts_{0};
   std::mutex error_mu_;
   std::exception_ptr error_;
   std::vector<std::thread> helpers_;

@@ -56,6 +56,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -241,6 +242,7 @@ json::Json time_kernel_rate(int calls, const std::vector<int>& split_threads) {
         b = std::min(b, since(t0));
       }
       rows.push_back({{"dtype", model::dtype_name(dt)}, {"kernels", "best"}, {"threads", nt},
+                      {"helper_share", static_cast<double>(pool.helper_parts()) / static_cast<double>(pool.parts_run())},
                       {"bytes_per_s", static_cast<double>(bytes.size()) / b},
                       {"cycles_per_block", b * ghz * 1e9 * nt / static_cast<double>(blocks)}});
     }
@@ -638,6 +640,11 @@ int main(int argc, char** argv) {
         std::snprintf(line, sizeof line, "  %-5s %-5s %d thr %7.1f GB/s %6.1f cycles per block\n", r["dtype"].get<std::string>().c_str(),
                       r["kernels"].get<std::string>().c_str(), r["threads"].get<int>(), r["bytes_per_s"].get<double>() / 1e9,
                       r["cycles_per_block"].get<double>());
+        if (r.contains("helper_share")) {
+          line[std::strlen(line) - 1] = '\0';
+          t << line;
+          std::snprintf(line, sizeof line, ", %.2f of the parts on the helpers\n", r["helper_share"].get<double>());
+        }
         t << line;
       }
     }

@@ -39,6 +39,11 @@ TEST(IntraOpPool, RunsEveryPartOnceAndRethrows) {
       pool.run(parts, [&](int p) { ran[static_cast<std::size_t>(p)].fetch_add(1); });
       for (int p = 0; p < parts; ++p) ASSERT_EQ(ran[static_cast<std::size_t>(p)].load(), 1) << "part " << p;
     }
+    std::uint64_t total = 0;
+    for (int round = 0; round < 300; ++round) total += 1 + round % 37;
+    EXPECT_EQ(pool.parts_run(), total);
+    EXPECT_LE(pool.helper_parts(), pool.parts_run());
+    if (threads == 1) EXPECT_EQ(pool.helper_parts(), 0u);
     // A throwing part: its exception reaches the caller, and the pool still works.
     EXPECT_THROW(pool.run(8, [](int p) {
       if (p == 5) throw std::runtime_error("part 5");
