@@ -76,16 +76,13 @@ BatchLayout make_batch_layout(const std::vector<const SeqChunk*>& chunks, int bl
 
 std::vector<std::vector<int>> resolve_rank_threads(const std::vector<StageLayout>& stages) {
   std::map<const backend::VirtualDevice*, int> ranks_on;  // the domain's ranks on each device
-  int unpinned = 0;                                      // and those without one
   auto device_of = [](const StageLayout& l, int r) -> const backend::VirtualDevice* {
     return static_cast<std::size_t>(r) < l.devices.size() ? l.devices[static_cast<std::size_t>(r)] : nullptr;
   };
   for (const StageLayout& l : stages)
     for (int r = 0; r < l.tp; ++r) {
       if (const auto* d = device_of(l, r)) ++ranks_on[d];
-      else ++unpinned;
     }
-  const int cpus = static_cast<int>(backend::usable_cpu_ids().size());
   std::vector<std::vector<int>> out;
   for (const StageLayout& l : stages) {
     std::vector<int> t;
@@ -93,7 +90,7 @@ std::vector<std::vector<int>> resolve_rank_threads(const std::vector<StageLayout
       int n = l.rank_threads;
       if (n <= 0) {
         const backend::VirtualDevice* d = device_of(l, r);
-        n = d ? d->threads() / ranks_on[d] : cpus / std::max(1, unpinned);
+        n = d ? d->threads() / ranks_on[d] : 1;
       }
       t.push_back(std::max(1, n));
     }

@@ -37,8 +37,8 @@ struct StageLayout {
   /// CPU backend: threads of each rank's operations (its rank thread and
   /// rank_threads - 1 helpers over which its matrix products are split by
   /// rows). 0: automatic -- the CPUs of the rank's virtual device over the
-  /// domain's ranks on that device, or without devices this process's usable
-  /// CPUs over the domain's ranks; at least 1 (resolve_rank_threads).
+  /// domain's ranks on that device, at least 1; one thread for a rank
+  /// without a device (resolve_rank_threads).
   int rank_threads = 0;
 };
 

@@ -63,9 +63,9 @@ struct RankSpec {
 /// The threads of each rank of each stage of a domain laid out as `stages`
 /// on the CPU backend ([stage][rank]): a stage's rank_threads where it is
 /// set, else the CPUs of the rank's virtual device divided by the ranks of
-/// the domain on that device, or, for a stage without devices, this
-/// process's usable CPUs divided by the domain's ranks without devices; at
-/// least 1. So a TP 1 domain on a device of two CPUs splits its products
+/// the domain on that device, at least 1, and 1 for a rank without a
+/// device (nothing says which CPUs are its own: tests, `generate`, and
+/// domains beside each other in one process would oversubscribe them). So a TP 1 domain on a device of two CPUs splits its products
 /// over both, and the ranks of a TP 2 domain on two one-CPU devices keep
 /// one thread each: the domain never runs more threads than its CPUs.
 std::vector<std::vector<int>> resolve_rank_threads(const std::vector<StageLayout>& stages);

@@ -11,8 +11,8 @@
 //   that as a fraction of the STREAM triad bandwidth measured in the same
 //   run with the same number of threads (ftp-probe's measure_cpu_triad_gbs),
 //   peak RSS against weights + KV cap + 10 %.
-// --rank-threads gives each rank that many threads (0, the default: the
-// engine's, this process's CPUs over the ranks; the products split by rows,
+// --rank-threads gives each rank that many threads (0, the default: this
+// process's CPUs over the ranks, as ftp-serve's device of them; the products split by rows,
 // engine/intra_op.hpp), each value a run beside the others; the triad of
 // each run has as many threads as its domain computes with (tp x threads
 // per rank), and the 1- and 2-thread triads are always measured.
@@ -65,6 +65,7 @@
 #include <random>
 #include <sstream>
 
+#include "backend/cpu/cpu_info.hpp"
 #include "backend/cpu/measure.hpp"
 #include "cli/tool.hpp"
 #include "core/error.hpp"
@@ -319,7 +320,10 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp, int thr
 
   engine::DomainConfig cfg;
   cfg.stages = {engine::StageLayout{0, hp.n_layer, tp}};
-  cfg.stages[0].rank_threads = threads;
+  // 0: this process's CPUs over the ranks (the domain has no devices, so
+  // the engine's own default would be one thread a rank).
+  cfg.stages[0].rank_threads =
+      threads > 0 ? threads : std::max(1, static_cast<int>(backend::usable_cpu_ids().size()) / tp);
   const int per_rank = engine::resolve_rank_threads(cfg.stages)[0][0];
   cfg.block_tokens = 16;
   const int per_seq = std::max(o.prompt, o.context) + o.warmup + o.steps + 2;
@@ -449,8 +453,8 @@ int main(int argc, char** argv) {
   app.add_option("--tp", o.tps, "Tensor-parallel degrees (default: 1 and the machine's cores, a power of two, at most 8)")
       ->delimiter(',');
   app.add_option("--rank-threads", o.rank_threads,
-                 "Threads of each rank, each value a run of every dtype and TP side by side (0: the engine's default, "
-                 "this process's CPUs over the ranks; 1: no helper threads)")
+                 "Threads of each rank, each value a run of every dtype and TP side by side (0: this process's CPUs over "
+                 "the ranks, as ftp-serve's virtual device of them would give; 1: no helper threads)")
       ->delimiter(',')
       ->check(ftp::cli::non_negative())
       ->capture_default_str();
