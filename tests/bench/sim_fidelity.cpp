@@ -9,19 +9,24 @@
 // synthetic model, scaled to the CPU (prompt lengths / --azure-scale, output
 // lengths as traced, clamped to the model; the slice's gaps stretched so its
 // mean rate is the offered load below) --:
-//  1. probes this CPU as ftp-probe does for one virtual device (GEMM TFLOP/s
-//     and triad GB/s with one thread);
+//  1. probes the real engine's CPU share (the first of --split equal
+//     shares, default 2) as ftp-probe does for that virtual device: GEMM
+//     TFLOP/s and triad GB/s with the share's threads;
 //  2. calibration: a short run of the real engine on its own workload
 //     (another seed; its rate from the planner's constants) records each scheduler step's work
-//     (tokens, attention pairs, KV positions, logits rows) and wall time,
-//     and fits the cost model's constants to it (sim::calibrate);
+//     (tokens, attention pairs, KV positions, logits rows) and wall time;
 //  3. the evaluation workload (open loop: Poisson arrivals, prompt and
 //     output lengths drawn uniformly, or the trace slice's; no EOS so every
-//     request runs to its max_tokens) runs through a Domain of the real engine in wall-clock
-//     time and through a Domain of the simulated engine, calibrated in
-//     step 2, in virtual time; the driver is the same code for both:
-//     arrivals due are submitted before each step, idle time passes to the
-//     next arrival.
+//     request runs to its max_tokens) runs through a Domain of the real
+//     engine in wall-clock time; steps 2 and 3 repeat --repeat times
+//     (default 3), interleaved, so calibration and evaluation sample the
+//     machine's load alike, and each real metric is the rounds' median;
+//  4. the cost model's constants are fitted to every round's calibration
+//     steps (sim::fit_calibration: bounded least squares, the constants left
+//     at a bound printed), and the evaluation workload runs through a Domain
+//     of the simulated engine so calibrated, in virtual time; the driver is
+//     the same code for both: arrivals due are submitted before each step,
+//     idle time passes to the next arrival.
 // The rate is --concurrency / (the simulated time of one mean request
 // alone), so the domain batches a few requests at a time.
 //
@@ -88,7 +93,7 @@ struct Options {
   std::string azure;              // path of the Azure code trace (CSV)
   int azure_offset = 1000;        // first request of the slice
   double azure_scale = 32;        // prompt lengths are divided by this
-  int split = 1;                  // CPUs split this many ways for the real engine (shift: at least 2)
+  int split = 2;                  // CPUs split this many ways for the real engine (shift: at least 2)
   int repeat = 3;                 // rounds of calibration + evaluation of the real engine
   int requests = 40;
   int calibration_requests = 40;
@@ -237,7 +242,7 @@ Latencies drive(engine::Domain& d, const Workload& w, const std::function<double
                                    {"tokens", rec->last.tokens}, {"attention_pairs", rec->last.attention_pairs},
                                    {"kv_positions", rec->last.kv_positions}, {"logit_rows", rec->last.logit_rows},
                                    {"chunks", rec->last_chunks}, {"prefill_chunks", rec->last_prefill},
-                                   {"running", rec->last_chunks}, {"seconds", dt}}
+                                   {"t", t0}, {"seconds", dt}}
                               .dump()
                        << "\n";
     }
@@ -484,8 +489,9 @@ int main(int argc, char** argv) {
   app.add_option("--concurrency", o.concurrency, "Offered load: requests in flight if none waited (default 3)")
       ->check(ftp::cli::in_range(0.1, 64.0));
   app.add_option("--split", o.split,
-                 "The real engine runs on the first of this many equal shares of the CPUs (default 1: all; the shift "
-                 "workload's service splits them at least 2 ways)")
+                 "The real engine runs on the first of this many equal shares of the CPUs, probed with its threads "
+                 "(default 2: one thread on a 2-core machine, the least disturbed by other processes; 1: all CPUs; the "
+                 "shift workload's service splits them at least 2 ways)")
       ->check(ftp::cli::in_range(1, 64));
   app.add_option("--repeat", o.repeat,
                  "Rounds of the real engine, each a calibration run then the evaluation workload; its metrics are the "
@@ -695,11 +701,15 @@ int main(int argc, char** argv) {
     }
 
     std::fprintf(stderr, "\nload average at the end: %s\n", load_average().c_str());
-    std::fprintf(stderr, "%-12s %-12s %10s %10s %8s %s\n", "workload", "metric", "real", "sim", "sim/real", "within 10 %");
+    std::fprintf(stderr, "%-12s %-12s %10s %21s %10s %8s %s\n", "workload", "metric", "real", "(rounds' range)", "sim",
+                 "sim/real", "within 10 %");
     bool all = true;
     for (const auto& r : rows) {
-      std::fprintf(stderr, "%-12s %-12s %10.3f %10.3f %8.3f %s\n", r.model.c_str(), r.metric.c_str(), r.real, r.sim,
-                   r.ratio(), r.within() ? "yes" : "NO");
+      const auto [lo, hi] = std::minmax_element(r.rounds.begin(), r.rounds.end());
+      char range[64];
+      std::snprintf(range, sizeof range, "(%.3f-%.3f)", *lo, *hi);
+      std::fprintf(stderr, "%-12s %-12s %10.3f %21s %10.3f %8.3f %s\n", r.model.c_str(), r.metric.c_str(), r.real, range,
+                   r.sim, r.ratio(), r.within() ? "yes" : "NO");
       all = all && r.within();
     }
     tool.emit(json::Json{{"kind", "ftp.sim-fidelity/v1"},
