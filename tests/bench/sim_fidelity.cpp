@@ -53,6 +53,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -202,8 +203,24 @@ struct Latencies {
 
 /// Runs the workload through `d`: arrivals due are submitted before each
 /// step; while nothing runs, `idle_until` lets time pass to the next arrival.
+/// CPU seconds of this process (all threads) so far.
+double cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+/// The real engine's steps: their wall time and the CPU time the process
+/// got meanwhile. Their ratio is the share of a CPU the engine's one thread
+/// received (1: undisturbed; other processes on its core take the rest).
+struct CpuShare {
+  double busy_s = 0, cpu_s = 0;
+  double share() const { return busy_s > 0 ? cpu_s / busy_s : 0; }
+};
+
 Latencies drive(engine::Domain& d, const Workload& w, const std::function<double()>& now,
-                const std::function<void(double)>& idle_until, Recording* rec, std::vector<sim::StepSample>* samples) {
+                const std::function<void(double)>& idle_until, Recording* rec, std::vector<sim::StepSample>* samples,
+                CpuShare* cpu = nullptr) {
   const std::size_t n = w.at.size();
   std::vector<double> first(n, -1), last(n, -1);
   std::vector<int> count(n, 0);
@@ -232,17 +249,18 @@ Latencies drive(engine::Domain& d, const Workload& w, const std::function<double
       d.submit(std::move(r));
     }
     if (d.idle()) continue;
-    const double t0 = now();
+    const double t0 = now(), c0 = cpu_s();
     const int tokens = d.step();
     if (rec && tokens > 0) {
-      const double dt = now() - t0;
+      const double dt = now() - t0, dc = cpu_s() - c0;
+      if (cpu) cpu->busy_s += dt, cpu->cpu_s += dc;
       if (samples) samples->push_back({rec->last, dt});
       if (g_steps_out)
         *g_steps_out << json::Json{{"workload", g_workload}, {"phase", g_phase},
                                    {"tokens", rec->last.tokens}, {"attention_pairs", rec->last.attention_pairs},
                                    {"kv_positions", rec->last.kv_positions}, {"logit_rows", rec->last.logit_rows},
                                    {"chunks", rec->last_chunks}, {"prefill_chunks", rec->last_prefill},
-                                   {"t", t0}, {"seconds", dt}}
+                                   {"t", t0}, {"seconds", dt}, {"cpu_seconds", dc}}
                               .dump()
                        << "\n";
     }
@@ -277,7 +295,7 @@ const std::vector<std::unique_ptr<backend::VirtualDevice>>& cpu_shares(int n) {
 }
 
 Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vector<sim::StepSample>* samples,
-                   int n_vd) {
+                   int n_vd, CpuShare* cpu = nullptr) {
   const auto& vds = cpu_shares(n_vd);
   Recording* rec = nullptr;
   engine::DomainConfig cfg = domain_config();
@@ -293,7 +311,7 @@ Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vec
     std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                            std::chrono::duration<double>(t)));
   };
-  return drive(d, w, now, idle, rec, samples);
+  return drive(d, w, now, idle, rec, samples, cpu);
 }
 
 /// The simulated engine in virtual time.
@@ -609,10 +627,11 @@ int main(int argc, char** argv) {
       run_real(store, make_workload(o, 2, 1000.0, o.seed + 2000, vocab), nullptr, n_vd);
       const double t1 = alone_s(plan::Calibration{});
       std::vector<sim::StepSample> samples;
+      std::vector<CpuShare> cal_cpu(static_cast<std::size_t>(o.repeat)), eval_cpu(cal_cpu.size());
       auto calibration_round = [&](int round) {
         g_phase = "calibration";
         run_real(store, make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000 + round, vocab),
-                 &samples, n_vd);
+                 &samples, n_vd, &cal_cpu[static_cast<std::size_t>(round)]);
       };
       // The evaluation workload's rate is set by the first round's fit.
       calibration_round(0);
@@ -634,9 +653,16 @@ int main(int argc, char** argv) {
         const auto t_real0 = std::chrono::steady_clock::now();
         json::Json ev;
         real.push_back(name == "shift" ? run_service_shift(model, w, topo, n_vd, nullptr, ev)
-                                       : run_real(store, w, nullptr, n_vd));
+                                       : run_real(store, w, nullptr, n_vd, &eval_cpu[static_cast<std::size_t>(round)]));
         real_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_real0).count();
         if (name == "shift") shift_real.push_back(ev);
+        // The CPU the real engine got (the service's steps are not timed here).
+        const auto& cc = cal_cpu[static_cast<std::size_t>(round)];
+        const auto& ec = eval_cpu[static_cast<std::size_t>(round)];
+        std::fprintf(stderr, "%s: round %d: CPU share of the real engine's steps: calibration %.2f, evaluation %s; "
+                     "load average %s\n", name.c_str(), round + 1, cc.share(),
+                     name == "shift" ? "(service, not timed)" : std::to_string(ec.share()).substr(0, 4).c_str(),
+                     load_average().c_str());
       }
       const auto fit = sim::fit_calibration(shape, perf, samples);
       const auto& cal = fit.calibration;
@@ -680,6 +706,13 @@ int main(int argc, char** argv) {
                                   {"rate_rps", rate},
                                   {"requests", o.requests},
                                   {"rounds", o.repeat},
+                                  {"cpu_share", [&] {
+                                     json::Json a = json::Json::array();
+                                     for (std::size_t i = 0; i < cal_cpu.size(); ++i)
+                                       a.push_back(json::Json{{"calibration", cal_cpu[i].share()},
+                                                              {"evaluation", eval_cpu[i].share()}});
+                                     return a;
+                                   }()},
                                   {"calibration", sim::calibration_to_json(cal, perf, fit.rms_error, fit.at_bound)},
                                   {"calibration_steps", samples.size()},
                                   {"real_wall_s", real_s},
