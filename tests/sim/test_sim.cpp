@@ -278,16 +278,21 @@ TEST(SimulatedEngine, BadInputIsNamed) {
   std::filesystem::remove(path);
 }
 
-TEST(Calibration, RecoversTheConstantsOfSyntheticSteps) {
-  auto m = shape_70b();
-  plan::GroupPerf g = a100(1);
+// A CPU-like calibration (compute and memory add) with this memory efficiency.
+plan::Calibration cpu_truth(double memory_efficiency) {
   plan::Calibration truth;
   truth.overlap = false;
   truth.compute_efficiency = 0.4;
   truth.attention_efficiency = 0.1;
-  truth.memory_efficiency = 0.6;
+  truth.memory_efficiency = memory_efficiency;
   truth.layer_overhead_s = 30e-6;
   truth.row_overhead_s = 1e-4;
+  return truth;
+}
+
+// Steps of 1-256 tokens at contexts of 16-2048, timed exactly by `truth`.
+std::vector<sim::StepSample> grid_steps(const plan::ModelShape& m, const plan::GroupPerf& g,
+                                        const plan::Calibration& truth) {
   std::vector<sim::StepSample> samples;
   const plan::StageSpan span{m.n_layers, true, true};
   for (double tokens : {1.0, 4.0, 32.0, 256.0})
@@ -295,6 +300,13 @@ TEST(Calibration, RecoversTheConstantsOfSyntheticSteps) {
       plan::StepWork w{tokens, tokens * ctx, ctx + tokens, std::min(tokens, 8.0)};
       samples.push_back({w, plan::step_time_s(m, span, g, w, truth)});
     }
+  return samples;
+}
+
+TEST(Calibration, RecoversTheConstantsOfSyntheticSteps) {
+  auto m = shape_70b();
+  plan::GroupPerf g = a100(1);
+  const auto samples = grid_steps(m, g, cpu_truth(0.6));
   auto c = sim::calibrate(m, g, samples);
   EXPECT_NEAR(c.compute_efficiency, 0.4, 1e-6);
   EXPECT_NEAR(c.attention_efficiency, 0.1, 1e-6);
@@ -310,20 +322,8 @@ TEST(Calibration, KeepsEachConstantInsideItsBoundsAndSaysWhichItHit) {
   plan::GroupPerf g = a100(1);
   // Steps faster than the probed bandwidth allows (memory efficiency 4, as
   // weights resident in cache would give): the fit stops at efficiency 1.
-  plan::Calibration truth;
-  truth.overlap = false;
-  truth.compute_efficiency = 0.4;
-  truth.attention_efficiency = 0.1;
-  truth.memory_efficiency = 4.0;
-  truth.layer_overhead_s = 30e-6;
-  truth.row_overhead_s = 1e-4;
-  std::vector<sim::StepSample> samples;
-  const plan::StageSpan span{m.n_layers, true, true};
-  for (double tokens : {1.0, 4.0, 32.0, 256.0})
-    for (double ctx : {16.0, 512.0, 2048.0}) {
-      plan::StepWork w{tokens, tokens * ctx, ctx + tokens, std::min(tokens, 8.0)};
-      samples.push_back({w, plan::step_time_s(m, span, g, w, truth)});
-    }
+  const auto truth = cpu_truth(4.0);
+  const auto samples = grid_steps(m, g, truth);
   const auto fit = sim::fit_calibration(m, g, samples);
   EXPECT_DOUBLE_EQ(fit.calibration.memory_efficiency, 1.0);
   ASSERT_FALSE(fit.at_bound.empty());
