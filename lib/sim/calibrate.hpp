@@ -53,10 +53,13 @@ struct CalibrationFit {
 ///   t = n_layers x layer_overhead_s + gemm_flop / (TFLOP/s x compute_efficiency)
 ///       + attention_flop / (TFLOP/s x attention_efficiency) + bytes / (GB/s x memory_efficiency)
 ///       + logit_rows x row_overhead_s
-/// solved by least squares on relative error (each sample weighted 1/t)
-/// with each constant inside `bounds` (box-constrained: the best of every
-/// choice of constants held at a bound, the others solved freely). Throws
-/// InputError with fewer than 5 samples.
+/// solved by least squares on relative error with each constant inside
+/// `bounds` (box-constrained: the best of every choice of constants held at
+/// a bound, the others solved freely). The error is relative to the
+/// measured time in a first pass, then to the model's prediction (two
+/// passes more), so steps that other processes stretched weigh as much as
+/// the rest and the fit keeps the steps' total time. Throws InputError with
+/// fewer than 5 samples.
 CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupPerf& perf,
                                const std::vector<StepSample>& samples, const CalibrationBounds& bounds = {});
 

@@ -371,6 +371,27 @@ TEST(Calibration, KeepsEachConstantInsideItsBoundsAndSaysWhichItHit) {
   std::filesystem::remove(path);
 }
 
+TEST(Calibration, KeepsTheTotalTimeOfStepsThatOtherWorkStretched) {
+  auto m = shape_70b();
+  plan::GroupPerf g = a100(1);
+  // Every fifth step takes 2.5x its time (a core shared with other work).
+  std::vector<sim::StepSample> samples;
+  for (int rep = 0; rep < 4; ++rep)
+    for (auto s : grid_steps(m, g, cpu_truth(0.6))) {
+      if (samples.size() % 5 == 0) s.seconds *= 2.5;
+      samples.push_back(s);
+    }
+  const auto c = sim::calibrate(m, g, samples);
+  const plan::StageSpan span{m.n_layers, true, true};
+  double predicted = 0, measured = 0;
+  for (const auto& s : samples) {
+    predicted += plan::step_time_s(m, span, g, s.work, c);
+    measured += s.seconds;
+  }
+  // Weighted by the measured time alone the fit predicts about 0.8 of it.
+  EXPECT_NEAR(predicted / measured, 1.0, 0.03) << predicted / measured;
+}
+
 TEST(SimServing, EngineNameAndCalibrationErrorsAreNamed) {
   EXPECT_NO_THROW(sim::check_engine_name("real"));
   EXPECT_NO_THROW(sim::check_engine_name("sim"));
