@@ -627,6 +627,7 @@ int main(int argc, char** argv) {
       run_real(store, make_workload(o, 2, 1000.0, o.seed + 2000, vocab), nullptr, n_vd);
       const double t1 = alone_s(plan::Calibration{});
       std::vector<sim::StepSample> samples;
+      std::vector<sim::StepSample> eval_steps;  // the evaluation runs' steps: the fit's held-out error
       std::vector<CpuShare> cal_cpu(static_cast<std::size_t>(o.repeat)), eval_cpu(cal_cpu.size());
       auto calibration_round = [&](int round) {
         g_phase = "calibration";
@@ -653,7 +654,7 @@ int main(int argc, char** argv) {
         const auto t_real0 = std::chrono::steady_clock::now();
         json::Json ev;
         real.push_back(name == "shift" ? run_service_shift(model, w, topo, n_vd, nullptr, ev)
-                                       : run_real(store, w, nullptr, n_vd, &eval_cpu[static_cast<std::size_t>(round)]));
+                                       : run_real(store, w, &eval_steps, n_vd, &eval_cpu[static_cast<std::size_t>(round)]));
         real_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_real0).count();
         if (name == "shift") shift_real.push_back(ev);
         // The CPU the real engine got (the service's steps are not timed here).
@@ -669,6 +670,20 @@ int main(int argc, char** argv) {
       std::cerr << name << ": calibration from " << samples.size() << " steps in " << o.repeat
                 << " round" << (o.repeat == 1 ? "" : "s") << ", rms relative error " << fit.rms_error * 100
                 << " %, at a bound: " << sim::describe_bounds(fit.at_bound) << "\n";
+      // The model's total over the measured total, on the steps it was fitted
+      // to and on the evaluation runs' steps (held out; not for the service).
+      auto total_ratio = [&](const std::vector<sim::StepSample>& steps) {
+        const plan::StageSpan span{shape.n_layers, true, true};
+        double p = 0, m = 0;
+        for (const auto& st : steps) p += plan::step_time_s(shape, span, perf, st.work, cal), m += st.seconds;
+        return m > 0 ? p / m : 0;
+      };
+      const double cal_total = total_ratio(samples), eval_total = total_ratio(eval_steps);
+      const double eval_rms = eval_steps.empty() ? 0 : sim::calibration_rms_error(shape, perf, cal, eval_steps);
+      if (!eval_steps.empty())
+        std::fprintf(stderr, "%s: step time model/measured: calibration steps' total %.3f; evaluation steps' (%zu) total "
+                     "%.3f, rms relative error %.1f %%\n", name.c_str(), cal_total, eval_steps.size(), eval_total,
+                     eval_rms * 100);
       const auto t_sim0 = std::chrono::steady_clock::now();
       Latencies simd = name == "shift" ? run_service_shift(model, w, topo, n_vd,
                                                            sim::engine_factory(shape, model, topo, cal,
@@ -715,6 +730,9 @@ int main(int argc, char** argv) {
                                    }()},
                                   {"calibration", sim::calibration_to_json(cal, perf, fit.rms_error, fit.at_bound)},
                                   {"calibration_steps", samples.size()},
+                                  {"step_total_ratio", json::Json{{"calibration", cal_total},
+                                                                  {"evaluation", eval_steps.empty() ? json::Json() : json::Json(eval_total)},
+                                                                  {"evaluation_rms", eval_steps.empty() ? json::Json() : json::Json(eval_rms)}}},
                                   {"real_wall_s", real_s},
                                   {"sim_wall_s", sim_wall_s},
                                   {"shift", json::Json{{"real", shift_real}, {"sim", shift_sim}}},
