@@ -13,6 +13,7 @@
 # its 960 000 requests take about a minute a run on the engine model here).
 #
 #   examples/scenarios/run.sh [OUT_DIR]     (default examples/scenarios/results)
+#   FTP_SCENARIOS="c" examples/scenarios/run.sh    (only the sections named: a, b, c)
 #
 # Needs a build (FTP_BUILD, default build/: ftp-probe, ftp-plan), jq, gnuplot
 # for the plots (skipped with a message without it), and for (b3) the Azure
@@ -91,10 +92,15 @@ load() {
   echo | tee -a "$md"
 }
 
+# want X: section X is asked for (FTP_SCENARIOS, default all: "a b c").
+want() { case " ${FTP_SCENARIOS:-a b c} " in *" $1 "*) return 0 ;; esac; return 1; }
+# The A100 node's topology: (a) and (c) run on it.
+"$probe" --cluster "$root/examples/clusters/a100-8x-nvlink.json" --json=short >"$out/a100.topo.json"
+
+if want a; then
 # ---------------------------------------------------------------- (a)
 # Llama-2-70B shapes in FP16 (2 bytes a parameter, as bf16) on one HGX A100 node; a TP ladder
 # for the TP planner: TP2, TP4, TP8, one replica each.
-"$probe" --cluster "$root/examples/clusters/a100-8x-nvlink.json" --json=short >"$out/a100.topo.json"
 jq '.name = "llama-70b-f16" | .dtype = "f16" | .comment = "Llama-2 70B shapes in FP16"' \
   "$root/examples/models/llama-70b.json" >"$out/llama-70b-f16.json"
 "$plan" --topology "$out/a100.topo.json" --model "$out/llama-70b-f16.json" \
@@ -120,6 +126,9 @@ run a-gear-shifter "(a) gear shifter, 70B FP16 on 8x A100-80GB, bursty" "${a_arg
 load a-static-tp8
 table "static TP4, static TP8, dynamic-tp, gear shifter" a-static-tp4 a-static-tp8 a-dynamic-tp a-gear-shifter
 
+fi
+
+if want b; then
 # ---------------------------------------------------------------- (b)
 # The fragmented cluster of the FlexPipe design (4 x A800 + L40S | 4 x T4 + A100 MIG slices, 10 Gb/s
 # between). TinyLlama-1.1B shapes: the planner's gears then span the pattern (economy ~111 req/s
@@ -157,5 +166,102 @@ if [ -r "$azure" ]; then
   table "Azure LLM 2023 conversation trace" "${names[@]}"
 else
   echo "run.sh: skip (b) Azure: $azure not found (set FTP_TEST_DATA)" | tee -a "$md" >&2
+fi
+
+fi
+
+if want c; then
+# ---------------------------------------------------------------- (c)
+# The goal of issue #18 for the gear shifter, per trace: an SLA attainment at least the best static
+# gear's minus one point, at no more than 60 % of that gear's GPU-hours. One model, one cluster, one
+# gear table and one policy configuration (the defaults) for every trace: Llama-3.1-8B shapes (its
+# 128k context, so that Mooncake's long prompts fit) on 8 x A100-80GB, a TP ladder tp1 < tp2 < tp4 <
+# tp8 of one replica each; SLA TTFT <= 2 s, TPOT <= 100 ms.
+jq '.name = "llama-3.1-8b-128k" | .context_length = 131072 | .comment = "Llama-3.1 8B shapes, its 128k context"' \
+  "$root/examples/models/llama-3.1-8b.json" >"$out/llama-3.1-8b-128k.json"
+"$plan" --topology "$out/a100.topo.json" --model "$out/llama-3.1-8b-128k.json" --context 16384 \
+  --layout tp1:tp=1 --layout tp2:tp=2 --layout tp4:tp=4 --layout tp8:tp=8 --json=short >"$out/c-gears.json"
+# Ablations: the gear shifter with the rules added for the goal turned off one at a time, and all of
+# them (the seed's rules only).
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300,"down_peak_window_s":0,"backlog_drive_s":0,"backlog_derate_floor":1,"ttft_slo_ms":0}}' >"$out/c-seed.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300}}' >"$out/c-no-up-dwell.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"down_peak_window_s":0}}' >"$out/c-no-down-peak.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_drive_s":0}}' >"$out/c-no-backlog-drive.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_derate_floor":1}}' >"$out/c-no-derate.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"ttft_slo_ms":0}}' >"$out/c-no-latency-drive.json"
+c_policies="static:tp1 static:tp2 static:tp4 static:tp8 gear-shifter dynamic-tp:$here/dynamic-tp.json naive"
+for a in seed no-up-dwell no-down-peak no-backlog-drive no-derate no-latency-drive; do c_policies+=" gear-shifter:$out/c-$a.json"; done
+
+# flaps NAME: shifts that return to the gear the shift before left, within 600 s of it.
+flaps() {
+  jq -s '[.[] | select(.kind == "ftp.sim-interval/v1") | {t: .t_s, g: .gear}]
+    | reduce .[] as $r ({last: null, shifts: []}; if .last != null and $r.g != .last then .shifts += [{t: $r.t, from: .last, to: $r.g}] else . end | .last = $r.g)
+    | .shifts as $s | [range(1; $s | length) | select($s[.].to == $s[. - 1].from and $s[.].t - $s[. - 1].t <= 600)] | length' "$out/$1.jsonl"
+}
+
+# goal_table HEADING PREFIX: one row per policy of (c) and the goal's verdict, to stdout and results.md.
+goal_table() {
+  local heading=$1 prefix=$2 rows=() p n
+  for p in $c_policies; do
+    n=$(echo "$p" | sed -e 's,^static:,static-,' -e 's,^dynamic-tp:.*,tp-planner,' -e 's,^gear-shifter:.*/c-\(.*\)\.json,gear-shifter-\1,')
+    rows+=("$prefix-$n")
+  done
+  {
+    echo "### $heading"
+    echo
+    echo "| run | policy | SLA attainment | goodput req/s | GPU-hours | shifts/hour | flaps | P99 TTFT ms | P99 TPOT ms | time per gear (s) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    for n in "${rows[@]}"; do
+      jq -r --arg n "$n" --argjson f "$(flaps "$n")" '"| \($n) | \(.policy | sub(":.*/"; ":")) | \(.sla_attainment) | \(.goodput_rps) | \(.gpu_hours) | \(.shifts / .duration_s * 3600 * 10 | round / 10) | \($f)"
+        + " | \(.p99.ttft_ms | round) | \(.p99.tpot_ms) | \(.gear_time_s | to_entries | map("\(.key) \(.value | round)") | join(", ")) |"' \
+        "$out/$n.summary.json"
+    done
+    echo
+    # The best static gear: the highest SLA attainment, the fewest GPU-hours among equals.
+    jq -s -r '(map(select(.policy | startswith("static:"))) | sort_by(-.sla_attainment, .gpu_hours) | .[0]) as $b
+      | (map(select(.policy == "gear-shifter")) | .[0]) as $g
+      | "goal: best static gear \($b.policy | sub("static:"; "")) (SLA \($b.sla_attainment), \($b.gpu_hours) GPU-hours); gear shifter SLA \($g.sla_attainment) "
+        + (if $g.sla_attainment >= $b.sla_attainment - 0.01 then ">=" else "<" end) + " \($b.sla_attainment - 0.01 | . * 1000 | round / 1000), GPU-hours \($g.gpu_hours) = \($g.gpu_hours / $b.gpu_hours * 100 | round) % of its "
+        + (if $g.gpu_hours <= 0.6 * $b.gpu_hours then "<=" else ">" end) + " 60 %: "
+        + (if $g.sla_attainment >= $b.sla_attainment - 0.01 and $g.gpu_hours <= 0.6 * $b.gpu_hours then "met" else "NOT met" end)' \
+      $(for n in "${rows[@]}"; do echo "$out/$n.summary.json"; done)
+    echo
+    python3 "$here/hindsight-bound.py" "$out" "$prefix" $(jq -r '.gears[].name' "$out/c-gears.json")
+    echo
+  } | tee -a "$md"
+}
+
+# goal PREFIX TITLE SIMULATE-ARGS...: every policy of (c) on the same traffic, then its table.
+goal() {
+  local prefix=$1 title=$2 p n; shift 2
+  for p in $c_policies; do
+    n=$(echo "$p" | sed -e 's,^static:,static-,' -e 's,^dynamic-tp:.*,tp-planner,' -e 's,^gear-shifter:.*/c-\(.*\)\.json,gear-shifter-\1,')
+    case $p in static:*) start=() ;; *) start=(--start-gear tp4) ;; esac
+    run "$prefix-$n" "(c) $n, $title" --gears "$out/c-gears.json" --topology "$out/a100.topo.json" \
+      --model "$out/llama-3.1-8b-128k.json" "$@" --policy "$p" "${start[@]}"
+  done
+  load "$prefix-static-tp8"
+  goal_table "$title" "$prefix"
+}
+
+{
+  echo "## (c) the goal: gear shifter against the best static gear, per trace"
+  echo
+  gears_line "llama-3.1-8b on 8 x A100" "$out/c-gears.json"
+  echo
+} | tee -a "$md"
+# Bursty synthetic: a day curve from 2 to 16 req/s over the hour, gamma gaps of CV 4, lognormal
+# lengths (prompt mean 1024, output mean 200, CV 1).
+goal c-bursty "bursty synthetic: day:2,16@3600, gamma CV 4" \
+  --rate-pattern day:2,16@3600 --burstiness 4 --seed 7 --prompt-lengths lognormal:1024,1 --output-lengths lognormal:200,1
+for tr in "conv:AzureLLMInferenceTrace_conv.csv:2.4" "code:AzureLLMInferenceTrace_code.csv:1" "mooncake:../mooncake-fast25/synthetic_trace.jsonl:0.26"; do
+  IFS=: read -r key file scale <<<"$tr"
+  f=$data/traces/azure-llm-2023/$file
+  if [ -r "$f" ]; then
+    goal "c-$key" "$key trace x $scale" --trace "$f" --rate-scale "$scale"
+  else
+    echo "run.sh: skip (c) $key: $f not found (set FTP_TEST_DATA)" | tee -a "$md" >&2
+  fi
+done
 fi
 echo "run.sh: results in $out (results.md, *.summary.json, *.jsonl$([ "$plots" = 1 ] && echo ", *.svg"))" >&2

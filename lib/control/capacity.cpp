@@ -88,9 +88,9 @@ bool CapacityTracker::refresh(std::int64_t now_ms) {
       continue;
     if (max_rps <= 0) continue;
     const double tokens_per_req = cap.max_rps > 0 ? cap.max_tokens_s / cap.max_rps : 0;
+    const double scale = cap.max_rps > 0 ? max_rps / cap.max_rps : 1;  // before max_rps is replaced
     cap.max_rps = max_rps;
     cap.safe_rps = config_.safe_fraction * max_rps;
-    const double scale = cap.max_rps > 0 ? max_rps / cap.max_rps : 1;
     cap.prefill_tokens_s *= scale;
     cap.decode_tokens_s *= scale;
     cap.max_tokens_s = tokens_per_req * max_rps;

@@ -108,6 +108,8 @@ Json to_json(const PolicyConfig& c) {
         {"saturation_queue", k.saturation_queue}}},
       {"gear_shifter",
        {{"min_dwell_s", g.min_dwell_s},
+        {"up_dwell_s", g.up_dwell_s},
+        {"down_peak_window_s", g.down_peak_window_s},
         {"up_threshold", g.up_threshold},
         {"down_threshold", g.down_threshold},
         {"confirmations", g.confirmations},
@@ -121,6 +123,10 @@ Json to_json(const PolicyConfig& c) {
         {"contention_index", g.contention_index},
         {"load", g.work_load ? "work" : "requests"},
         {"backlog_up_s", g.backlog_up_s},
+        {"backlog_drive_s", g.backlog_drive_s},
+        {"backlog_derate_floor", g.backlog_derate_floor},
+        {"ttft_slo_ms", g.ttft_slo_ms},
+        {"latency_hold_s", g.latency_hold_s},
         {"kv_pressure_up", g.kv_pressure_up},
         {"kv_pressure_down", g.kv_pressure_down},
         {"memory_guard_kv", g.memory_guard_kv},
@@ -177,6 +183,8 @@ PolicyConfig policy_config_from_json(const Json& j) {
     auto& g = c.gear_shifter;
     Section s(root, "gear_shifter");
     s.number("min_dwell_s", g.min_dwell_s);
+    s.number("up_dwell_s", g.up_dwell_s);
+    s.number("down_peak_window_s", g.down_peak_window_s);
     s.number("up_threshold", g.up_threshold);
     s.number("down_threshold", g.down_threshold);
     s.integer("confirmations", g.confirmations);
@@ -192,6 +200,10 @@ PolicyConfig policy_config_from_json(const Json& j) {
     s.one_of("load", load, {"work", "requests"});
     g.work_load = load == "work";
     s.number("backlog_up_s", g.backlog_up_s);
+    s.number("backlog_drive_s", g.backlog_drive_s);
+    s.number("backlog_derate_floor", g.backlog_derate_floor);
+    s.number("ttft_slo_ms", g.ttft_slo_ms);
+    s.number("latency_hold_s", g.latency_hold_s);
     s.number("kv_pressure_up", g.kv_pressure_up);
     s.number("kv_pressure_down", g.kv_pressure_down);
     s.number("memory_guard_kv", g.memory_guard_kv);
@@ -255,6 +267,8 @@ void validate(const PolicyConfig& c) {
 
   const auto& g = c.gear_shifter;
   nonneg("gear_shifter.min_dwell_s", g.min_dwell_s);
+  nonneg("gear_shifter.up_dwell_s", g.up_dwell_s);
+  nonneg("gear_shifter.down_peak_window_s", g.down_peak_window_s);
   ratio("gear_shifter.down_threshold", g.down_threshold);
   check(g.up_threshold > g.down_threshold && g.up_threshold <= 1, "gear_shifter.up_threshold",
         "must be in (down_threshold, 1] = (" + num(g.down_threshold) + ", 1]", g.up_threshold);
@@ -269,6 +283,11 @@ void validate(const PolicyConfig& c) {
   check(g.queue_time_up_ms > g.queue_time_down_ms, "gear_shifter.queue_time_up_ms",
         "must exceed queue_time_down_ms (" + num(g.queue_time_down_ms) + ")", g.queue_time_up_ms);
   positive("gear_shifter.backlog_up_s", g.backlog_up_s);
+  nonneg("gear_shifter.backlog_drive_s", g.backlog_drive_s);
+  nonneg("gear_shifter.ttft_slo_ms", g.ttft_slo_ms);
+  nonneg("gear_shifter.latency_hold_s", g.latency_hold_s);
+  check(g.backlog_derate_floor > 0 && g.backlog_derate_floor <= 1, "gear_shifter.backlog_derate_floor",
+        "must be in (0, 1]", g.backlog_derate_floor);
   ratio("gear_shifter.kv_pressure_down", g.kv_pressure_down);
   check(g.kv_pressure_up > g.kv_pressure_down && g.kv_pressure_up <= 1, "gear_shifter.kv_pressure_up",
         "must be in (kv_pressure_down, 1] = (" + num(g.kv_pressure_down) + ", 1]", g.kv_pressure_up);
@@ -314,16 +333,18 @@ void validate(const PolicyConfig& c) {
 
 // ---------------------------------------------------------------- rollback
 
-void RollbackMonitor::start(std::int64_t t_ms, double baseline_p99_ms) {
+void RollbackMonitor::start(std::int64_t t_ms, double baseline_p99_ms, double queue_depth) {
   start_ms_ = t_ms;
   baseline_ = baseline_p99_ms;
+  start_queue_ = queue_depth;
   breach_since_.reset();
   state_ = baseline_p99_ms > 0 ? Verdict::watching : Verdict::committed;
 }
 
 RollbackMonitor::Verdict RollbackMonitor::observe(const doc::Observation& o) {
   if (state_ != Verdict::watching) return state_;
-  if (o.e2e_ms.p99 > config_.p99_factor * baseline_) {
+  const bool draining = o.queue_depth_mean < start_queue_;
+  if (o.e2e_ms.p99 > config_.p99_factor * baseline_ && !draining) {
     if (!breach_since_) breach_since_ = o.t_ms;
     if (o.t_ms - *breach_since_ >= static_cast<std::int64_t>(config_.window_s * 1000)) state_ = Verdict::rollback;
   } else {
@@ -429,9 +450,14 @@ GearShifter::GearShifter(const doc::GearTable& table, const PolicyConfig& config
 int GearShifter::target_for(double forecast, const std::vector<int>& ranked) const {
   const auto& gs = config_.gear_shifter;
   for (int i : ranked)
-    if (load_on(table_.gears[i].name, forecast) <= gs.up_threshold * capacity_.capacity(table_.gears[i].name).safe_rps)
+    if (load_on(table_.gears[i].name, forecast) <= gs.up_threshold * safe_of(table_.gears[i].name))
       return i;
   return ranked.back();
+}
+
+double GearShifter::safe_of(const std::string& gear) const {
+  const auto d = derate_.find(gear);
+  return capacity_.capacity(gear).safe_rps * (d == derate_.end() ? 1.0 : d->second);
 }
 
 double GearShifter::load_on(const std::string& gear, double rps) const {
@@ -484,20 +510,36 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   if (o.mean_output_tokens > 0) mix_output_ = o.mean_output_tokens;
 
   const doc::Capacity& cap = capacity_.capacity(o.gear);
-  const double safe = cap.safe_rps;
+  const double safe = safe_of(o.gear);
   const double forecast = predictor_.forecast();
   const double load = load_on(o.gear, forecast);  // in work on this gear
   const bool in_guard = table_.gears[cur].role == "memory-guard";
 
-  // Load direction from the forecast; the other signals vote.
+  // The forecasts of the down-peak window, its peak in front.
+  if (!first_t_ms_) first_t_ms_ = o.t_ms;
+  const auto peak_window_ms = static_cast<std::int64_t>(gs.down_peak_window_s * 1000);
+  while (!peak_history_.empty() && peak_history_.back().second <= forecast) peak_history_.pop_back();
+  peak_history_.emplace_back(o.t_ms, forecast);
+  while (peak_history_.front().first < o.t_ms - peak_window_ms) peak_history_.pop_front();
+
+  // The queue's token backlog in seconds of this gear's prefill (0: not measured).
+  const double backlog_s = cap.prefill_tokens_s > 0 ? o.queued_prompt_tokens / cap.prefill_tokens_s : 0;
+  // Load direction from the forecast, or up from a token backlog the gear
+  // does not clear; the other signals vote.
   int dir = 0;
+  bool backlog_driven = false;
+  // Slow per request, not short of capacity: TTFT over the SLO with no queue.
+  const bool too_slow =
+      gs.ttft_slo_ms > 0 && o.ttft_ms.p99 > gs.ttft_slo_ms && o.queue_depth_mean <= gs.queue_depth_down &&
+      o.queue_depth <= gs.queue_depth_down;
+  bool latency_driven = false;
   if (!in_guard) {
     if (load > gs.up_threshold * safe) dir = +1;
+    else if (gs.backlog_drive_s > 0 && backlog_s > gs.backlog_drive_s) dir = +1, backlog_driven = true;
+    else if (too_slow) dir = +1, latency_driven = true;
     else if (load < gs.down_threshold * safe) dir = -1;
   }
   const std::string fc = num(forecast) + " req/s" + (load != forecast ? " (" + num(load) + " req/s in work)" : "");
-  // The queue's token backlog in seconds of this gear's prefill (0: not measured).
-  const double backlog_s = cap.prefill_tokens_s > 0 ? o.queued_prompt_tokens / cap.prefill_tokens_s : 0;
   // A signal with a band: it agrees going up above `up`, going down below `down`.
   auto band = [dir](const char* name, double value, double up, double down) {
     return doc::Signal{name, value, dir < 0 ? down : up, dir > 0 ? value > up : dir < 0 && value < down};
@@ -508,6 +550,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   sig.push_back(band("queue_time_ms", o.est_queue_time_ms, gs.queue_time_up_ms, gs.queue_time_down_ms));
   sig.push_back({"token_backlog_s", backlog_s, gs.backlog_up_s, dir > 0 && backlog_s > gs.backlog_up_s});
   sig.push_back(band("kv_pressure", o.kv_watermark, gs.kv_pressure_up, gs.kv_pressure_down));
+  if (gs.ttft_slo_ms > 0) sig.push_back({"ttft_slo_ms", o.ttft_ms.p99, gs.ttft_slo_ms, dir > 0 && too_slow});
   sig.push_back({"bubble_ratio", o.bubble_ratio, gs.bubble_ratio, dir != 0 && o.bubble_ratio > gs.bubble_ratio});
   sig.push_back({"contention_index", o.contention_index, gs.contention_index,
                  dir > 0 && o.contention_index > gs.contention_index});
@@ -523,7 +566,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     if (o.gear == pending_->to && !o.shifting) {
       last_shift_ms_ = o.t_ms;
       if (pending_->load_driven) {
-        rollback_.start(o.t_ms, pending_->baseline_p99);
+        rollback_.start(o.t_ms, pending_->baseline_p99, o.queue_depth_mean);
         rollback_to_ = pending_->from;
       } else {
         rollback_.stop();  // a guard or rollback shift ends the watch of the shift before it
@@ -650,6 +693,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   } else {
     for (const auto& s : sig)
       if (s.agrees && s.name != "kv_watermark" && s.name != "p99_regression_ms") ++agree;  // load signals only
+    if (latency_driven) agree = std::max(agree, gs.min_agreeing_signals);
   }
   // Gears with a lost device are no target.
   const std::vector<int> ranked = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
@@ -688,28 +732,67 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   if (confirm_count_ < gs.confirmations)
     return hold(o, name(), std::string(what) + ": confirmation " + std::to_string(confirm_count_) + " of " +
                                std::to_string(gs.confirmations), sig);
-  const auto dwell_ms = static_cast<std::int64_t>(gs.min_dwell_s * 1000);
+  const auto dwell_ms = static_cast<std::int64_t>((dir > 0 ? gs.up_dwell_s : gs.min_dwell_s) * 1000);
   if (last_shift_ms_ && o.t_ms - *last_shift_ms_ < dwell_ms)
     return hold(o, name(), std::string(what) + " confirmed, but dwell: " + secs(o.t_ms - *last_shift_ms_) + " of " +
                                secs(dwell_ms) + " since the last shift", sig);
   // Down: the smaller gear must also carry the rate seen now (after a step
-  // drop the forecast's level undershoots it for a while).
-  int target = target_for(dir < 0 ? std::max(forecast, o.request_rate) : forecast, ranked);
+  // drop the forecast's level undershoots it for a while) and the peak of
+  // the down-peak window, which must have been seen whole.
+  if (dir == -1 && o.t_ms - *first_t_ms_ < peak_window_ms)
+    return hold(o, name(), "down confirmed, but only " + secs(o.t_ms - *first_t_ms_) + " of the " +
+                               secs(peak_window_ms) + " down-peak window seen", sig);
+  const double peak = peak_history_.front().second;
+  // Up: the forecast plus the queued prompts drained over the horizon.
+  const double backlog_rps = mix_prompt_ > 0 && config_.predictor.horizon_s > 0
+                                 ? o.queued_prompt_tokens / mix_prompt_ / config_.predictor.horizon_s
+                                 : 0;
+  const double demand = dir < 0 ? std::max({forecast, o.request_rate, peak}) : forecast + backlog_rps;
+  int target = target_for(demand, ranked);
+  // A backlog the gear does not clear says it carries less than its capacity: one step up at least.
+  if ((backlog_driven || latency_driven) && rank(target) <= rank(cur) && rank(cur) + 1 < static_cast<int>(ranked.size()))
+    target = ranked[static_cast<std::size_t>(rank(cur) + 1)];
   if ((dir > 0 && rank(target) <= rank(cur)) || (dir == -1 && rank(target) >= rank(cur))) {
     // Resolve by position on the ladder: one step further than the fit says is never taken.
-    return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits forecast " +
-                               num(forecast) + " req/s", sig);
+    return hold(o, name(), std::string(what) + ": no " + (dir > 0 ? "larger" : "smaller") + " gear fits " +
+                               (dir > 0 ? "forecast " : "the window's peak, forecast and rate now: ") + num(demand) +
+                               " req/s", sig);
   }
+  if (auto h = latency_hold_.find(table_.gears[target].name);
+      dir == -1 && h != latency_hold_.end() && o.t_ms < h->second)
+    return hold(o, name(), std::string(what) + ": " + table_.gears[target].name +
+                               " was left for TTFT over the SLO; held off for " + secs(h->second - o.t_ms) + " more",
+                sig);
   if (auto b = backoff_.find(table_.gears[target].name); b != backoff_.end() && o.t_ms < b->second.not_before_ms)
     return hold(o, name(), std::string(what) + ": " + table_.gears[target].name + " was rolled back from " +
                                std::to_string(b->second.rollbacks) + " time(s) in a row; held off for " +
                                secs(b->second.not_before_ms - o.t_ms) + " more",
                 sig);
 
-  std::string reason = std::string(what) + ": forecast " + fc + " " +
-                       (dir > 0 ? "> " + num(gs.up_threshold) : dir == -1 ? "< " + num(gs.down_threshold) : "vs") +
-                       " x safe " + num(safe) + " of " + o.gear + ", " + std::to_string(agree) +
-                       " signals agree over " + std::to_string(gs.confirmations) + " observations";
+  if (backlog_driven && gs.backlog_derate_floor < 1) {
+    // This gear and the smaller ones carry less than their capacity says:
+    // at most the load they could not keep up with, as safe capacity.
+    const auto d = derate_.find(o.gear);
+    const double f = std::clamp((d == derate_.end() ? 1.0 : d->second) * load / safe,
+                                gs.backlog_derate_floor, 1.0);
+    for (int i : ranked) {
+      double& di = derate_.try_emplace(table_.gears[static_cast<std::size_t>(i)].name, 1.0).first->second;
+      di = std::min(di, f);
+      if (i == cur) break;
+    }
+  }
+  if (latency_driven)
+    latency_hold_[o.gear] = o.t_ms + static_cast<std::int64_t>(gs.latency_hold_s * 1000);
+  std::string reason =
+      std::string(what) + ": " +
+      (latency_driven ? "TTFT P99 " + num(o.ttft_ms.p99) + " ms > SLO " + num(gs.ttft_slo_ms) + " ms of " + o.gear +
+                            " with queue " + num(o.queue_depth_mean) + ", forecast " + fc
+       : backlog_driven ? "token backlog " + num(backlog_s) + " s > " + num(gs.backlog_drive_s) + " s of " + o.gear +
+                            "'s prefill, forecast " + fc
+                      : "forecast " + fc + " " +
+                            (dir > 0 ? "> " + num(gs.up_threshold) : dir == -1 ? "< " + num(gs.down_threshold) : "vs") +
+                            " x safe " + num(safe) + " of " + o.gear) +
+      ", " + std::to_string(agree) + " signals agree over " + std::to_string(gs.confirmations) + " observations";
   rollback_ = RollbackMonitor(config_.rollback);
   return shift(o, table_.gears[target].name, reason, sig, true, true);
 }

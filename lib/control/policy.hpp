@@ -22,7 +22,17 @@ namespace ftp::control {
 /// Gear-shifter parameters (ARCHITECTURE.md §4; those marked "ours" are not
 /// in the design and were chosen here).
 struct GearShifterConfig {
-  double min_dwell_s = 300;            ///< no load-driven shift sooner after the last shift, s
+  double min_dwell_s = 300;            ///< no load-driven shift sooner after the last shift, s (up-shifts: up_dwell_s)
+  /// ours: no load-driven up-shift sooner after the last shift, s; < 0:
+  /// min_dwell_s. Shorter than the down dwell: a gear too small for a burst
+  /// costs the SLA at once, one too large only GPU-hours.
+  double up_dwell_s = 60;
+  /// ours: a down-shift's target must also carry the highest forecast level
+  /// of this window, in its own work (after a down-shift the next up-shift
+  /// waits up_dwell_s and its confirmations, so the smaller gear must carry
+  /// what the recent past brought), and no down-shift comes before the
+  /// shifter has seen this long; 0: off (the forecast and the rate now only)
+  double down_peak_window_s = 300;
   double up_threshold = 0.85;          ///< up-shift when forecast > up_threshold x safe capacity
   double down_threshold = 0.30;        ///< down-shift when forecast < down_threshold x safe capacity
   int confirmations = 3;               ///< consecutive agreeing observations needed
@@ -43,6 +53,27 @@ struct GearShifterConfig {
   /// the token backlog votes up, s (it never votes down: an empty queue is
   /// the queue-depth signal's to say)
   double backlog_up_s = 2;
+  /// ours: a token backlog over this many seconds of the gear's prefill
+  /// gives the up direction by itself, with the forecast inside the band
+  /// (the gear serves less than its capacity says); the target then holds
+  /// the forecast plus the backlog drained over the predictor's horizon.
+  /// 0: off (the backlog only votes)
+  double backlog_drive_s = 2;
+  /// ours: a backlog-driven up-shift from a gear at work load L says the
+  /// gear carries less than its capacity: its safe capacity, and that of
+  /// every smaller gear, is scaled down to L for the rest of
+  /// the run, by a factor of no less than this. 1: off (the capacities stay
+  /// as the table and the capacity refresh say).
+  double backlog_derate_floor = 0.25;
+  /// ours: TTFT P99 above which, with the queue's 30 s mean at most
+  /// queue_depth_down, the gear is too slow per request (long prompts), not
+  /// too small: that gives the up direction by itself, one step up at
+  /// least, and needs no second signal (its condition is two already), ms;
+  /// 0: off
+  double ttft_slo_ms = 2000;
+  /// ours: a gear left by the latency drive is no target of a load-driven
+  /// shift down for this long, s (it would be too slow again)
+  double latency_hold_s = 1800;
   double kv_pressure_up = 0.8;         ///< ours: KV watermark above which KV pressure votes up
   double kv_pressure_down = 0.5;       ///< ours: below which it votes down
   double memory_guard_kv = 0.90;       ///< KV watermark above which the memory-guard gear is taken at once
@@ -105,15 +136,20 @@ PolicyConfig policy_config_from_json(const json::Json& j);
 void validate(const PolicyConfig& c);
 
 /// Watches latency after a shift and says when to roll it back: when E2E
-/// P99 stays above p99_factor x baseline for window_s without a break.
+/// P99 stays above p99_factor x baseline for window_s without a break. An
+/// observation whose queue is shorter than the queue at the shift's end
+/// breaks a breach: a backlog from before the shift is draining, and the
+/// requests finishing then are the ones that waited longest, so P99 rises
+/// although the new gear carries the load.
 class RollbackMonitor {
  public:
   enum class Verdict { idle, watching, rollback, committed };
 
   explicit RollbackMonitor(RollbackConfig config = {}) : config_(config) {}
   /// Starts watching a shift that completed at t_ms; baseline is the
-  /// pre-shift E2E P99 (ms). A baseline of 0 (unknown) commits at once.
-  void start(std::int64_t t_ms, double baseline_p99_ms);
+  /// pre-shift E2E P99 (ms), queue_depth the queue then. A baseline of 0
+  /// (unknown) commits at once.
+  void start(std::int64_t t_ms, double baseline_p99_ms, double queue_depth = 0);
   /// Feeds an observation; watching until it says rollback or committed.
   Verdict observe(const doc::Observation& o);
   bool active() const noexcept { return state_ == Verdict::watching; }
@@ -131,6 +167,7 @@ class RollbackMonitor {
   Verdict state_ = Verdict::idle;
   std::int64_t start_ms_ = 0;
   double baseline_ = 0;
+  double start_queue_ = 0;
   std::optional<std::int64_t> breach_since_;
 };
 
@@ -209,12 +246,20 @@ class GearShifter final : public Policy {
     std::int64_t not_before_ms = 0;
   };
   std::map<std::string, Backoff> backoff_;
+  /// Gears left by the latency drive: no load-driven shift down to them before this time, ms.
+  std::map<std::string, std::int64_t> latency_hold_;
   std::optional<std::int64_t> last_shift_ms_;
   int confirm_dir_ = 0, confirm_count_ = 0;
   std::int64_t confirm_t_ms_ = 0;
   int contention_count_ = 0;           ///< observations in a row with a contended current GPU (o.gpus)
   std::int64_t contention_t_ms_ = 0;
   std::deque<std::pair<std::int64_t, double>> p99_history_;
+  /// (t_ms, forecast) of the down_peak_window_s, forecasts decreasing (the window's peak in front).
+  std::deque<std::pair<std::int64_t, double>> peak_history_;
+  std::optional<std::int64_t> first_t_ms_;
+  std::map<std::string, double> derate_;  ///< gear -> factor on its safe capacity, from backlog-driven up-shifts
+  /// The safe capacity of `gear` the shifter goes by: the tracker's x its derate factor.
+  double safe_of(const std::string& gear) const;
   double mix_prompt_ = 0, mix_output_ = 0;  ///< tokens per request, as last observed
   /// The forecast as gear `gear` sees it: work_rps at the mix, or rps
   /// (work_load false, or before both lengths of the mix are observed).

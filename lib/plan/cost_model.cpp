@@ -89,17 +89,22 @@ StageMemory stage_memory(const ModelShape& m, const StageSpan& s, const GroupPer
   return r;
 }
 
-ReplicaEstimate estimate_replica(const ModelShape& m, const std::vector<ReplicaStage>& stages, const Workload& w,
-                                 double kv_tokens) {
+namespace {
+
+/// estimate_replica's schedule for one micro-batch count `mb`.
+ReplicaEstimate estimate_with(const ModelShape& m, const std::vector<ReplicaStage>& stages, const Workload& w, int batch,
+                              int mb) {
   ReplicaEstimate e;
   const int pp = static_cast<int>(stages.size());
-  if (pp == 0) return e;
-  const double req_tokens = double(w.prompt_tokens) + w.output_tokens;
-  e.batch = static_cast<int>(std::clamp(std::floor(kv_tokens / req_tokens), 1.0, double(kMaxDecodeBatch)));
-  e.micro_batches = pp > 1 ? std::min(pp, e.batch) : 1;
-  e.bubble = pipeline_bubble(pp, e.micro_batches);
-  const int mb = e.micro_batches;
+  e.batch = batch;
+  e.micro_batches = mb;
+  e.bubble = pipeline_bubble(pp, mb);
   const double act = double(m.hidden_size) * m.activation_bytes_per_element();
+  // The engine runs each step as one pass of its micro-batches through the
+  // pipeline (Executor::run_micro_batches, SimulatedEngine::schedule_s):
+  // mb + pp - 1 ticks of the slowest stage, and the next step starts when
+  // the last micro-batch leaves the last stage.
+  const int ticks = mb + pp - 1;
 
   const double prompt_total = double(e.batch) * w.prompt_tokens;
   const double chunks = std::ceil(prompt_total / w.max_batched_tokens);
@@ -111,7 +116,7 @@ ReplicaEstimate estimate_replica(const ModelShape& m, const std::vector<ReplicaS
     if (i + 1 < pp) t += p2p_time_s(mb_tokens * act, st.send_gb_s, st.send_latency_us);
     prefill_max = std::max(prefill_max, t);
   }
-  e.prefill_s = (chunks * mb + pp - 1) * prefill_max;
+  e.prefill_s = chunks * ticks * prefill_max;
 
   const double mb_batch = double(e.batch) / mb;
   const double context = w.prompt_tokens + w.output_tokens / 2.0;
@@ -123,15 +128,32 @@ ReplicaEstimate estimate_replica(const ModelShape& m, const std::vector<ReplicaS
     decode_max = std::max(decode_max, t);
     decode_sum += t;
   }
-  // Sequences of one micro-batch wait for their own previous token, so a
-  // round takes max(m, pp) slots of the slowest stage.
-  e.decode_round_s = std::max(mb, pp) * decode_max;
+  e.decode_round_s = ticks * decode_max;
   e.spread = decode_max > 0 ? (decode_max - decode_sum / pp) / decode_max : 0;
   e.rps = e.batch / (e.prefill_s + w.output_tokens * e.decode_round_s);
   e.tokens_s = e.rps * w.output_tokens;
   e.prefill_tokens_s = e.prefill_s > 0 ? prompt_total / e.prefill_s : 0;
   e.decode_tokens_s = e.decode_round_s > 0 ? e.batch / e.decode_round_s : 0;
   return e;
+}
+
+}  // namespace
+
+ReplicaEstimate estimate_replica(const ModelShape& m, const std::vector<ReplicaStage>& stages, const Workload& w,
+                                 double kv_tokens) {
+  const int pp = static_cast<int>(stages.size());
+  if (pp == 0) return {};
+  const double req_tokens = double(w.prompt_tokens) + w.output_tokens;
+  const int batch = static_cast<int>(std::clamp(std::floor(kv_tokens / req_tokens), 1.0, double(kMaxDecodeBatch)));
+  // More micro-batches overlap the stages, but each re-reads its stage's
+  // weights: a memory-bound decode is fastest with one, a compute-bound
+  // prefill with pp. The gear takes the count that serves the most.
+  ReplicaEstimate best = estimate_with(m, stages, w, batch, 1);
+  for (int mb = 2; mb <= std::min(pp, batch); ++mb) {
+    ReplicaEstimate e = estimate_with(m, stages, w, batch, mb);
+    if (e.rps > best.rps) best = e;
+  }
+  return best;
 }
 
 }  // namespace ftp::plan

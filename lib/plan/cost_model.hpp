@@ -147,7 +147,7 @@ struct ReplicaStage {
 /// Estimated steady-state throughput of one replica for the reference request.
 struct ReplicaEstimate {
   int batch = 0;            ///< sequences decoded together: min(kv_tokens / (prompt + output), kMaxDecodeBatch), >= 1
-  int micro_batches = 1;    ///< pp > 1: min(pp, batch)
+  int micro_batches = 1;    ///< the count m in 1..min(pp, batch) whose schedule gives the most rps
   double prefill_s = 0;     ///< prefill of `batch` prompts
   double decode_round_s = 0;///< one token for each of `batch` sequences
   double bubble = 0;        ///< pipeline_bubble(pp, micro_batches)
@@ -158,10 +158,13 @@ struct ReplicaEstimate {
   double decode_tokens_s = 0;   ///< batch / decode_round_s: decode only
 };
 /// Throughput of one replica whose KV pool holds `kv_tokens` tokens:
-///   prefill_s = (chunks x m + pp - 1) x max_s (prefill_s(batch x prompt / (chunks x m)) + send)
+///   prefill_s = chunks x (m + pp - 1) x max_s (prefill_s(batch x prompt / (chunks x m)) + send)
 ///     with chunks = ceil(batch x prompt / max_batched_tokens), m micro-batches per chunk;
-///   decode_round_s = max(m, pp) x max_s (decode_s(batch / m, prompt + output / 2) + send);
-///   rps = batch / (prefill_s + output_tokens x decode_round_s).
+///   decode_round_s = (m + pp - 1) x max_s (decode_s(batch / m, prompt + output / 2) + send);
+///   rps = batch / (prefill_s + output_tokens x decode_round_s),
+/// each step being one pass of its m micro-batches through the pp stages (the
+/// engine's schedule: m + pp - 1 ticks, the pipeline empty between steps),
+/// and m the count in 1..min(pp, batch) that gives the most rps.
 ReplicaEstimate estimate_replica(const ModelShape& m, const std::vector<ReplicaStage>& stages, const Workload& w,
                                  double kv_tokens);
 

@@ -87,8 +87,9 @@ struct Plan {
 };
 
 /// Enumerates the layouts and chooses the gear table: economy (fewest devices
-/// that fit), standard (capacity between, closest to the geometric mean),
-/// performance (highest estimated capacity), and memory-guard (most KV tokens
+/// that fit), performance (the fewest devices within 10 % of the highest
+/// estimated capacity), standard (capacity between; the fewest devices within
+/// 10 % of their geometric mean, else the nearest to it), and memory-guard (most KV tokens
 /// per replica), deduplicated; one normal gear alone is named "standard".
 /// Throws ftp::Error (exit 1) naming the device and bytes short when nothing
 /// fits, or when a requested layout does not (with the candidate's reason).

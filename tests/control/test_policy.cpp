@@ -154,6 +154,9 @@ TEST(Capacity, StartsFromMeasuredElseEstimatedWithSafeAt80Percent) {
 
 TEST(Capacity, RefreshedEvery10MinFromTheLast5MinOfLiveData) {
   auto t = ftp::test::sample_gears();
+  const double est_rps = t.gears[0].estimated->max_rps;
+  t.gears[0].estimated->prefill_tokens_s = 4000;
+  t.gears[0].estimated->decode_tokens_s = 1000;
   CapacityTracker c(t);
   // economy saturated: 160 req/s arrive, the queue grows 3/s, so it serves 157.
   for (int s = 0; s <= 600; s += 10) {
@@ -172,6 +175,9 @@ TEST(Capacity, RefreshedEvery10MinFromTheLast5MinOfLiveData) {
   EXPECT_EQ(e.source, "live");
   EXPECT_EQ(e.t_ms, 600000);
   EXPECT_NEAR(e.window_s, 300, 1e-9);
+  // The token rates follow the request rate by the same factor.
+  EXPECT_NEAR(e.prefill_tokens_s, 4000 * 157 / est_rps, 1e-9);
+  EXPECT_NEAR(e.decode_tokens_s, 1000 * 157 / est_rps, 1e-9);
   EXPECT_EQ(c.capacity("standard").source, "estimate") << "no data, no change";
   EXPECT_FALSE(c.refresh(900000));
 
@@ -247,7 +253,9 @@ TEST(GearShifter, HysteresisBand) {
   EXPECT_EQ(d.action, "shift");
   EXPECT_EQ(d.to, "performance");
   EXPECT_CONTAINS(d.reason, "> 0.85 x safe 480");
-  Shifter down;
+  PolicyConfig seed;  // without the down-peak window: down at once
+  seed.gear_shifter.down_peak_window_s = 0;
+  Shifter down(seed);
   for (int t = 0; t <= 20; t += 10) d = down(obs(t, "standard", 90));
   EXPECT_EQ(d.action, "shift");
   EXPECT_EQ(d.to, "economy");
@@ -269,20 +277,76 @@ TEST(GearShifter, DownShiftAfterAStepDropFitsTheRateSeen) {
   EXPECT_EQ(d.to, "standard") << d.reason;
 }
 
-TEST(GearShifter, MinimumDwell) {
-  Shifter s;
+/// Up to standard at t=20 (done at 25), then a load for performance: held
+/// for `dwell_s` after the shift, then up.
+static void expect_up_after_dwell(Shifter& s, int dwell_s) {
   Decision d;
   for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));
   ASSERT_EQ(d.action, "shift");
-  s(busy(25, "standard", 300)).action;  // done at t=25: the dwell starts
-  for (int t = 30; t < 325; t += 10) {
+  s(busy(25, "standard", 300));  // done at t=25: the dwell starts
+  for (int t = 30; t < 25 + dwell_s; t += 10) {
     d = s(busy(t, "standard", 700));
     ASSERT_EQ(d.action, "hold") << "t=" << t;
   }
-  EXPECT_CONTAINS(d.reason, "dwell: 295 s of 300 s");
-  d = s(busy(325, "standard", 700));
+  EXPECT_CONTAINS(d.reason, "dwell: " + std::to_string(dwell_s - 5) + " s of " + std::to_string(dwell_s) + " s");
+  d = s(busy(25 + dwell_s, "standard", 700));
   EXPECT_EQ(d.action, "shift");
   EXPECT_EQ(d.to, "performance");
+}
+
+TEST(GearShifter, MinimumDwell) {
+  PolicyConfig seed;  // the seed's dwell for up-shifts too
+  seed.gear_shifter.up_dwell_s = 300;
+  Shifter s(seed);
+  expect_up_after_dwell(s, 300);
+}
+
+TEST(GearShifter, UpDwellIsShorterThanTheDownDwell) {
+  // Default: up_dwell_s 60 after a shift, min_dwell_s 300 before a down-shift.
+  Shifter s;
+  expect_up_after_dwell(s, 60);
+  if (testing::Test::HasFatalFailure()) return;
+  Decision d;
+  // Down from performance waits the whole 300 s.
+  s(obs(95, "performance", 700));
+  for (int t = 100; t < 395; t += 10) {
+    d = s(obs(t, "performance", 50));
+    ASSERT_EQ(d.action, "hold") << "t=" << t;
+  }
+  EXPECT_CONTAINS(d.reason, "of 300 s since the last shift");
+}
+
+TEST(GearShifter, DownShiftWaitsForTheWindowAndCarriesItsPeak) {
+  // standard (safe 480): 300 req/s for 100 s, then 90 req/s. Economy (0.85 x
+  // 120 = 102) holds 90 but not the 300 of the window: no down-shift until
+  // that peak has left the 300 s window (and the 60 s peak memory of the
+  // forecast), and none before the shifter has seen 300 s.
+  Shifter s;
+  Decision d;
+  for (int t = 0; t < 100; t += 10) ASSERT_EQ(s(obs(t, "standard", 300)).action, "hold");
+  int t = 100, first_shift = -1;
+  bool window_held = false, peak_held = false;
+  for (; t <= 900; t += 10) {
+    d = s(obs(t, "standard", 90));
+    window_held |= t < 300 && d.reason.find("of the 300 s down-peak window seen") != std::string::npos;
+    peak_held |= t >= 300 && d.reason.find("no smaller gear fits") != std::string::npos;
+    if (d.action == "shift") {
+      first_shift = t;
+      break;
+    }
+  }
+  ASSERT_GE(first_shift, 400) << d.reason;
+  EXPECT_EQ(d.to, "economy");
+  EXPECT_TRUE(window_held);
+  EXPECT_TRUE(peak_held);
+  // Without the window (0): down at 200 + three confirmations.
+  PolicyConfig seed;
+  seed.gear_shifter.down_peak_window_s = 0;
+  Shifter s0(seed);
+  for (int u = 0; u < 100; u += 10) s0(obs(u, "standard", 300));
+  for (t = 100; t <= 900; t += 10)
+    if (s0(obs(t, "standard", 90)).action == "shift") break;
+  EXPECT_LT(t, first_shift);
 }
 
 // Issue 16: a device lost (a member gone) under the current gear.
@@ -436,6 +500,81 @@ TEST(GearShifter, StaggerWithinFiveMinutes) {
     seen.insert(d.not_before_ms);
   }
   EXPECT_GE(seen.size(), 15u) << "replicas get different offsets";
+}
+
+TEST(GearShifter, LatencyDriveTakesALargerGearWhenTtftMissesTheSloWithNoQueue) {
+  // 60 req/s is inside economy's band (safe 120: 36..102), so load alone holds.
+  auto slow = [](int t, const char* gear, double queue) {
+    Observation o = obs(t, gear, 60);
+    o.ttft_ms = {900, 3000};  // P99 over the 2 s SLO
+    o.queue_depth = o.queue_depth_mean = queue;
+    return o;
+  };
+  {
+    Shifter s;
+    Decision d;
+    for (int t = 0; t <= 60; t += 10) {
+      d = s(slow(t, "economy", 5));
+      ASSERT_EQ(d.action, "hold") << "a queue: load's rules decide, t=" << t << ": " << d.reason;
+    }
+  }
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 10; t += 10) ASSERT_EQ(s(slow(t, "economy", 0.5)).action, "hold");
+  d = s(slow(20, "economy", 0.5));
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "standard") << "one step up";
+  EXPECT_CONTAINS(d.reason, "TTFT P99 3000 ms > SLO 2000 ms of economy");
+  EXPECT_TRUE(signal(d, "ttft_slo_ms")->agrees);
+  s(obs(30, "standard", 60));  // done
+  // Down by load (60 < 0.3 x 480) waits for the dwell, then is held off:
+  // economy was too slow per request.
+  for (int t = 40; t < 1820; t += 10) {  // held until 20 s + latency_hold_s (1800)
+    d = s(obs(t, "standard", 60));
+    ASSERT_EQ(d.action, "hold") << "t=" << t << ": " << d.reason;
+  }
+  EXPECT_CONTAINS(d.reason, "economy was left for TTFT over the SLO; held off for");
+  d = s(obs(1820, "standard", 60));
+  EXPECT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "economy");
+  // Off: the same observations hold.
+  PolicyConfig off;
+  off.gear_shifter.ttft_slo_ms = 0;
+  Shifter o(off);
+  for (int t = 0; t <= 60; t += 10) ASSERT_EQ(o(slow(t, "economy", 0.5)).action, "hold");
+}
+
+TEST(GearShifter, NoRollbackWhileTheBacklogDrains) {
+  // A shift up under a backlog: the queue at the shift's end is long, and
+  // while it drains P99 is above the baseline (the requests finishing waited
+  // longest). That is no regression; a queue that grows again is.
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));  // baseline P99 2000 ms
+  ASSERT_EQ(d.action, "shift");
+  Observation done = busy(30, "standard", 300);
+  done.queue_depth = done.queue_depth_mean = 400;
+  s(done);  // the monitor watches, from a queue of 400
+  double q = 400;
+  for (int t = 40; t < 400; t += 10) {
+    Observation o = obs(t, "standard", 300);
+    q = std::max(1.0, q - 20);
+    o.queue_depth = o.queue_depth_mean = q;
+    o.e2e_ms.p99 = 3500;  // > 1.5 x 2000, for longer than the 180 s window
+    d = s(o);
+    ASSERT_EQ(d.action, "hold") << "t=" << t << ": draining, no rollback: " << d.reason;
+  }
+  // The queue grows past its size at the shift's end: now a breach counts.
+  for (int t = 400; t <= 580; t += 10) {
+    Observation o = obs(t, "standard", 300);
+    o.queue_depth = o.queue_depth_mean = 500;
+    o.e2e_ms.p99 = 3500;
+    d = s(o);
+    if (d.action != "hold") break;
+  }
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "economy");
+  EXPECT_CONTAINS(d.reason, "rollback: E2E P99 3500 ms");
 }
 
 TEST(GearShifter, RollbackAfterItsWindow) {
@@ -913,6 +1052,44 @@ TEST(GearShifter, TokenBacklogVotesUpOnly) {
   }
   EXPECT_EQ(d.action, "hold");
   EXPECT_FALSE(signal(d, "token_backlog_s")->agrees);
+}
+
+TEST(GearShifter, TokenBacklogDrivesUpAndDeratesTheGear) {
+  // economy (safe 120, band [36, 102]) at 60 req/s, inside the band, but
+  // 45000 queued prompt tokens are 3 s of its 15000 tokens/s > 2 s: up.
+  const ftp::doc::GearTable table = token_gears();
+  auto run = [&](PolicyConfig c, double later_rps) {
+    GearShifter g(table, c);
+    Decision d;
+    for (int t = 0; t <= 20; t += 10) {
+      Observation o = busy(t, "economy", 60);
+      o.queued_prompt_tokens = 45000;
+      d = g.observe(o);
+    }
+    std::vector<Decision> out{d};
+    g.observe(obs(25, "standard", 60));  // done
+    // Later on standard at later_rps (< 0.3 x 480: down): economy was seen
+    // not to keep up with 60 req/s, so its safe capacity is 60 now.
+    for (int t = 30; t <= 1200; t += 10)
+      if ((d = g.observe(obs(t, "standard", later_rps))).action == "shift") break;
+    out.push_back(d);
+    return out;
+  };
+  auto v = run(PolicyConfig{}, 55);
+  EXPECT_EQ(v[0].action, "shift");
+  EXPECT_EQ(v[0].to, "standard");
+  EXPECT_CONTAINS(v[0].reason, "token backlog 3 s > 2 s");
+  EXPECT_EQ(v[1].action, "hold") << "55 > 0.85 x 60: economy no longer fits; " << v[1].reason;
+  EXPECT_CONTAINS(v[1].reason, "no smaller gear fits");
+  EXPECT_EQ(run(PolicyConfig{}, 45)[1].to, "economy") << "45 <= 0.85 x 60";
+  PolicyConfig no_derate;
+  no_derate.gear_shifter.backlog_derate_floor = 1;
+  EXPECT_EQ(run(no_derate, 55)[1].to, "economy");
+  PolicyConfig no_drive;
+  no_drive.gear_shifter.backlog_drive_s = 0;
+  auto w = run(no_drive, 55);
+  EXPECT_EQ(w[0].action, "hold") << "the backlog only votes";
+  EXPECT_CONTAINS(w[0].reason, "inside the band");
 }
 
 TEST(GearShifter, KvPressureIsAVoice) {

@@ -67,11 +67,13 @@ else
 fi
 
 for service in engine queueing; do
-  compare "steps 4,30,4 req/s" $service --rate-pattern steps:4,30,4@600 --seed 2
+  # 20 min after the surge: a step down waits for the 5 min peak window and
+  # each gear's dwell (default policy), so two steps down take over 10 min.
+  compare "steps 4,30,4,4 req/s" $service --rate-pattern steps:4,30,4,4@600 --seed 2
   check "steps ($service): up in the surge, down after it" \
     jq -e -s --arg e "$economy" '.[:-1] as $r | ($r[80].gear!=$e) and ($r[-1].gear==$e or $r[-1].shift_to==$e)' "$tmp/gs.jsonl"
   check "steps ($service): seeded, deterministic" cmp -s "$tmp/gs.jsonl" \
-    <("$plan" simulate --gears "$tmp/gears.json" "${svc[@]}" --policy gear-shifter --rate-pattern steps:4,30,4@600 --seed 2)
+    <("$plan" simulate --gears "$tmp/gears.json" "${svc[@]}" --policy gear-shifter --rate-pattern steps:4,30,4,4@600 --seed 2)
 done
 "$plan" simulate --gears "$tmp/gears.json" "${engine[@]}" --rate-pattern const:3 --duration 120 --seed 4 \
   --prompt-lengths uniform:100,300 --output-lengths lognormal:50,0.5 --policy "static:$economy" >"$tmp/out"; rc=$?
