@@ -183,13 +183,14 @@ jq '.name = "llama-3.1-8b-128k" | .context_length = 131072 | .comment = "Llama-3
   --layout tp1:tp=1 --layout tp2:tp=2 --layout tp4:tp=4 --layout tp8:tp=8 --json=short >"$out/c-gears.json"
 # Ablations: the gear shifter with the rules added for the goal turned off one at a time, and all of
 # them (the seed's rules only).
-echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300,"down_peak_window_s":0,"backlog_drive_s":0,"backlog_derate_floor":1}}' >"$out/c-seed.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300,"down_peak_window_s":0,"backlog_drive_s":0,"backlog_derate_floor":1,"ttft_slo_ms":0}}' >"$out/c-seed.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300}}' >"$out/c-no-up-dwell.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"down_peak_window_s":0}}' >"$out/c-no-down-peak.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_drive_s":0}}' >"$out/c-no-backlog-drive.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_derate_floor":1}}' >"$out/c-no-derate.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"ttft_slo_ms":0}}' >"$out/c-no-latency-drive.json"
 c_policies="static:tp1 static:tp2 static:tp4 static:tp8 gear-shifter dynamic-tp:$here/dynamic-tp.json naive"
-for a in seed no-up-dwell no-down-peak no-backlog-drive no-derate; do c_policies+=" gear-shifter:$out/c-$a.json"; done
+for a in seed no-up-dwell no-down-peak no-backlog-drive no-derate no-latency-drive; do c_policies+=" gear-shifter:$out/c-$a.json"; done
 
 # flaps NAME: shifts that return to the gear the shift before left, within 600 s of it.
 flaps() {

@@ -125,6 +125,8 @@ Json to_json(const PolicyConfig& c) {
         {"backlog_up_s", g.backlog_up_s},
         {"backlog_drive_s", g.backlog_drive_s},
         {"backlog_derate_floor", g.backlog_derate_floor},
+        {"ttft_slo_ms", g.ttft_slo_ms},
+        {"latency_hold_s", g.latency_hold_s},
         {"kv_pressure_up", g.kv_pressure_up},
         {"kv_pressure_down", g.kv_pressure_down},
         {"memory_guard_kv", g.memory_guard_kv},
@@ -200,6 +202,8 @@ PolicyConfig policy_config_from_json(const Json& j) {
     s.number("backlog_up_s", g.backlog_up_s);
     s.number("backlog_drive_s", g.backlog_drive_s);
     s.number("backlog_derate_floor", g.backlog_derate_floor);
+    s.number("ttft_slo_ms", g.ttft_slo_ms);
+    s.number("latency_hold_s", g.latency_hold_s);
     s.number("kv_pressure_up", g.kv_pressure_up);
     s.number("kv_pressure_down", g.kv_pressure_down);
     s.number("memory_guard_kv", g.memory_guard_kv);
@@ -280,6 +284,8 @@ void validate(const PolicyConfig& c) {
         "must exceed queue_time_down_ms (" + num(g.queue_time_down_ms) + ")", g.queue_time_up_ms);
   positive("gear_shifter.backlog_up_s", g.backlog_up_s);
   nonneg("gear_shifter.backlog_drive_s", g.backlog_drive_s);
+  nonneg("gear_shifter.ttft_slo_ms", g.ttft_slo_ms);
+  nonneg("gear_shifter.latency_hold_s", g.latency_hold_s);
   check(g.backlog_derate_floor > 0 && g.backlog_derate_floor <= 1, "gear_shifter.backlog_derate_floor",
         "must be in (0, 1]", g.backlog_derate_floor);
   ratio("gear_shifter.kv_pressure_down", g.kv_pressure_down);
@@ -522,9 +528,15 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   // does not clear; the other signals vote.
   int dir = 0;
   bool backlog_driven = false;
+  // Slow per request, not short of capacity: TTFT over the SLO with no queue.
+  const bool too_slow =
+      gs.ttft_slo_ms > 0 && o.ttft_ms.p99 > gs.ttft_slo_ms && o.queue_depth_mean <= gs.queue_depth_down &&
+      o.queue_depth <= gs.queue_depth_down;
+  bool latency_driven = false;
   if (!in_guard) {
     if (load > gs.up_threshold * safe) dir = +1;
     else if (gs.backlog_drive_s > 0 && backlog_s > gs.backlog_drive_s) dir = +1, backlog_driven = true;
+    else if (too_slow) dir = +1, latency_driven = true;
     else if (load < gs.down_threshold * safe) dir = -1;
   }
   const std::string fc = num(forecast) + " req/s" + (load != forecast ? " (" + num(load) + " req/s in work)" : "");
@@ -538,6 +550,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   sig.push_back(band("queue_time_ms", o.est_queue_time_ms, gs.queue_time_up_ms, gs.queue_time_down_ms));
   sig.push_back({"token_backlog_s", backlog_s, gs.backlog_up_s, dir > 0 && backlog_s > gs.backlog_up_s});
   sig.push_back(band("kv_pressure", o.kv_watermark, gs.kv_pressure_up, gs.kv_pressure_down));
+  if (gs.ttft_slo_ms > 0) sig.push_back({"ttft_slo_ms", o.ttft_ms.p99, gs.ttft_slo_ms, dir > 0 && too_slow});
   sig.push_back({"bubble_ratio", o.bubble_ratio, gs.bubble_ratio, dir != 0 && o.bubble_ratio > gs.bubble_ratio});
   sig.push_back({"contention_index", o.contention_index, gs.contention_index,
                  dir > 0 && o.contention_index > gs.contention_index});
@@ -680,6 +693,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   } else {
     for (const auto& s : sig)
       if (s.agrees && s.name != "kv_watermark" && s.name != "p99_regression_ms") ++agree;  // load signals only
+    if (latency_driven) agree = std::max(agree, gs.min_agreeing_signals);
   }
   // Gears with a lost device are no target.
   const std::vector<int> ranked = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
@@ -736,7 +750,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   const double demand = dir < 0 ? std::max({forecast, o.request_rate, peak}) : forecast + backlog_rps;
   int target = target_for(demand, ranked);
   // A backlog the gear does not clear says it carries less than its capacity: one step up at least.
-  if (backlog_driven && rank(target) <= rank(cur) && rank(cur) + 1 < static_cast<int>(ranked.size()))
+  if ((backlog_driven || latency_driven) && rank(target) <= rank(cur) && rank(cur) + 1 < static_cast<int>(ranked.size()))
     target = ranked[static_cast<std::size_t>(rank(cur) + 1)];
   if ((dir > 0 && rank(target) <= rank(cur)) || (dir == -1 && rank(target) >= rank(cur))) {
     // Resolve by position on the ladder: one step further than the fit says is never taken.
@@ -744,6 +758,11 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
                                (dir > 0 ? "forecast " : "the window's peak, forecast and rate now: ") + num(demand) +
                                " req/s", sig);
   }
+  if (auto h = latency_hold_.find(table_.gears[target].name);
+      dir == -1 && h != latency_hold_.end() && o.t_ms < h->second)
+    return hold(o, name(), std::string(what) + ": " + table_.gears[target].name +
+                               " was left for TTFT over the SLO; held off for " + secs(h->second - o.t_ms) + " more",
+                sig);
   if (auto b = backoff_.find(table_.gears[target].name); b != backoff_.end() && o.t_ms < b->second.not_before_ms)
     return hold(o, name(), std::string(what) + ": " + table_.gears[target].name + " was rolled back from " +
                                std::to_string(b->second.rollbacks) + " time(s) in a row; held off for " +
@@ -762,9 +781,13 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
       if (i == cur) break;
     }
   }
+  if (latency_driven)
+    latency_hold_[o.gear] = o.t_ms + static_cast<std::int64_t>(gs.latency_hold_s * 1000);
   std::string reason =
       std::string(what) + ": " +
-      (backlog_driven ? "token backlog " + num(backlog_s) + " s > " + num(gs.backlog_drive_s) + " s of " + o.gear +
+      (latency_driven ? "TTFT P99 " + num(o.ttft_ms.p99) + " ms > SLO " + num(gs.ttft_slo_ms) + " ms of " + o.gear +
+                            " with queue " + num(o.queue_depth_mean) + ", forecast " + fc
+       : backlog_driven ? "token backlog " + num(backlog_s) + " s > " + num(gs.backlog_drive_s) + " s of " + o.gear +
                             "'s prefill, forecast " + fc
                       : "forecast " + fc + " " +
                             (dir > 0 ? "> " + num(gs.up_threshold) : dir == -1 ? "< " + num(gs.down_threshold) : "vs") +

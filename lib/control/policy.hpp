@@ -65,6 +65,15 @@ struct GearShifterConfig {
   /// the run, by a factor of no less than this. 1: off (the capacities stay
   /// as the table and the capacity refresh say).
   double backlog_derate_floor = 0.25;
+  /// ours: TTFT P99 above which, with the queue's 30 s mean at most
+  /// queue_depth_down, the gear is too slow per request (long prompts), not
+  /// too small: that gives the up direction by itself, one step up at
+  /// least, and needs no second signal (its condition is two already), ms;
+  /// 0: off
+  double ttft_slo_ms = 2000;
+  /// ours: a gear left by the latency drive is no target of a load-driven
+  /// shift down for this long, s (it would be too slow again)
+  double latency_hold_s = 1800;
   double kv_pressure_up = 0.8;         ///< ours: KV watermark above which KV pressure votes up
   double kv_pressure_down = 0.5;       ///< ours: below which it votes down
   double memory_guard_kv = 0.90;       ///< KV watermark above which the memory-guard gear is taken at once
@@ -237,6 +246,8 @@ class GearShifter final : public Policy {
     std::int64_t not_before_ms = 0;
   };
   std::map<std::string, Backoff> backoff_;
+  /// Gears left by the latency drive: no load-driven shift down to them before this time, ms.
+  std::map<std::string, std::int64_t> latency_hold_;
   std::optional<std::int64_t> last_shift_ms_;
   int confirm_dir_ = 0, confirm_count_ = 0;
   std::int64_t confirm_t_ms_ = 0;

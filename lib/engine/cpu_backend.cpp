@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The CPU backend: one rank is a thread on a virtual device, its buffers
+// The CPU backend: one rank is a thread on a virtual device (with helper
+// threads for its products where the device has CPUs to spare), its buffers
 // and KV pages are host memory, matmuls go to lib/engine/ops (BLAS and the
 // SIMD kernels; Q8_0 matrices from the store's packed copy where it has
 // one), all-reduce to the in-process communicator.
@@ -14,6 +15,7 @@
 #include "comm/inproc.hpp"
 #include "comm/pool.hpp"
 #include "core/error.hpp"
+#include "engine/intra_op.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/ops.hpp"
 #include "engine/rank_backend.hpp"
@@ -26,7 +28,8 @@ namespace {
 class CpuRank final : public RankBackend {
  public:
   CpuRank(const WeightStore& w, const RankSpec& spec, std::shared_ptr<comm::Collective> comm)
-      : w_(w), hp_(w.hparams()), spec_(spec), comm_(std::move(comm)), packed_(w.packed_for_cpu()) {
+      : w_(w), hp_(w.hparams()), spec_(spec), comm_(std::move(comm)), packed_(w.packed_for_cpu()),
+        pool_(spec.threads, spec.device) {
     const RankLayerView v = split_rank(hp_, spec.tp, spec.rank);
     kvh_ = v.kv_heads.size();
     kv_ = std::make_unique<KvStore>(spec.n_layers, spec.kv_blocks, spec.block_tokens, kvh_, hp_.head_dim,
@@ -42,6 +45,7 @@ class CpuRank final : public RankBackend {
   void bind_thread() override {
     if (spec_.device) spec_.device->bind_current_thread();
   }
+  void lower_helpers_priority(int delta) override { pool_.lower_priority(delta); }
   std::uint64_t kv_bytes() const override { return kv_->bytes(); }
 
   float* buffer(Buf id, std::size_t n) override {
@@ -75,9 +79,7 @@ class CpuRank final : public RankBackend {
     for (int r = 0; r < rows; ++r) ops::rmsnorm(row(x, r, hp_.n_embd), w, row(out, r, hp_.n_embd), hp_.n_embd, hp_.rms_eps);
   }
   void matmul(const float* x, const MatView& w, float* out, int rows) override {
-    if (packed_)
-      if (const PackedQ8* p = packed_->find(w.t)) return ops::matmul_packed(x, *p, w, out, rows);
-    ops::matmul(x, w, out, rows);
+    split_matmul(pool_, x, w, packed_ ? packed_->find(w.t) : nullptr, out, rows);
   }
   void add_bias(float* x, const VecView& b) override {
     const float* bias = b.data();
@@ -216,6 +218,7 @@ class CpuRank final : public RankBackend {
   std::vector<const float*> kp_, vp_;  // one head's KV pages (attention)
   std::vector<float> wide_;            // 16-bit pages widened to float32 for attention_head
   const BatchLayout* b_ = nullptr;
+  IntraOpPool pool_;  // the rank thread and its helpers: the products split by rows
 };
 
 class CpuBackend final : public Backend {

@@ -4,7 +4,10 @@
 #include "engine/engine.hpp"
 
 #include <algorithm>
+#include <map>
 
+#include "backend/cpu/cpu_info.hpp"
+#include "backend/cpu/virtual_device.hpp"
 #include "core/error.hpp"
 #include "engine/rank_backend.hpp"
 
@@ -71,8 +74,33 @@ BatchLayout make_batch_layout(const std::vector<const SeqChunk*>& chunks, int bl
   return b;
 }
 
+std::vector<std::vector<int>> resolve_rank_threads(const std::vector<StageLayout>& stages) {
+  std::map<const backend::VirtualDevice*, int> ranks_on;  // the domain's ranks on each device
+  auto device_of = [](const StageLayout& l, int r) -> const backend::VirtualDevice* {
+    return static_cast<std::size_t>(r) < l.devices.size() ? l.devices[static_cast<std::size_t>(r)] : nullptr;
+  };
+  for (const StageLayout& l : stages)
+    for (int r = 0; r < l.tp; ++r) {
+      if (const auto* d = device_of(l, r)) ++ranks_on[d];
+    }
+  std::vector<std::vector<int>> out;
+  for (const StageLayout& l : stages) {
+    std::vector<int> t;
+    for (int r = 0; r < l.tp; ++r) {
+      int n = l.rank_threads;
+      if (n <= 0) {
+        const backend::VirtualDevice* d = device_of(l, r);
+        n = d ? d->threads() / ranks_on[d] : 1;
+      }
+      t.push_back(std::max(1, n));
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 std::vector<RankSpec> stage_rank_specs(const StageLayout& l, int stage, int n_stages, int kv_blocks, int block_tokens,
-                                       int max_rows) {
+                                       int max_rows, const std::vector<int>& threads) {
   std::vector<RankSpec> specs;
   for (int r = 0; r < l.tp; ++r) {
     RankSpec rs;
@@ -89,6 +117,7 @@ std::vector<RankSpec> stage_rank_specs(const StageLayout& l, int stage, int n_st
     rs.kv_dtype = l.kv_dtype;
     if (!l.devices.empty()) rs.device = l.devices[static_cast<std::size_t>(r)];
     if (!l.gpus.empty()) rs.gpu = l.gpus[static_cast<std::size_t>(r)];
+    if (static_cast<std::size_t>(r) < threads.size()) rs.threads = threads[static_cast<std::size_t>(r)];
     specs.push_back(rs);
   }
   return specs;

@@ -34,6 +34,12 @@ struct StageLayout {
   /// The element type of the stage's KV pages (default: 16 bits in the
   /// model's compute type, resolve_kv_dtype).
   KvDtype kv_dtype = KvDtype::automatic;
+  /// CPU backend: threads of each rank's operations (its rank thread and
+  /// rank_threads - 1 helpers over which its matrix products are split by
+  /// rows). 0: automatic -- the CPUs of the rank's virtual device over the
+  /// domain's ranks on that device, at least 1; one thread for a rank
+  /// without a device (resolve_rank_threads).
+  int rank_threads = 0;
 };
 
 /// One sequence's share of a forward pass: `tokens` at positions

@@ -72,6 +72,7 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
   if (stages_.empty()) throw InputError("executor: a domain has at least one stage");
   if (block_tokens < 1) throw InputError("executor: block_tokens must be positive");
   Backend& be = backend ? *backend : cpu_backend();
+  const std::vector<std::vector<int>> threads = resolve_rank_threads(stages_);
   int next = 0;
   for (std::size_t s = 0; s < stages_.size(); ++s) {
     const StageLayout& l = stages_[s];
@@ -90,7 +91,7 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
     st.first = s == 0;
     st.last = s + 1 == stages_.size();
     const std::vector<RankSpec> specs = stage_rank_specs(l, static_cast<int>(s), static_cast<int>(stages_.size()),
-                                                         n_kv_blocks, block_tokens, max_rows);
+                                                         n_kv_blocks, block_tokens, max_rows, threads[s]);
     // The ranks placed here (all of them without a placement).
     std::vector<int> local;
     if (placement_ && static_cast<int>(placement_->owner[s].size()) != l.tp)
@@ -421,6 +422,7 @@ void Executor::run_micro_batches(std::vector<MicroBatch>& mbs) {
           Rank& me = st.ranks[static_cast<std::size_t>(r)];
           if (background_.load(std::memory_order_relaxed) && !me.background) {
             backend::lower_current_thread_priority(kBackgroundNice);  // best effort
+            me.be->lower_helpers_priority(kBackgroundNice);
             me.background = true;
           }
           auto t_task = std::chrono::steady_clock::now();

@@ -56,14 +56,26 @@ struct RankSpec {
   int max_rows = 256;            ///< rows (tokens) of the largest micro-batch expected; buffers grow past it
   KvDtype kv_dtype = KvDtype::automatic;  ///< the KV pages' element type (the backend resolves automatic)
   backend::VirtualDevice* device = nullptr;  ///< CPU: the virtual device (pinning, accounting); may be null
+  int threads = 1;               ///< CPU: threads of the rank's operations (resolve_rank_threads)
   int gpu = -1;                  ///< CUDA: device ordinal; -1: the backend's default (0)
 };
 
+/// The threads of each rank of each stage of a domain laid out as `stages`
+/// on the CPU backend ([stage][rank]): a stage's rank_threads where it is
+/// set, else the CPUs of the rank's virtual device divided by the ranks of
+/// the domain on that device, at least 1, and 1 for a rank without a
+/// device (nothing says which CPUs are its own: tests, `generate`, and
+/// domains beside each other in one process would oversubscribe them). So a TP 1 domain on a device of two CPUs splits its products
+/// over both, and the ranks of a TP 2 domain on two one-CPU devices keep
+/// one thread each: the domain never runs more threads than its CPUs.
+std::vector<std::vector<int>> resolve_rank_threads(const std::vector<StageLayout>& stages);
+
 /// The specs of the tp ranks of stage `stage` of `n_stages` laid out as `l`
 /// (devices and GPUs from it where given); what Executor makes its stages
-/// from and what Backend::kv_room_bytes is asked about.
+/// from and what Backend::kv_room_bytes is asked about. `threads`: each
+/// rank's (resolve_rank_threads; empty: 1).
 std::vector<RankSpec> stage_rank_specs(const StageLayout& l, int stage, int n_stages, int kv_blocks, int block_tokens,
-                                       int max_rows);
+                                       int max_rows, const std::vector<int>& threads = {});
 
 /// Named scratch buffers of a rank (float32 activations on its device).
 enum class Buf : int { x, xn, q, k, v, att, part, gate, up, logits_in, logits, count };
@@ -80,6 +92,10 @@ class RankBackend {
   /// Called once on the rank's thread before any other call: pins the
   /// thread to the virtual device's CPUs, or selects the CUDA device.
   virtual void bind_thread() = 0;
+  /// Called on the rank's thread when it lowers its own priority (a
+  /// draining domain): threads the rank runs besides its own (the CPU
+  /// backend's IntraOpPool helpers) lower theirs by `delta` too.
+  virtual void lower_helpers_priority(int delta) { (void)delta; }
   /// Bytes of this rank's KV pages (reserved on its device).
   virtual std::uint64_t kv_bytes() const = 0;
 

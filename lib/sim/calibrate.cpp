@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/calibrate.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <string>
 
 #include "core/error.hpp"
@@ -12,9 +15,11 @@ namespace ftp::sim {
 namespace {
 
 constexpr int kTerms = 5;  // layer overhead, GEMM, attention, memory, rows
-constexpr double kFree = 1e9;
+using Vec = std::array<double, kTerms>;
+using Mat = std::array<Vec, kTerms>;
+enum class At { free, lower, upper };
 
-std::array<double, kTerms> regressors(const plan::ModelShape& m, const plan::GroupPerf& g, const plan::StepWork& w) {
+Vec regressors(const plan::ModelShape& m, const plan::GroupPerf& g, const plan::StepWork& w) {
   const plan::StageSpan span{m.n_layers, true, true};
   const double p = plan::stage_compute_params(m, span);
   const double flop_s = g.tp * g.tflop_s * 1e12;
@@ -23,71 +28,150 @@ std::array<double, kTerms> regressors(const plan::ModelShape& m, const plan::Gro
           4.0 * w.attention_pairs * m.n_heads * m.head_dim * m.n_layers / flop_s, bytes / (g.gb_s * 1e9), w.logit_rows};
 }
 
-// Least squares over the active terms (normal equations, Gaussian elimination).
-std::array<double, kTerms> solve(const std::vector<std::array<double, kTerms>>& x, const std::vector<double>& y,
-                                 const std::array<bool, kTerms>& active) {
-  std::array<std::array<double, kTerms + 1>, kTerms> a{};
-  for (std::size_t r = 0; r < x.size(); ++r)
-    for (int i = 0; i < kTerms; ++i) {
-      if (!active[i]) continue;
-      for (int j = 0; j < kTerms; ++j)
-        if (active[j]) a[i][j] += x[r][i] * x[r][j];
-      a[i][kTerms] += x[r][i] * y[r];
-    }
+// Solves g[F][F] x[F] = rhs[F] over the free terms F (Gauss-Jordan with
+// partial pivoting); a free term without a pivot (the data cannot tell it
+// from the others) gets 0.
+void solve_free(Mat g, Vec rhs, const std::array<At, kTerms>& at, Vec& x) {
+  std::array<int, kTerms> idx{};
+  int n = 0;
   for (int i = 0; i < kTerms; ++i)
-    if (!active[i]) a[i][i] = 1;
-  for (int c = 0; c < kTerms; ++c) {
+    if (at[i] == At::free) idx[n++] = i;
+  std::array<std::array<double, kTerms + 1>, kTerms> a{};
+  for (int r = 0; r < n; ++r) {
+    for (int c = 0; c < n; ++c) a[r][c] = g[idx[r]][idx[c]];
+    a[r][n] = rhs[idx[r]];
+  }
+  for (int c = 0; c < n; ++c) {
     int piv = c;
-    for (int r = c + 1; r < kTerms; ++r)
+    for (int r = c + 1; r < n; ++r)
       if (std::abs(a[r][c]) > std::abs(a[piv][c])) piv = r;
     std::swap(a[c], a[piv]);
     if (std::abs(a[c][c]) < 1e-300) continue;
-    for (int r = 0; r < kTerms; ++r) {
+    for (int r = 0; r < n; ++r) {
       if (r == c) continue;
       const double f = a[r][c] / a[c][c];
-      for (int k = c; k <= kTerms; ++k) a[r][k] -= f * a[c][k];
+      for (int k = c; k <= n; ++k) a[r][k] -= f * a[c][k];
     }
   }
-  std::array<double, kTerms> out{};
-  for (int i = 0; i < kTerms; ++i) out[i] = active[i] && std::abs(a[i][i]) > 1e-300 ? a[i][kTerms] / a[i][i] : 0;
-  return out;
+  for (int r = 0; r < n; ++r) x[idx[r]] = std::abs(a[r][r]) > 1e-300 ? a[r][n] / a[r][r] : 0;
 }
+
+constexpr const char* kNames[kTerms] = {"layer_overhead_s", "compute_efficiency", "attention_efficiency",
+                                        "memory_efficiency", "row_overhead_s"};
 
 }  // namespace
 
-plan::Calibration calibrate(const plan::ModelShape& shape, const plan::GroupPerf& perf,
-                            const std::vector<StepSample>& samples) {
+CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupPerf& perf,
+                               const std::vector<StepSample>& samples, const CalibrationBounds& b) {
   if (samples.size() < kTerms)
     throw InputError("calibration: " + std::to_string(samples.size()) + " samples, at least " + std::to_string(kTerms) +
                      " needed");
   if (!(perf.tflop_s > 0) || !(perf.gb_s > 0)) throw InputError("calibration: the device's tflop_s and gb_s must be positive");
-  std::vector<std::array<double, kTerms>> x;
-  std::vector<double> y;
+  // The coefficients are the overheads and the inverse efficiencies; their ranges:
+  const Vec lo{0, 1.0 / b.max_compute_efficiency, 1.0 / b.max_attention_efficiency, 1.0 / b.max_memory_efficiency, 0};
+  const Vec hi{b.max_layer_overhead_s, 1.0 / b.min_compute_efficiency, 1.0 / b.min_attention_efficiency,
+               1.0 / b.min_memory_efficiency, b.max_row_overhead_s};
+  std::vector<Vec> x_rows;
+  std::vector<double> t;
   for (const auto& s : samples) {
     if (!(s.seconds > 0)) continue;
-    auto r = regressors(shape, perf, s.work);
-    for (auto& v : r) v /= s.seconds;  // relative error
-    x.push_back(r);
-    y.push_back(1.0);
+    x_rows.push_back(regressors(shape, perf, s.work));
+    t.push_back(s.seconds);
   }
-  std::array<bool, kTerms> active{true, true, true, true, true};
-  std::array<double, kTerms> coef{};
-  for (int round = 0; round < kTerms; ++round) {
-    coef = solve(x, y, active);
-    int worst = -1;
-    for (int i = 0; i < kTerms; ++i)
-      if (active[i] && coef[i] < 0 && (worst < 0 || coef[i] < coef[worst])) worst = i;
-    if (worst < 0) break;
-    active[worst] = false;
+  // Weighted least squares: each step's error relative to `scale`.
+  auto bounded_fit = [&](const std::vector<double>& scale, std::array<At, kTerms>& best_at) {
+    Mat g{};
+    Vec rhs{};
+    double yy = 0;
+    for (std::size_t k = 0; k < x_rows.size(); ++k) {
+      Vec r = x_rows[k];
+      for (auto& v : r) v /= scale[k];
+      const double y = t[k] / scale[k];
+      for (int i = 0; i < kTerms; ++i) {
+        for (int j = 0; j < kTerms; ++j) g[i][j] += r[i] * r[j];
+        rhs[i] += r[i] * y;
+      }
+      yy += y * y;
+    }
+    // Box-constrained: the optimum holds some terms at a bound and solves
+    // the rest freely, so try all 3^5 choices and keep the best feasible one
+    // (sum of squares = yy - 2 x.rhs + x.G.x).
+    Vec best{};
+    double best_ss = std::numeric_limits<double>::infinity();
+    int states = 1;
+    for (int i = 0; i < kTerms; ++i) states *= 3;
+    for (int st = 0; st < states; ++st) {
+      std::array<At, kTerms> at{};
+      Vec x{};
+      for (int i = 0, v = st; i < kTerms; ++i, v /= 3) {
+        at[i] = static_cast<At>(v % 3);
+        if (at[i] == At::lower) x[i] = lo[i];
+        if (at[i] == At::upper) x[i] = hi[i];
+      }
+      Vec r = rhs;  // the free terms' right-hand side, the held ones moved over
+      for (int i = 0; i < kTerms; ++i)
+        for (int j = 0; j < kTerms; ++j)
+          if (at[j] != At::free) r[i] -= g[i][j] * x[j];
+      solve_free(g, r, at, x);
+      bool feasible = true;
+      for (int i = 0; i < kTerms; ++i) {
+        const double tol = 1e-12 * std::max(1.0, std::abs(hi[i]));
+        feasible = feasible && std::isfinite(x[i]) && x[i] >= lo[i] - tol && x[i] <= hi[i] + tol;
+      }
+      if (!feasible) continue;
+      double ss = yy;
+      for (int i = 0; i < kTerms; ++i) {
+        ss -= 2 * x[i] * rhs[i];
+        for (int j = 0; j < kTerms; ++j) ss += x[i] * g[i][j] * x[j];
+      }
+      if (ss < best_ss - 1e-12 * yy) {
+        best_ss = ss;
+        best = x;
+        best_at = at;
+      }
+    }
+    return best;
+  };
+  // First relative to the measured time; then, twice, relative to the
+  // model's own prediction. Weighting by the measured time favours the
+  // steps that ran fast: one that other work on the core stretched to 3x
+  // counts a ninth as much, so the fit ran 5-15 % under the steps' total
+  // time (sim-fidelity --steps-out); weighted by the prediction it does not.
+  std::array<At, kTerms> best_at{};
+  Vec best = bounded_fit(t, best_at);
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<double> scale(t.size());
+    for (std::size_t k = 0; k < t.size(); ++k) {
+      double p = 0;
+      for (int i = 0; i < kTerms; ++i) p += x_rows[k][i] * best[i];
+      scale[k] = p > 0 ? p : t[k];
+    }
+    best = bounded_fit(scale, best_at);
   }
-  plan::Calibration c;
+  CalibrationFit f;
+  auto& c = f.calibration;
   c.overlap = false;
-  c.layer_overhead_s = active[0] ? coef[0] : 0;
-  c.compute_efficiency = active[1] && coef[1] > 0 ? 1.0 / coef[1] : kFree;
-  c.attention_efficiency = active[2] && coef[2] > 0 ? 1.0 / coef[2] : kFree;
-  c.memory_efficiency = active[3] && coef[3] > 0 ? 1.0 / coef[3] : kFree;
-  c.row_overhead_s = active[4] ? coef[4] : 0;
-  return c;
+  c.layer_overhead_s = std::clamp(best[0], lo[0], hi[0]);
+  c.compute_efficiency = 1.0 / std::clamp(best[1], lo[1], hi[1]);
+  c.attention_efficiency = 1.0 / std::clamp(best[2], lo[2], hi[2]);
+  c.memory_efficiency = 1.0 / std::clamp(best[3], lo[3], hi[3]);
+  c.row_overhead_s = std::clamp(best[4], lo[4], hi[4]);
+  const Vec value{c.layer_overhead_s, c.compute_efficiency, c.attention_efficiency, c.memory_efficiency,
+                  c.row_overhead_s};
+  for (int i = 0; i < kTerms; ++i) {
+    if (best_at[i] == At::free) continue;
+    // An efficiency's upper bound is its coefficient's lower one.
+    const bool coef_upper = best_at[i] == At::upper;
+    const bool efficiency = i >= 1 && i <= 3;
+    f.at_bound.push_back(BoundHit{kNames[i], efficiency ? !coef_upper : coef_upper, value[i]});
+  }
+  f.rms_error = calibration_rms_error(shape, perf, c, samples);
+  return f;
+}
+
+plan::Calibration calibrate(const plan::ModelShape& shape, const plan::GroupPerf& perf,
+                            const std::vector<StepSample>& samples) {
+  return fit_calibration(shape, perf, samples).calibration;
 }
 
 double calibration_rms_error(const plan::ModelShape& shape, const plan::GroupPerf& perf, const plan::Calibration& c,
@@ -102,6 +186,18 @@ double calibration_rms_error(const plan::ModelShape& shape, const plan::GroupPer
     ++n;
   }
   return n ? std::sqrt(sum / n) : 0;
+}
+
+std::string describe_bounds(const std::vector<BoundHit>& hits) {
+  if (hits.empty()) return "none";
+  std::string out;
+  for (const auto& h : hits) {
+    if (!out.empty()) out += ", ";
+    char v[32];
+    std::snprintf(v, sizeof v, "%g", h.value);
+    out += h.term + " at its " + (h.upper ? "upper" : "lower") + " bound " + v;
+  }
+  return out;
 }
 
 }  // namespace ftp::sim

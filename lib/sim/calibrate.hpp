@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "plan/cost_model.hpp"
@@ -15,6 +16,36 @@ struct StepSample {
   double seconds = 0;
 };
 
+/// The physically plausible range of each fitted constant. Efficiencies are
+/// shares of the probed speeds (measured with the threads the engine runs
+/// on): a kernel does not beat the probe's GEMM or triad, so at most 1; the
+/// lower bounds are far below any kernel measured here (the CPU engine's
+/// attention reaches about 1 % of the GEMM peak).
+struct CalibrationBounds {
+  double min_compute_efficiency = 0.01, max_compute_efficiency = 1.0;
+  double min_attention_efficiency = 1e-3, max_attention_efficiency = 1.0;
+  double min_memory_efficiency = 0.01, max_memory_efficiency = 1.0;
+  double max_layer_overhead_s = 0.01;  ///< per layer per forward
+  double max_row_overhead_s = 0.1;     ///< per logits row
+};
+
+/// A constant the fit left at one end of its range: the data would move it
+/// further (an upper efficiency bound: the steps ran faster than the probe
+/// says that term can, e.g. weights resident in cache, or a term the data
+/// cannot tell apart from another), or, at a lower bound of 0 overhead, the
+/// data gives that term no cost.
+struct BoundHit {
+  std::string term;  ///< "compute_efficiency", ..., "row_overhead_s"
+  bool upper = false;
+  double value = 0;
+};
+
+struct CalibrationFit {
+  plan::Calibration calibration;
+  double rms_error = 0;            ///< calibration_rms_error on the samples
+  std::vector<BoundHit> at_bound;  ///< the constants left at a bound, in term order
+};
+
 /// Fits the cost model's constants to measured steps of a one-stage domain
 /// whose device has the probed speeds `perf` (ftp-probe: GEMM TFLOP/s, triad
 /// GB/s). With overlap = false (a CPU does compute and memory traffic on the
@@ -22,14 +53,25 @@ struct StepSample {
 ///   t = n_layers x layer_overhead_s + gemm_flop / (TFLOP/s x compute_efficiency)
 ///       + attention_flop / (TFLOP/s x attention_efficiency) + bytes / (GB/s x memory_efficiency)
 ///       + logit_rows x row_overhead_s
-/// solved by least squares on relative error (each sample weighted 1/t), with
-/// no term negative: a term the data gives no cost gets efficiency 1e9 (free)
-/// or overhead 0. Throws InputError with fewer than 5 samples.
+/// solved by least squares on relative error with each constant inside
+/// `bounds` (box-constrained: the best of every choice of constants held at
+/// a bound, the others solved freely). The error is relative to the
+/// measured time in a first pass, then to the model's prediction (two
+/// passes more), so steps that other processes stretched weigh as much as
+/// the rest and the fit keeps the steps' total time. Throws InputError with
+/// fewer than 5 samples.
+CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupPerf& perf,
+                               const std::vector<StepSample>& samples, const CalibrationBounds& bounds = {});
+
+/// fit_calibration's constants.
 plan::Calibration calibrate(const plan::ModelShape& shape, const plan::GroupPerf& perf,
                             const std::vector<StepSample>& samples);
 
 /// Root mean square of the relative error of the calibrated model on `samples`.
 double calibration_rms_error(const plan::ModelShape& shape, const plan::GroupPerf& perf, const plan::Calibration& c,
                              const std::vector<StepSample>& samples);
+
+/// "memory_efficiency at its upper bound 1, row_overhead_s at 0", or "none".
+std::string describe_bounds(const std::vector<BoundHit>& hits);
 
 }  // namespace ftp::sim

@@ -65,7 +65,11 @@ std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine:
   };
 }
 
-json::Json calibration_to_json(const plan::Calibration& c, const plan::GroupPerf& p, double rms_error) {
+json::Json calibration_to_json(const plan::Calibration& c, const plan::GroupPerf& p, double rms_error,
+                               const std::vector<BoundHit>& at_bound) {
+  json::Json bounds = json::Json::array();
+  for (const auto& h : at_bound)
+    bounds.push_back(json::Json{{"term", h.term}, {"bound", h.upper ? "upper" : "lower"}, {"value", h.value}});
   return json::Json{{"kind", std::string(doc::kind::sim_calibration)},
                     {"compute_efficiency", c.compute_efficiency},
                     {"attention_efficiency", c.attention_efficiency},
@@ -74,7 +78,8 @@ json::Json calibration_to_json(const plan::Calibration& c, const plan::GroupPerf
                     {"row_overhead_s", c.row_overhead_s},
                     {"overlap", c.overlap},
                     {"fitted_on", json::Json{{"tflop_s", p.tflop_s}, {"gb_s", p.gb_s}}},
-                    {"rms_relative_error", rms_error}};
+                    {"rms_relative_error", rms_error},
+                    {"at_bound", bounds}};
 }
 
 plan::Calibration read_calibration(const std::string& path) {

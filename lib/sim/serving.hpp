@@ -12,6 +12,7 @@
 #include "model/model.hpp"
 #include "plan/cost_model.hpp"
 #include "plan/model_shape.hpp"
+#include "sim/calibrate.hpp"
 #include "sim/simulated_engine.hpp"
 
 /// What `ftp-serve --engine sim` needs: a model without weights, the engine
@@ -38,9 +39,11 @@ std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine:
     const plan::ModelShape& shape, const model::Model& model, doc::Topology topo, plan::Calibration calibration,
     Pacing pacing);
 
-/// ftp.sim-calibration/v1: the constants of a calibration (plan::Calibration)
-/// and the device speeds they were fitted against.
-json::Json calibration_to_json(const plan::Calibration& c, const plan::GroupPerf& fitted_on, double rms_error);
+/// ftp.sim-calibration/v1: the constants of a calibration (plan::Calibration),
+/// the device speeds they were fitted against and the constants the fit left
+/// at a bound (sim::fit_calibration; "at_bound", informative).
+json::Json calibration_to_json(const plan::Calibration& c, const plan::GroupPerf& fitted_on, double rms_error,
+                               const std::vector<BoundHit>& at_bound = {});
 /// Reads a ftp.sim-calibration/v1 file; errors name the file and the field.
 plan::Calibration read_calibration(const std::string& path);
 

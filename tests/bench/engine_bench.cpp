@@ -11,6 +11,11 @@
 //   that as a fraction of the STREAM triad bandwidth measured in the same
 //   run with the same number of threads (ftp-probe's measure_cpu_triad_gbs),
 //   peak RSS against weights + KV cap + 10 %.
+// --rank-threads gives each rank that many threads (0, the default: this
+// process's CPUs over the ranks, as ftp-serve's device of them; the products split by rows,
+// engine/intra_op.hpp), each value a run beside the others; the triad of
+// each run has as many threads as its domain computes with (tp x threads
+// per rank), and the 1- and 2-thread triads are always measured.
 // Each dtype runs in a child process so that its peak RSS is its own.
 // By default it also runs a domain over the machine's cores: TP = the
 // largest power of two <= the hardware threads, at most 8 (rank threads),
@@ -51,17 +56,21 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
 #include <thread>
 #include <random>
 #include <sstream>
 
+#include "backend/cpu/cpu_info.hpp"
 #include "backend/cpu/measure.hpp"
 #include "cli/tool.hpp"
 #include "core/error.hpp"
 #include "engine/domain.hpp"
+#include "engine/intra_op.hpp"
 #include "engine/ops.hpp"
 #include "model/model.hpp"
 #include "synthetic_gguf.hpp"
@@ -84,6 +93,7 @@ struct Options {
   std::string shape = "1b";
   std::vector<std::string> dtypes = {"f16", "q8_0", "q4_0", "q4_k_m"};
   std::vector<int> tps;   // empty: 1 and the machine's cores (default_tps)
+  std::vector<int> rank_threads = {0};  // threads per rank, each a run; 0: the engine's default
   int steps = 8;          // timed decode steps per batch size
   int warmup = 2;         // untimed decode steps first
   int prompt = 128;       // prefill tokens
@@ -177,7 +187,7 @@ engine::GenerationRequest request(std::string id, std::vector<int> prompt, int m
 /// with the weights in L2 (256 x 2048, at most 590 KB), best of `calls`
 /// calls per kernel family, best and avx2 interleaved call by call. The
 /// clock: the best of 200 loops of 10^6 dependent adds (one a cycle).
-json::Json time_kernel_rate(int calls) {
+json::Json time_kernel_rate(int calls, const std::vector<int>& split_threads) {
   using engine::ops::MatmulKernels;
   double ghz = 0;  // no clock off x86: cycles are then 0
 #if defined(__x86_64__)
@@ -219,9 +229,24 @@ json::Json time_kernel_rate(int calls) {
         best[f] = std::min(best[f], since(t0));
       }
     for (int f = 0; f < 2; ++f)
-      rows.push_back({{"dtype", model::dtype_name(dt)}, {"kernels", f == 0 ? "best" : "avx2"},
+      rows.push_back({{"dtype", model::dtype_name(dt)}, {"kernels", f == 0 ? "best" : "avx2"}, {"threads", 1},
                       {"bytes_per_s", static_cast<double>(bytes.size()) / best[f]},
                       {"cycles_per_block", best[f] * ghz * 1e9 / static_cast<double>(blocks)}});
+    // The best kernels split by rows over N threads as a rank splits them
+    // (engine::split_matmul): each thread's rows stay in its core's L2.
+    for (int nt : split_threads) {
+      engine::IntraOpPool pool(nt, nullptr);
+      double b = 1e9;
+      for (int c = 0; c < calls; ++c) {
+        const auto t0 = Clock::now();
+        engine::split_matmul(pool, x.data(), w, nullptr, out.data(), 1);
+        b = std::min(b, since(t0));
+      }
+      rows.push_back({{"dtype", model::dtype_name(dt)}, {"kernels", "best"}, {"threads", nt},
+                      {"helper_share", static_cast<double>(pool.helper_parts()) / static_cast<double>(pool.parts_run())},
+                      {"bytes_per_s", static_cast<double>(bytes.size()) / b},
+                      {"cycles_per_block", b * ghz * 1e9 * nt / static_cast<double>(blocks)}});
+    }
   }
   engine::ops::set_matmul_kernels(was);
   return {{"clock_ghz", ghz}, {"rows", n}, {"cols", k}, {"calls", calls}, {"kernels", rows}};
@@ -276,8 +301,9 @@ json::Json time_matvec(const model::Model& m, const engine::PackedWeights* packe
   return a;
 }
 
-/// One dtype at one TP degree, in this (child) process.
-json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
+/// One dtype at one TP degree with `threads` per rank (0: the engine's
+/// default), in this (child) process.
+json::Json run_one(const Options& o, const std::string& dt_name, int tp, int threads) {
   const testing::SyntheticShape shape = shape_of(o.shape, dt_name);
   const std::string path = o.dir + "/synthetic-" + o.shape + "-" + dt_name + ".gguf";
   auto t0 = Clock::now();
@@ -294,6 +320,11 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
 
   engine::DomainConfig cfg;
   cfg.stages = {engine::StageLayout{0, hp.n_layer, tp}};
+  // 0: this process's CPUs over the ranks (the domain has no devices, so
+  // the engine's own default would be one thread a rank).
+  cfg.stages[0].rank_threads =
+      threads > 0 ? threads : std::max(1, static_cast<int>(backend::usable_cpu_ids().size()) / tp);
+  const int per_rank = engine::resolve_rank_threads(cfg.stages)[0][0];
   cfg.block_tokens = 16;
   const int per_seq = std::max(o.prompt, o.context) + o.warmup + o.steps + 2;
   cfg.kv_blocks = o.batch * ((per_seq + cfg.block_tokens - 1) / cfg.block_tokens);
@@ -351,6 +382,8 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
   j["dtype"] = shape.q4_k_m ? std::string("Q4_K_M") : std::string(model::dtype_name(shape.dtype));
   j["tp"] = tp;
   j["rank_threads"] = tp;
+  j["threads_per_rank"] = per_rank;
+  j["threads"] = tp * per_rank;
   j["file_bytes"] = std::filesystem::file_size(path);
   j["weight_bytes"] = weights;
   j["weight_bytes_per_decode_step"] = per_step;
@@ -372,7 +405,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp) {
 }
 
 /// Runs run_one in a child process; its JSON comes back through a pipe.
-json::Json run_child(const Options& o, const std::string& dt, int tp) {
+json::Json run_child(const Options& o, const std::string& dt, int tp, int threads) {
   int fds[2];
   if (pipe(fds) != 0) throw Error("pipe failed");
   std::fflush(nullptr);
@@ -383,7 +416,7 @@ json::Json run_child(const Options& o, const std::string& dt, int tp) {
     std::string out;
     int rc = 0;
     try {
-      out = run_one(o, dt, tp).dump();
+      out = run_one(o, dt, tp, threads).dump();
     } catch (const std::exception& e) {
       out = json::Json{{"error", e.what()}}.dump();
       rc = 1;
@@ -417,8 +450,14 @@ int main(int argc, char** argv) {
   auto& app = tool.app();
   app.add_option("--shape", o.shape, "1b (TinyLlama 1.1B shape) or tiny")->capture_default_str();
   app.add_option("--dtype", o.dtypes, std::string("Weight dtypes: ") + kDtypes)->delimiter(',')->capture_default_str();
-  app.add_option("--tp", o.tps, "Tensor-parallel degrees, each rank one thread (default: 1 and the machine's cores, a power of two, at most 8)")
+  app.add_option("--tp", o.tps, "Tensor-parallel degrees (default: 1 and the machine's cores, a power of two, at most 8)")
       ->delimiter(',');
+  app.add_option("--rank-threads", o.rank_threads,
+                 "Threads of each rank, each value a run of every dtype and TP side by side (0: this process's CPUs over "
+                 "the ranks, as ftp-serve's virtual device of them would give; 1: no helper threads)")
+      ->delimiter(',')
+      ->check(ftp::cli::non_negative())
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "Timed decode steps per batch size")->check(ftp::cli::positive())->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed decode steps first")->check(ftp::cli::non_negative())->capture_default_str();
   app.add_option("--prompt", o.prompt, "Prefill tokens")->check(ftp::cli::positive())->capture_default_str();
@@ -447,10 +486,11 @@ int main(int argc, char** argv) {
     json::Json runs = json::Json::array();
     try {
       for (const auto& dt : o.dtypes)
-        for (int tp : o.tps) {
-          tool.progress("engine-bench: " + dt + " tp " + std::to_string(tp) + " ...");
-          runs.push_back(run_child(o, dt, tp));
-        }
+        for (int tp : o.tps)
+          for (int th : o.rank_threads) {
+            tool.progress("engine-bench: " + dt + " tp " + std::to_string(tp) + " rank threads " + std::to_string(th) + " ...");
+            runs.push_back(run_child(o, dt, tp, th));
+          }
     } catch (...) {
       if (own_dir && !o.keep) std::filesystem::remove_all(o.dir);
       throw;
@@ -459,23 +499,37 @@ int main(int argc, char** argv) {
 
     // The bandwidth, measured after the children so nothing else runs.
     const bool quick = o.shape != "1b";
+    // Keyed by threads: each run's denominator is the triad of as many
+    // threads as its domain computes with (tp x threads per rank); the
+    // 1-thread triad and, where the machine has them, the 2-thread one are
+    // always measured, to read a fraction against either.
     std::map<int, backend::Measurement> triad, gemm, int8;
     const bool any_q8 = std::find(o.dtypes.begin(), o.dtypes.end(), "q8_0") != o.dtypes.end();
-    for (int tp : o.tps) {
-      triad.emplace(tp, backend::measure_cpu_triad_gbs(tp, quick));
-      gemm.emplace(tp, backend::measure_cpu_gemm_tflops(tp, quick));
-      if (any_q8) int8.emplace(tp, backend::measure_cpu_int8_tops(tp, quick));
+    std::set<int> thread_counts = {1};
+    if (std::thread::hardware_concurrency() >= 2) thread_counts.insert(2);
+    std::vector<int> split_threads;  // threads per rank > 1 of the runs (--kernel-rate splits over them)
+    for (const auto& r : runs) {
+      thread_counts.insert(r["threads"].get<int>());
+      const int per = r["threads_per_rank"].get<int>();
+      if (per > 1 && std::find(split_threads.begin(), split_threads.end(), per) == split_threads.end())
+        split_threads.push_back(per);
+    }
+    for (int n : thread_counts) {
+      triad.emplace(n, backend::measure_cpu_triad_gbs(n, quick));
+      gemm.emplace(n, backend::measure_cpu_gemm_tflops(n, quick));
+      if (any_q8) int8.emplace(n, backend::measure_cpu_int8_tops(n, quick));
     }
     bool gate_ok = true;
     for (auto& r : runs) {
-      const auto& m = triad.at(r["tp"].get<int>());
+      const auto& m = triad.at(r["threads"].get<int>());
       r["triad_gbs"] = m.value;
+      r["triad_threads"] = r["threads"];
       // Roofline of the batch-N speedup: batch N can at best run at the
       // measured peak (SGEMM FLOP/s; for Q8_0 the int8 VNNI ops/s), so
       // bN/b1 <= min(N, peak / batch-1 ops/s), and with batch 1 at 0.8 of
       // the triad bandwidth the goal of 8x needs peak >= 8 x 0.8 x triad B/s
       // x ops per weight byte.
-      const int tp = r["tp"].get<int>();
+      const int tp = r["threads"].get<int>();  // the measurements' key: threads
       const double gemm_flops = gemm.at(tp).value * 1e12;
       const bool use_int8 = r["dtype"] == "Q8_0" && int8.count(tp) && int8.at(tp).value > 0;
       const double peak = use_int8 ? int8.at(tp).value * 1e12 : gemm_flops;
@@ -496,11 +550,12 @@ int main(int argc, char** argv) {
         // activations' quantization): attention, norms, SiLU, RoPE, the
         // embedding, sampling, scheduling.
         r["matvec_seconds_per_step"] = sum;
-        // Only at TP 1: the products alone run on one thread, whole matrices.
+        // Only on one thread: the products alone run on one, whole matrices.
         if (tp == 1) r["other_seconds_per_step"] = 1.0 / r["decode"][0]["tokens_per_s"].get<double>() - sum;
       }
       for (auto& d : r["decode"]) {
         d["bandwidth_fraction"] = d["weight_bytes_per_s"].get<double>() / (m.value * 1e9);
+        d["bandwidth_fraction_of_1_thread_triad"] = d["weight_bytes_per_s"].get<double>() / (triad.at(1).value * 1e9);
         if (d["batch"] == 1 && min_bw_fraction > 0 && d["bandwidth_fraction"].get<double>() < min_bw_fraction) gate_ok = false;
       }
     }
@@ -522,23 +577,24 @@ int main(int argc, char** argv) {
     doc["int8"] = i8;
     doc["decode_context_tokens"] = o.context;
     doc["runs"] = runs;
-    if (o.kernel_rate > 0) doc["kernel_rate"] = time_kernel_rate(o.kernel_rate);
+    if (o.kernel_rate > 0) doc["kernel_rate"] = time_kernel_rate(o.kernel_rate, split_threads);
     doc["goals"] = {{"batch_1_bandwidth_fraction", 0.8}, {"batch_16_speedup", 8.0}, {"rss_over_weights_plus_kv", 1.1}};
     doc["gate"] = {{"min_bw_fraction", min_bw_fraction}, {"passed", gate_ok}};
     tool.emit(doc);
 
     std::ostringstream t;
     char line[320];
-    std::snprintf(line, sizeof line, "%-6s %-3s %-6s %10s %10s %10s %8s %8s %8s %7s %10s %9s %9s\n", "dtype", "tp", "layout",
+    std::snprintf(line, sizeof line, "%-6s %-3s %-3s %-6s %10s %10s %10s %8s %8s %8s %7s %10s %9s %9s\n", "dtype", "tp", "thr", "layout",
                   "prefill/s", "b1 tok/s", "bN tok/s", "bN/b1", "roofline", "b1 GB/s", "b1 frac", "triad GB/s", "RSS MiB",
                   "budget");
     t << "engine-bench: shape " << o.shape << ", kernels " << o.kernels << ", batch N = " << o.batch
-      << ", each TP rank one thread\n" << line;
+      << ", thr = threads of each TP rank (its products split by rows)\n" << line;
     for (const auto& r : runs) {
       const auto& d1 = r["decode"][0];
       const auto& dn = r["decode"][1];
-      std::snprintf(line, sizeof line, "%-6s %-3d %-6s %10.1f %10.2f %10.2f %8.2f %8.2f %8.2f %7.3f %10.2f %9.0f %9.0f\n",
-                    r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(), r["layout"].get<std::string>().c_str(),
+      std::snprintf(line, sizeof line, "%-6s %-3d %-3d %-6s %10.1f %10.2f %10.2f %8.2f %8.2f %8.2f %7.3f %10.2f %9.0f %9.0f\n",
+                    r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(), r["threads_per_rank"].get<int>(),
+                    r["layout"].get<std::string>().c_str(),
                     r["prefill"]["tokens_per_s"].get<double>(),
                     d1["tokens_per_s"].get<double>(), dn["tokens_per_s"].get<double>(),
                     dn["speedup_over_batch_1"].get<double>(), r["batch_n_speedup_roofline"].get<double>(),
@@ -547,6 +603,12 @@ int main(int argc, char** argv) {
                     r["rss"]["peak_bytes"].get<double>() / 1048576.0, r["rss"]["budget_bytes"].get<double>() / 1048576.0);
       t << line;
     }
+    t << "triad:";
+    for (const auto& [n, m] : triad) {
+      std::snprintf(line, sizeof line, " %d thread%s %.2f GB/s", n, n == 1 ? "" : "s", m.value);
+      t << line;
+    }
+    t << "; b1 frac is against the triad of the run's threads (tp x thr)\n";
     for (const auto& r : runs) {
       if (!r.contains("matvec")) continue;
       t << "matvec (batch 1, alone): " << r["dtype"].get<std::string>() << " tp " << r["tp"].get<int>() << "\n";
@@ -575,13 +637,18 @@ int main(int argc, char** argv) {
     t << "\n";
     if (doc.contains("kernel_rate")) {
       const auto& kr = doc["kernel_rate"];
-      std::snprintf(line, sizeof line, "kernel rate (batch 1, 256 x 2048 in L2, one core, clock ~%.2f GHz):\n",
+      std::snprintf(line, sizeof line, "kernel rate (batch 1, 256 x 2048 in L2, one core unless threads > 1, clock ~%.2f GHz):\n",
                     kr["clock_ghz"].get<double>());
       t << line;
       for (const auto& r : kr["kernels"]) {
-        std::snprintf(line, sizeof line, "  %-5s %-5s %7.1f GB/s %6.1f cycles per block\n", r["dtype"].get<std::string>().c_str(),
-                      r["kernels"].get<std::string>().c_str(), r["bytes_per_s"].get<double>() / 1e9,
+        std::snprintf(line, sizeof line, "  %-5s %-5s %d thr %7.1f GB/s %6.1f cycles per block\n", r["dtype"].get<std::string>().c_str(),
+                      r["kernels"].get<std::string>().c_str(), r["threads"].get<int>(), r["bytes_per_s"].get<double>() / 1e9,
                       r["cycles_per_block"].get<double>());
+        if (r.contains("helper_share")) {
+          line[std::strlen(line) - 1] = '\0';
+          t << line;
+          std::snprintf(line, sizeof line, ", %.2f of the parts on the helpers\n", r["helper_share"].get<double>());
+        }
         t << line;
       }
     }

@@ -5,6 +5,8 @@
 # and throughput, real vs sim with the ratio, and the capacity (max_rps) of
 # each. The goal is agreement within 15 %; it reports, it does not gate
 # (exit 0 whatever the ratios) unless --check is given (then exit 6).
+# The calibration runs with --split 1: ftp-serve --gear tp=1 puts its rank on
+# vd0 of one virtual device, all CPUs.
 # Usage: sim-gear-bench.sh BUILD_DIR [stories260K|synthetic] [--check] [--sweep R1,R2,..]
 set -u
 build=$1; shift
@@ -29,12 +31,12 @@ source "$(dirname "$0")/../tools/common.sh"
 if [ "$which" = stories260K ]; then
   model=$data/models/stories260K/stories260K.gguf
   [ -f "$model" ] || { echo "SKIP: $model not found (set FTP_TEST_DATA)"; exit 77; }
-  "$build/tests/bench/sim-fidelity" --models stories260K --stories "$model" --requests 30 \
+  "$build/tests/bench/sim-fidelity" --models stories260K --stories "$model" --requests 30 --split 1 \
     --write-calibration "$tmp/cal.json" --json=short >"$tmp/fidelity.json" 2>"$tmp/fidelity.txt" || exit 1
   : "${sweep:=50,100,200,400,800}"; slo="--slo-ttft-ms 20 --slo-tpot-ms 2"
 else
   model=$tmp/synthetic.gguf
-  "$build/tests/bench/sim-fidelity" --models synthetic --synthetic-path "$model" --requests 30 \
+  "$build/tests/bench/sim-fidelity" --models synthetic --synthetic-path "$model" --requests 30 --split 1 \
     --write-calibration "$tmp/cal.json" --json=short >"$tmp/fidelity.json" 2>"$tmp/fidelity.txt" || exit 1
   : "${sweep:=2,4,8,16,32}"; slo="--slo-ttft-ms 1000 --slo-tpot-ms 100"
 fi

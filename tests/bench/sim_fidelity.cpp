@@ -9,19 +9,24 @@
 // synthetic model, scaled to the CPU (prompt lengths / --azure-scale, output
 // lengths as traced, clamped to the model; the slice's gaps stretched so its
 // mean rate is the offered load below) --:
-//  1. probes this CPU as ftp-probe does for one virtual device (GEMM TFLOP/s
-//     and triad GB/s with one thread);
+//  1. probes the real engine's CPU share (the first of --split equal
+//     shares, default 2) as ftp-probe does for that virtual device: GEMM
+//     TFLOP/s and triad GB/s with the share's threads;
 //  2. calibration: a short run of the real engine on its own workload
 //     (another seed; its rate from the planner's constants) records each scheduler step's work
-//     (tokens, attention pairs, KV positions, logits rows) and wall time,
-//     and fits the cost model's constants to it (sim::calibrate);
+//     (tokens, attention pairs, KV positions, logits rows) and wall time;
 //  3. the evaluation workload (open loop: Poisson arrivals, prompt and
 //     output lengths drawn uniformly, or the trace slice's; no EOS so every
-//     request runs to its max_tokens) runs through a Domain of the real engine in wall-clock
-//     time and through a Domain of the simulated engine, calibrated in
-//     step 2, in virtual time; the driver is the same code for both:
-//     arrivals due are submitted before each step, idle time passes to the
-//     next arrival.
+//     request runs to its max_tokens) runs through a Domain of the real
+//     engine in wall-clock time; steps 2 and 3 repeat --repeat times
+//     (default 3), interleaved, so calibration and evaluation sample the
+//     machine's load alike, and each real metric is the rounds' median;
+//  4. the cost model's constants are fitted to every round's calibration
+//     steps (sim::fit_calibration: bounded least squares, the constants left
+//     at a bound printed), and the evaluation workload runs through a Domain
+//     of the simulated engine so calibrated, in virtual time; the driver is
+//     the same code for both: arrivals due are submitted before each step,
+//     idle time passes to the next arrival.
 // The rate is --concurrency / (the simulated time of one mean request
 // alone), so the domain batches a few requests at a time.
 //
@@ -48,6 +53,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -88,7 +94,8 @@ struct Options {
   std::string azure;              // path of the Azure code trace (CSV)
   int azure_offset = 1000;        // first request of the slice
   double azure_scale = 32;        // prompt lengths are divided by this
-  int split = 0;                  // CPUs split this many ways for the real engine; 0: 1 (shift: 2)
+  int split = 2;                  // CPUs split this many ways for the real engine (shift: at least 2)
+  int repeat = 3;                 // rounds of calibration + evaluation of the real engine
   int requests = 40;
   int calibration_requests = 40;
   double concurrency = 3;
@@ -97,6 +104,7 @@ struct Options {
   bool check = false;
   std::string write_calibration;
   std::string synthetic_path;     // keep the synthetic model here
+  std::string steps_out;          // JSONL of every measured step
 };
 
 struct Workload {
@@ -163,6 +171,9 @@ class Recording final : public engine::Engine {
   }
   void record(const std::vector<engine::SeqChunk>& chunks, int mb) {
     last = plan::StepWork{};
+    last_chunks = static_cast<int>(chunks.size());
+    last_prefill = 0;
+    for (const auto& c : chunks) last_prefill += c.tokens.size() > 1 ? 1 : 0;
     for (const auto& w : sim::micro_batch_work(chunks, mb)) {
       last.tokens += w.tokens;
       last.attention_pairs += w.attention_pairs;
@@ -177,10 +188,14 @@ class Recording final : public engine::Engine {
     return inner_->forward_choose(chunks, mb, choices);
   }
   plan::StepWork last;
+  int last_chunks = 0, last_prefill = 0;
 
  private:
   std::unique_ptr<engine::Engine> inner_;
 };
+
+std::ofstream* g_steps_out = nullptr;  // --steps-out
+std::string g_workload, g_phase;
 
 struct Latencies {
   std::vector<double> ttft_ms, tpot_ms, e2e_ms;
@@ -188,8 +203,24 @@ struct Latencies {
 
 /// Runs the workload through `d`: arrivals due are submitted before each
 /// step; while nothing runs, `idle_until` lets time pass to the next arrival.
+/// CPU seconds of this process (all threads) so far.
+double cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+/// The real engine's steps: their wall time and the CPU time the process
+/// got meanwhile. Their ratio is the share of a CPU the engine's one thread
+/// received (1: undisturbed; other processes on its core take the rest).
+struct CpuShare {
+  double busy_s = 0, cpu_s = 0;
+  double share() const { return busy_s > 0 ? cpu_s / busy_s : 0; }
+};
+
 Latencies drive(engine::Domain& d, const Workload& w, const std::function<double()>& now,
-                const std::function<void(double)>& idle_until, Recording* rec, std::vector<sim::StepSample>* samples) {
+                const std::function<void(double)>& idle_until, Recording* rec, std::vector<sim::StepSample>* samples,
+                CpuShare* cpu = nullptr) {
   const std::size_t n = w.at.size();
   std::vector<double> first(n, -1), last(n, -1);
   std::vector<int> count(n, 0);
@@ -218,9 +249,21 @@ Latencies drive(engine::Domain& d, const Workload& w, const std::function<double
       d.submit(std::move(r));
     }
     if (d.idle()) continue;
-    const double t0 = now();
+    const double t0 = now(), c0 = cpu_s();
     const int tokens = d.step();
-    if (samples && rec && tokens > 0) samples->push_back({rec->last, now() - t0});
+    if (rec && tokens > 0) {
+      const double dt = now() - t0, dc = cpu_s() - c0;
+      if (cpu) cpu->busy_s += dt, cpu->cpu_s += dc;
+      if (samples) samples->push_back({rec->last, dt});
+      if (g_steps_out)
+        *g_steps_out << json::Json{{"workload", g_workload}, {"phase", g_phase},
+                                   {"tokens", rec->last.tokens}, {"attention_pairs", rec->last.attention_pairs},
+                                   {"kv_positions", rec->last.kv_positions}, {"logit_rows", rec->last.logit_rows},
+                                   {"chunks", rec->last_chunks}, {"prefill_chunks", rec->last_prefill},
+                                   {"t", t0}, {"seconds", dt}, {"cpu_seconds", dc}}
+                              .dump()
+                       << "\n";
+    }
   }
   Latencies l;
   for (std::size_t i = 0; i < n; ++i) {
@@ -243,11 +286,17 @@ engine::DomainConfig domain_config() {
 /// its rank thread on CPU virtual device vd0 of this process's CPUs split
 /// `n_vd` ways (1: all of them; the shift workload's service splits them 2
 /// ways, so its calibration runs on the same share).
-Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vector<sim::StepSample>* samples,
-                   int n_vd = 1) {
+/// This process's CPUs split `n` ways (made once per n).
+const std::vector<std::unique_ptr<backend::VirtualDevice>>& cpu_shares(int n) {
   static std::map<int, std::vector<std::unique_ptr<backend::VirtualDevice>>> split;
-  auto& vds = split[n_vd];
-  if (vds.empty()) vds = backend::split_cpu(n_vd, backend::discover_cpu().memory_bytes);
+  auto& vds = split[n];
+  if (vds.empty()) vds = backend::split_cpu(n, backend::discover_cpu().memory_bytes);
+  return vds;
+}
+
+Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vector<sim::StepSample>* samples,
+                   int n_vd, CpuShare* cpu = nullptr) {
+  const auto& vds = cpu_shares(n_vd);
   Recording* rec = nullptr;
   engine::DomainConfig cfg = domain_config();
   cfg.stages = {engine::StageLayout{0, store.hparams().n_layer, 1, {vds[0].get()}}};
@@ -262,7 +311,7 @@ Latencies run_real(const engine::WeightStore& store, const Workload& w, std::vec
     std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                            std::chrono::duration<double>(t)));
   };
-  return drive(d, w, now, idle, rec, samples);
+  return drive(d, w, now, idle, rec, samples, cpu);
 }
 
 /// The simulated engine in virtual time.
@@ -343,7 +392,7 @@ doc::GearTable two_gears(const model::HParams& hp) {
 /// The workload through a Service of gears a and b, in wall-clock time,
 /// with a shift to b once half of the requests have arrived. `factory`
 /// null: the real engine. Returns the client's latencies.
-Latencies run_service_shift(const model::Model& m, const Workload& w, const doc::Topology& topo,
+Latencies run_service_shift(const model::Model& m, const Workload& w, const doc::Topology& topo, int n_vd,
                             std::function<std::unique_ptr<engine::Engine>(const doc::Replica&, const engine::DomainConfig&)>
                                 factory,
                             json::Json& shift_outcome) {
@@ -355,7 +404,7 @@ Latencies run_service_shift(const model::Model& m, const Workload& w, const doc:
   cfg.kv_blocks = dc.kv_blocks;
   cfg.max_running = dc.max_running;
   cfg.max_batched_tokens = dc.max_batched_tokens;
-  cfg.virtual_devices = 2;
+  cfg.virtual_devices = n_vd;
   cfg.step_interval_ms = 500;
   cfg.rollback_p99_factor = 1000;  // the comparison needs the shift to commit in both
   if (factory) {
@@ -424,6 +473,7 @@ Latencies run_service_shift(const model::Model& m, const Workload& w, const doc:
 struct Row {
   std::string model, metric;
   double real = 0, sim = 0;
+  std::vector<double> rounds;  // the real engine's value in each round (real: their median)
   double ratio() const { return real > 0 ? sim / real : 0; }
   bool within() const { return std::abs(ratio() - 1.0) <= kTolerance; }
 };
@@ -457,14 +507,21 @@ int main(int argc, char** argv) {
   app.add_option("--concurrency", o.concurrency, "Offered load: requests in flight if none waited (default 3)")
       ->check(ftp::cli::in_range(0.1, 64.0));
   app.add_option("--split", o.split,
-                 "The real engine runs on the first of this many equal shares of the CPUs (default 1: all; the shift "
-                 "workload 2, as its service splits them)")
+                 "The real engine runs on the first of this many equal shares of the CPUs, probed with its threads "
+                 "(default 2: one thread on a 2-core machine, the least disturbed by other processes; 1: all CPUs; the "
+                 "shift workload's service splits them at least 2 ways)")
       ->check(ftp::cli::in_range(1, 64));
+  app.add_option("--repeat", o.repeat,
+                 "Rounds of the real engine, each a calibration run then the evaluation workload; its metrics are the "
+                 "rounds' medians, the simulated engine's fit uses every round's steps (default 3)")
+      ->check(ftp::cli::in_range(1, 100));
   app.add_option("--seed", o.seed, "Seed of the evaluation workload (calibration: seed + 1000)");
   app.add_flag("--check", o.check, "Exit 6 when a metric is off by more than 10 %");
   app.add_option("--write-calibration", o.write_calibration,
                  "Write the first model's ftp.sim-calibration/v1 here, and the probed device as FILE.topology.json");
   app.add_option("--synthetic-path", o.synthetic_path, "Write the synthetic model here and keep it (default: a temp file)");
+  app.add_option("--steps-out", o.steps_out,
+                 "Write every measured step of the real engine (its work, seconds, workload and phase) here, JSONL");
   return tool.run(argc, argv, [&]() -> int {
     const auto tmp = std::filesystem::temp_directory_path() / ("ftp-sim-fidelity-" + std::to_string(::getpid()));
     std::filesystem::create_directories(tmp);
@@ -473,18 +530,35 @@ int main(int argc, char** argv) {
       ~Cleanup() { std::filesystem::remove_all(p); }
     } cleanup{tmp};
 
-    // 1. This CPU as one virtual device of one thread (ftp-probe's measurements).
-    plan::GroupPerf perf;
-    perf.tp = 1;
-    perf.tflop_s = backend::measure_cpu_gemm_tflops(1, true).value;
-    perf.gb_s = backend::measure_cpu_triad_gbs(1, true).value;
-    std::cerr << "probe: " << perf.tflop_s * 1e3 << " GFLOP/s GEMM, " << perf.gb_s << " GB/s triad (1 thread); load average "
-              << load_average() << "\n";
+    // 1. This CPU's share as one virtual device, probed with its threads
+    // (ftp-probe's measurements), once per share size.
+    std::map<int, plan::GroupPerf> probes;
+    auto probe = [&](int n_vd) {
+      auto it = probes.find(n_vd);
+      if (it != probes.end()) return it->second;
+      const int threads = cpu_shares(n_vd)[0]->threads();
+      plan::GroupPerf perf;
+      perf.tp = 1;
+      perf.tflop_s = backend::measure_cpu_gemm_tflops(threads, true).value;
+      perf.gb_s = backend::measure_cpu_triad_gbs(threads, true).value;
+      std::cerr << "probe: " << perf.tflop_s * 1e3 << " GFLOP/s GEMM, " << perf.gb_s << " GB/s triad (" << threads
+                << " thread" << (threads == 1 ? "" : "s") << ", one of " << n_vd << " CPU share" << (n_vd == 1 ? "" : "s")
+                << "); load average " << load_average() << "\n";
+      return probes[n_vd] = perf;
+    };
+    json::Json probes_json = json::Json::array();
 
+    std::ofstream steps_out;
+    if (!o.steps_out.empty()) {
+      steps_out.open(o.steps_out);
+      if (!steps_out) throw InputError("--steps-out: cannot write " + o.steps_out);
+      g_steps_out = &steps_out;
+    }
     std::vector<Row> rows;
     json::Json models = json::Json::array();
     bool wrote = false;
     for (const auto& name : o.models) {
+      g_workload = name;
       std::string path;
       std::optional<control::Trace> trace;
       if (name == "azure-code") {
@@ -524,8 +598,13 @@ int main(int argc, char** argv) {
       const auto shape = plan::model_shape_of_file(path);
       const int vocab = model.hparams.n_vocab;
 
-      // 2. Calibration: a run of the real engine on its own workload (another
-      // seed), offered --concurrency by the planner's constants.
+      // The real engine's CPU share; the shift workload's service splits the
+      // CPUs at least two ways (gears a and b), its calibration runs on one.
+      const int n_vd = name == "shift" ? std::max(2, o.split) : o.split;
+      const plan::GroupPerf perf = probe(n_vd);
+
+      // 2. Calibration: runs of the real engine on their own workload
+      // (another seed each), offered --concurrency by the planner's constants.
       auto alone_s = [&](const plan::Calibration& c) {
         Workload w;
         w.at = {0.0};
@@ -534,32 +613,79 @@ int main(int argc, char** argv) {
         auto l = run_sim(model.hparams, shape, perf, c, w);
         return l.ttft_ms[0] * 1e-3 + l.tpot_ms[0] * 1e-3 * (w.output[0] - 1);
       };
+      if (g_steps_out)
+        *g_steps_out << json::Json{{"workload", name}, {"phase", "shape"}, {"n_layers", shape.n_layers},
+                                   {"p", plan::stage_compute_params(shape, plan::StageSpan{shape.n_layers, true, true})},
+                                   {"bytes_per_param", shape.bytes_per_param},
+                                   {"kv_bytes_per_token_layer", shape.kv_bytes_per_token_layer(1)},
+                                   {"n_heads", shape.n_heads}, {"head_dim", shape.head_dim},
+                                   {"tflop_s", perf.tflop_s}, {"gb_s", perf.gb_s}}
+                              .dump()
+                       << "\n";
+      // A few steps to warm caches and threads, not counted.
+      g_phase = "warm-up";
+      run_real(store, make_workload(o, 2, 1000.0, o.seed + 2000, vocab), nullptr, n_vd);
+      const double t1 = alone_s(plan::Calibration{});
       std::vector<sim::StepSample> samples;
-      const int n_vd = o.split > 0 ? o.split : name == "shift" ? 2 : 1;
-      {
-        // A few steps to warm caches and threads, not counted.
-        run_real(store, make_workload(o, 2, 1000.0, o.seed + 2000, vocab), nullptr, n_vd);
-        const double t1 = alone_s(plan::Calibration{});
-        run_real(store, make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000, vocab), &samples,
-                 n_vd);
-      }
-      const auto cal = sim::calibrate(shape, perf, samples);
-      const double fit_err = sim::calibration_rms_error(shape, perf, cal, samples);
-      std::cerr << name << ": calibration from " << samples.size() << " steps, rms relative error "
-                << fit_err * 100 << " %\n";
-
-      // 3. The evaluation workload through both.
-      const double rate = o.concurrency / alone_s(cal);
+      std::vector<sim::StepSample> eval_steps;  // the evaluation runs' steps: the fit's held-out error
+      std::vector<CpuShare> cal_cpu(static_cast<std::size_t>(o.repeat)), eval_cpu(cal_cpu.size());
+      auto calibration_round = [&](int round) {
+        g_phase = "calibration";
+        run_real(store, make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000 + round, vocab),
+                 &samples, n_vd, &cal_cpu[static_cast<std::size_t>(round)]);
+      };
+      // The evaluation workload's rate is set by the first round's fit.
+      calibration_round(0);
+      const double rate = o.concurrency / alone_s(sim::calibrate(shape, perf, samples));
       const Workload w = trace ? trace_workload(o, *trace, o.requests, rate, o.seed, vocab, model.hparams.n_ctx_train)
                                : make_workload(o, o.requests, rate, o.seed, vocab);
-      json::Json shift_real, shift_sim;
-      const auto topo = probe_topology(perf, 2);
-      const auto t_real0 = std::chrono::steady_clock::now();
-      Latencies real = name == "shift" ? run_service_shift(model, w, topo, nullptr, shift_real)
-                                       : run_real(store, w, nullptr, n_vd);
-      const double real_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_real0).count();
+      const auto topo = probe_topology(perf, n_vd);
+
+      // 3. The evaluation workload through the real engine, --repeat rounds,
+      // each after a calibration run (the first: above), so both sample the
+      // machine's load alike; then through the simulated engine with the fit
+      // of all rounds' calibration steps.
+      json::Json shift_real = json::Json::array(), shift_sim;
+      std::vector<Latencies> real;
+      double real_s = 0;
+      for (int round = 0; round < o.repeat; ++round) {
+        if (round > 0) calibration_round(round);
+        g_phase = "evaluation";
+        const auto t_real0 = std::chrono::steady_clock::now();
+        json::Json ev;
+        real.push_back(name == "shift" ? run_service_shift(model, w, topo, n_vd, nullptr, ev)
+                                       : run_real(store, w, &eval_steps, n_vd, &eval_cpu[static_cast<std::size_t>(round)]));
+        real_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_real0).count();
+        if (name == "shift") shift_real.push_back(ev);
+        // The CPU the real engine got (the service's steps are not timed here).
+        const auto& cc = cal_cpu[static_cast<std::size_t>(round)];
+        const auto& ec = eval_cpu[static_cast<std::size_t>(round)];
+        std::fprintf(stderr, "%s: round %d: CPU share of the real engine's steps: calibration %.2f, evaluation %s; "
+                     "load average %s\n", name.c_str(), round + 1, cc.share(),
+                     name == "shift" ? "(service, not timed)" : std::to_string(ec.share()).substr(0, 4).c_str(),
+                     load_average().c_str());
+      }
+      const auto fit = sim::fit_calibration(shape, perf, samples);
+      const auto& cal = fit.calibration;
+      std::cerr << name << ": calibration from " << samples.size() << " steps in " << o.repeat
+                << " round" << (o.repeat == 1 ? "" : "s") << ", rms relative error " << fit.rms_error * 100
+                << " %, at a bound: " << sim::describe_bounds(fit.at_bound) << "\n";
+      // The model's total over the measured total, on the steps it was fitted
+      // to and on the evaluation runs' steps (held out; not for the service).
+      auto total_ratio = [&](const std::vector<sim::StepSample>& steps) {
+        const plan::StageSpan span{shape.n_layers, true, true};
+        double p = 0, m = 0;
+        for (const auto& st : steps) p += plan::step_time_s(shape, span, perf, st.work, cal), m += st.seconds;
+        return m > 0 ? p / m : 0;
+      };
+      const double cal_total = total_ratio(samples), eval_total = total_ratio(eval_steps);
+      const double eval_rms = eval_steps.empty() ? 0 : sim::calibration_rms_error(shape, perf, cal, eval_steps);
+      if (!eval_steps.empty())
+        std::fprintf(stderr, "%s: step time model/measured: calibration steps' total %.3f; evaluation steps' (%zu) total "
+                     "%.3f, rms relative error %.1f %%\n", name.c_str(), cal_total, eval_steps.size(), eval_total,
+                     eval_rms * 100);
       const auto t_sim0 = std::chrono::steady_clock::now();
-      Latencies simd = name == "shift" ? run_service_shift(model, w, topo,
+      Latencies simd = name == "shift" ? run_service_shift(model, w, topo, n_vd,
                                                            sim::engine_factory(shape, model, topo, cal,
                                                                                sim::Pacing::wait_real_time),
                                                            shift_sim)
@@ -567,52 +693,77 @@ int main(int argc, char** argv) {
       const double sim_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_sim0).count();
       if (name == "shift") std::cerr << "shift: real " << shift_real.dump() << "\nshift: sim  " << shift_sim.dump() << "\n";
 
+      // Each metric of the real engine: the median of the rounds' values.
+      using Pick = std::vector<double> Latencies::*;
+      auto metric = [&](const char* label, Pick pick, double pct) {
+        std::vector<double> v;
+        for (const auto& l : real) v.push_back(bench::percentile(l.*pick, pct));
+        Row r{name, label, bench::percentile(v, 50), bench::percentile(simd.*pick, pct)};
+        r.rounds = v;
+        return r;
+      };
       std::vector<Row> mine = {
-          {name, "TTFT P50 ms", bench::percentile(real.ttft_ms, 50), bench::percentile(simd.ttft_ms, 50)},
-          {name, "TTFT P99 ms", bench::percentile(real.ttft_ms, 99), bench::percentile(simd.ttft_ms, 99)},
-          {name, "TPOT P50 ms", bench::percentile(real.tpot_ms, 50), bench::percentile(simd.tpot_ms, 50)},
-          {name, "TPOT P99 ms", bench::percentile(real.tpot_ms, 99), bench::percentile(simd.tpot_ms, 99)},
-          {name, "E2E P50 ms", bench::percentile(real.e2e_ms, 50), bench::percentile(simd.e2e_ms, 50)},
-          {name, "E2E P99 ms", bench::percentile(real.e2e_ms, 99), bench::percentile(simd.e2e_ms, 99)},
+          metric("TTFT P50 ms", &Latencies::ttft_ms, 50), metric("TTFT P99 ms", &Latencies::ttft_ms, 99),
+          metric("TPOT P50 ms", &Latencies::tpot_ms, 50), metric("TPOT P99 ms", &Latencies::tpot_ms, 99),
+          metric("E2E P50 ms", &Latencies::e2e_ms, 50),   metric("E2E P99 ms", &Latencies::e2e_ms, 99),
       };
       json::Json metrics = json::Json::array();
       for (const auto& r : mine) {
-        metrics.push_back(json::Json{{"metric", r.metric}, {"real", r.real}, {"sim", r.sim}, {"ratio", r.ratio()},
-                                     {"within_10pct", r.within()}});
+        metrics.push_back(json::Json{{"metric", r.metric}, {"real", r.real}, {"real_rounds", r.rounds}, {"sim", r.sim},
+                                     {"ratio", r.ratio()}, {"within_10pct", r.within()}});
         rows.push_back(r);
       }
       models.push_back(json::Json{{"model", name},
                                   {"load_average", load_average()},
                                   {"n_params", shape.n_params},
+                                  {"cpu_shares", n_vd},
+                                  {"probe", json::Json{{"tflop_s", perf.tflop_s}, {"gb_s", perf.gb_s}}},
                                   {"rate_rps", rate},
                                   {"requests", o.requests},
-                                  {"calibration", sim::calibration_to_json(cal, perf, fit_err)},
+                                  {"rounds", o.repeat},
+                                  {"cpu_share", [&] {
+                                     json::Json a = json::Json::array();
+                                     for (std::size_t i = 0; i < cal_cpu.size(); ++i)
+                                       a.push_back(json::Json{{"calibration", cal_cpu[i].share()},
+                                                              {"evaluation", eval_cpu[i].share()}});
+                                     return a;
+                                   }()},
+                                  {"calibration", sim::calibration_to_json(cal, perf, fit.rms_error, fit.at_bound)},
                                   {"calibration_steps", samples.size()},
+                                  {"step_total_ratio", json::Json{{"calibration", cal_total},
+                                                                  {"evaluation", eval_steps.empty() ? json::Json() : json::Json(eval_total)},
+                                                                  {"evaluation_rms", eval_steps.empty() ? json::Json() : json::Json(eval_rms)}}},
                                   {"real_wall_s", real_s},
                                   {"sim_wall_s", sim_wall_s},
                                   {"shift", json::Json{{"real", shift_real}, {"sim", shift_sim}}},
                                   {"metrics", metrics}});
       if (!o.write_calibration.empty() && !wrote) {
-        std::ofstream(o.write_calibration) << sim::calibration_to_json(cal, perf, fit_err).dump(2) << "\n";
+        std::ofstream(o.write_calibration) << sim::calibration_to_json(cal, perf, fit.rms_error, fit.at_bound).dump(2)
+                                           << "\n";
         // The probed device as a one-device topology for ftp-serve --engine sim.
         std::ofstream(o.write_calibration + ".topology.json") << doc::to_json(probe_topology(perf, 1)).dump(2) << "\n";
         wrote = true;
       }
       std::fprintf(stderr,
-                   "%s: %d requests at %.2f req/s; real run %.1f s, simulated run %.3f s of wall time; load average %s\n",
-                   name.c_str(), o.requests, rate, real_s, sim_wall_s, load_average().c_str());
+                   "%s: %d requests at %.2f req/s, %d round%s; real runs %.1f s, simulated run %.3f s of wall time; "
+                   "load average %s\n",
+                   name.c_str(), o.requests, rate, o.repeat, o.repeat == 1 ? "" : "s", real_s, sim_wall_s,
+                   load_average().c_str());
     }
 
     std::fprintf(stderr, "\nload average at the end: %s\n", load_average().c_str());
-    std::fprintf(stderr, "%-12s %-12s %10s %10s %8s %s\n", "workload", "metric", "real", "sim", "sim/real", "within 10 %");
+    std::fprintf(stderr, "%-12s %-12s %10s %21s %10s %8s %s\n", "workload", "metric", "real", "(rounds' range)", "sim",
+                 "sim/real", "within 10 %");
     bool all = true;
     for (const auto& r : rows) {
-      std::fprintf(stderr, "%-12s %-12s %10.3f %10.3f %8.3f %s\n", r.model.c_str(), r.metric.c_str(), r.real, r.sim,
-                   r.ratio(), r.within() ? "yes" : "NO");
+      const auto [lo, hi] = std::minmax_element(r.rounds.begin(), r.rounds.end());
+      char range[64];
+      std::snprintf(range, sizeof range, "(%.3f-%.3f)", *lo, *hi);
+      std::fprintf(stderr, "%-12s %-12s %10.3f %21s %10.3f %8.3f %s\n", r.model.c_str(), r.metric.c_str(), r.real, range,
+                   r.sim, r.ratio(), r.within() ? "yes" : "NO");
       all = all && r.within();
     }
     tool.emit(json::Json{{"kind", "ftp.sim-fidelity/v1"},
-                         {"probe", json::Json{{"tflop_s", perf.tflop_s}, {"gb_s", perf.gb_s}}},
                          {"models", models},
                          {"load_average", load_average()},
                          {"all_within_10pct", all}});

@@ -277,39 +277,36 @@ TEST(GearShifter, DownShiftAfterAStepDropFitsTheRateSeen) {
   EXPECT_EQ(d.to, "standard") << d.reason;
 }
 
+/// Up to standard at t=20 (done at 25), then a load for performance: held
+/// for `dwell_s` after the shift, then up.
+static void expect_up_after_dwell(Shifter& s, int dwell_s) {
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));
+  ASSERT_EQ(d.action, "shift");
+  s(busy(25, "standard", 300));  // done at t=25: the dwell starts
+  for (int t = 30; t < 25 + dwell_s; t += 10) {
+    d = s(busy(t, "standard", 700));
+    ASSERT_EQ(d.action, "hold") << "t=" << t;
+  }
+  EXPECT_CONTAINS(d.reason, "dwell: " + std::to_string(dwell_s - 5) + " s of " + std::to_string(dwell_s) + " s");
+  d = s(busy(25 + dwell_s, "standard", 700));
+  EXPECT_EQ(d.action, "shift");
+  EXPECT_EQ(d.to, "performance");
+}
+
 TEST(GearShifter, MinimumDwell) {
   PolicyConfig seed;  // the seed's dwell for up-shifts too
   seed.gear_shifter.up_dwell_s = 300;
   Shifter s(seed);
-  Decision d;
-  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));
-  ASSERT_EQ(d.action, "shift");
-  s(busy(25, "standard", 300)).action;  // done at t=25: the dwell starts
-  for (int t = 30; t < 325; t += 10) {
-    d = s(busy(t, "standard", 700));
-    ASSERT_EQ(d.action, "hold") << "t=" << t;
-  }
-  EXPECT_CONTAINS(d.reason, "dwell: 295 s of 300 s");
-  d = s(busy(325, "standard", 700));
-  EXPECT_EQ(d.action, "shift");
-  EXPECT_EQ(d.to, "performance");
+  expect_up_after_dwell(s, 300);
 }
 
 TEST(GearShifter, UpDwellIsShorterThanTheDownDwell) {
   // Default: up_dwell_s 60 after a shift, min_dwell_s 300 before a down-shift.
   Shifter s;
+  expect_up_after_dwell(s, 60);
+  if (testing::Test::HasFatalFailure()) return;
   Decision d;
-  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "economy", 300));
-  ASSERT_EQ(d.action, "shift");
-  s(busy(25, "standard", 300));  // done at t=25
-  for (int t = 30; t <= 80; t += 10) {
-    d = s(busy(t, "standard", 700));
-    ASSERT_EQ(d.action, "hold") << "t=" << t;
-  }
-  EXPECT_CONTAINS(d.reason, "dwell: 55 s of 60 s");
-  d = s(busy(90, "standard", 700));
-  EXPECT_EQ(d.action, "shift");
-  EXPECT_EQ(d.to, "performance");
   // Down from performance waits the whole 300 s.
   s(obs(95, "performance", 700));
   for (int t = 100; t < 395; t += 10) {
@@ -503,6 +500,48 @@ TEST(GearShifter, StaggerWithinFiveMinutes) {
     seen.insert(d.not_before_ms);
   }
   EXPECT_GE(seen.size(), 15u) << "replicas get different offsets";
+}
+
+TEST(GearShifter, LatencyDriveTakesALargerGearWhenTtftMissesTheSloWithNoQueue) {
+  // 60 req/s is inside economy's band (safe 120: 36..102), so load alone holds.
+  auto slow = [](int t, const char* gear, double queue) {
+    Observation o = obs(t, gear, 60);
+    o.ttft_ms = {900, 3000};  // P99 over the 2 s SLO
+    o.queue_depth = o.queue_depth_mean = queue;
+    return o;
+  };
+  {
+    Shifter s;
+    Decision d;
+    for (int t = 0; t <= 60; t += 10) {
+      d = s(slow(t, "economy", 5));
+      ASSERT_EQ(d.action, "hold") << "a queue: load's rules decide, t=" << t << ": " << d.reason;
+    }
+  }
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 10; t += 10) ASSERT_EQ(s(slow(t, "economy", 0.5)).action, "hold");
+  d = s(slow(20, "economy", 0.5));
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "standard") << "one step up";
+  EXPECT_CONTAINS(d.reason, "TTFT P99 3000 ms > SLO 2000 ms of economy");
+  EXPECT_TRUE(signal(d, "ttft_slo_ms")->agrees);
+  s(obs(30, "standard", 60));  // done
+  // Down by load (60 < 0.3 x 480) waits for the dwell, then is held off:
+  // economy was too slow per request.
+  for (int t = 40; t < 1820; t += 10) {  // held until 20 s + latency_hold_s (1800)
+    d = s(obs(t, "standard", 60));
+    ASSERT_EQ(d.action, "hold") << "t=" << t << ": " << d.reason;
+  }
+  EXPECT_CONTAINS(d.reason, "economy was left for TTFT over the SLO; held off for");
+  d = s(obs(1820, "standard", 60));
+  EXPECT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "economy");
+  // Off: the same observations hold.
+  PolicyConfig off;
+  off.gear_shifter.ttft_slo_ms = 0;
+  Shifter o(off);
+  for (int t = 0; t <= 60; t += 10) ASSERT_EQ(o(slow(t, "economy", 0.5)).action, "hold");
 }
 
 TEST(GearShifter, NoRollbackWhileTheBacklogDrains) {

@@ -175,9 +175,13 @@ TEST(EngineReplay, AShiftHoldsBothGearsUntilTheOldDrains) {
   // Shifting from 10 s to 14.5 s (+ the warm-up's few ms).
   for (const auto& iv : r.intervals) {
     const double ts = iv.at("t_s").get<double>();
-    if (ts <= 10 || ts >= 15) EXPECT_FALSE(iv.at("shifting").get<bool>()) << ts;
-    if (ts >= 11 && ts <= 14) EXPECT_TRUE(iv.at("shifting").get<bool>()) << ts;
-    if (ts >= 11 && ts <= 14) EXPECT_EQ(iv.at("devices"), 2) << ts;  // gpu0 (both gears) and gpu1
+    if (ts <= 10 || ts >= 15) {
+      EXPECT_FALSE(iv.at("shifting").get<bool>()) << ts;
+    }
+    if (ts >= 11 && ts <= 14) {
+      EXPECT_TRUE(iv.at("shifting").get<bool>()) << ts;
+      EXPECT_EQ(iv.at("devices"), 2) << ts;  // gpu0 (both gears) and gpu1
+    }
   }
   const double gpu_s = r.summary.at("gpu_hours").get<double>() * 3600;
   // gpu0 all 60 s, gpu1 from 10 s.
