@@ -153,6 +153,7 @@ std::vector<void*> NcclPool::split_locked(const std::vector<int>& devices) {
   // Every root communicator takes part; those outside the set get no
   // communicator (NCCL_SPLIT_NOCOLOR). Key = rank in the set.
   std::vector<ncclComm_t> out(roots_.size(), nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
   pool_check(ncclGroupStart(), "ncclGroupStart", set_name(devices));
   for (std::size_t i = 0; i < roots_.size(); ++i) {
     auto pos = std::find(devices.begin(), devices.end(), devices_[i]);
@@ -171,7 +172,19 @@ std::vector<void*> NcclPool::split_locked(const std::vector<int>& devices) {
     if (pos != devices.end()) comms[static_cast<std::size_t>(pos - devices.begin())] = out[i];
   }
   groups_[devices] = comms;
+  splits_ += devices.size();
+  split_ms_ += ms_since(t0);
   return comms;
+}
+
+std::uint64_t NcclPool::communicators_made() const {
+  std::lock_guard lk(mu_);
+  return roots_.size() + splits_;
+}
+
+double NcclPool::made_ms() const {
+  std::lock_guard lk(mu_);
+  return create_ms_ + split_ms_;
 }
 
 std::vector<void*> NcclPool::group(const std::vector<int>& devices) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -53,6 +54,10 @@ class NcclPool {
   /// stages), so that a shift never waits on communicator creation.
   /// Returns the milliseconds the splits took.
   double prepare(const std::vector<std::vector<int>>& sets);
+  /// Communicators made so far (the root ones and every split), and the
+  /// wall time spent making them, ms.
+  std::uint64_t communicators_made() const;
+  double made_ms() const;
   /// Aborts and forgets the communicators of a device set (after a failure
   /// inside a collective); the next group() makes new ones.
   void drop(const std::vector<int>& devices) noexcept;
@@ -60,11 +65,13 @@ class NcclPool {
  private:
   NcclPool();
   std::vector<void*> split_locked(const std::vector<int>& devices);
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<int> devices_;
   std::vector<void*> roots_;
   std::map<std::vector<int>, std::vector<void*>> groups_;
   double create_ms_ = 0;
+  std::uint64_t splits_ = 0;  // communicators made by ncclCommSplit
+  double split_ms_ = 0;
 };
 
 /// In-place float32 sum over a communicator of the pool, on a CUDA stream

@@ -19,6 +19,8 @@ NcclPool::NcclPool() = default;
 NcclPool::~NcclPool() = default;
 std::vector<void*> NcclPool::group(const std::vector<int>&) { return {}; }
 double NcclPool::prepare(const std::vector<std::vector<int>>&) { return 0.0; }
+std::uint64_t NcclPool::communicators_made() const { return 0; }
+double NcclPool::made_ms() const { return 0.0; }
 void NcclPool::drop(const std::vector<int>&) noexcept {}
 std::vector<void*> NcclPool::split_locked(const std::vector<int>&) { return {}; }
 void nccl_all_reduce_sum(void*, float*, std::size_t, void*, int) {

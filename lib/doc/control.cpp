@@ -210,6 +210,11 @@ Json to_json(const ShiftEvent& e) {
   if (!e.message.empty()) o["message"] = e.message;
   if (e.before) o["before_e2e_ms"] = pct(*e.before);
   if (e.after) o["after_e2e_ms"] = pct(*e.after);
+  if (e.weights_copied_bytes) o["weights_copied_bytes"] = *e.weights_copied_bytes;
+  if (e.weights_copy_ms) o["weights_copy_ms"] = *e.weights_copy_ms;
+  if (e.weights_released_bytes) o["weights_released_bytes"] = *e.weights_released_bytes;
+  if (e.communicators_created) o["communicators_created"] = *e.communicators_created;
+  if (e.communicator_ms) o["communicator_ms"] = *e.communicator_ms;
   return o;
 }
 
@@ -233,6 +238,15 @@ ShiftEvent shift_event_from_json(const Json& j) {
   e.message = r.str_or("message", "");
   if (auto b = r.find("before_e2e_ms")) e.before = pct_from(*b);
   if (auto a = r.find("after_e2e_ms")) e.after = pct_from(*a);
+  auto bytes = [&](const char* k) -> std::optional<std::uint64_t> {
+    if (!r.has(k)) return std::nullopt;
+    return static_cast<std::uint64_t>(r.positive_integer(k, true));
+  };
+  e.weights_copied_bytes = bytes("weights_copied_bytes");
+  e.weights_released_bytes = bytes("weights_released_bytes");
+  e.communicators_created = bytes("communicators_created");
+  if (r.has("weights_copy_ms")) e.weights_copy_ms = nonneg_or_zero(r, "weights_copy_ms");
+  if (r.has("communicator_ms")) e.communicator_ms = nonneg_or_zero(r, "communicator_ms");
   return e;
 }
 

@@ -129,6 +129,18 @@ struct ShiftEvent {
   std::string message;
   std::optional<Percentiles> before;  ///< P50/P99 E2E before the shift
   std::optional<Percentiles> after;   ///< and after it
+  /// reserve: the weights copied (CPU device-memory mode) or uploaded (GPU)
+  /// back onto the target's devices that release weight mode had freed,
+  /// bytes, and the wall time of that copy, ms (it runs beside the
+  /// reservation; the phase waits for it). Absent where nothing was freed.
+  std::optional<std::uint64_t> weights_copied_bytes;
+  std::optional<double> weights_copy_ms;
+  /// retire: the weights freed on devices that left a release-mode gear, bytes.
+  std::optional<std::uint64_t> weights_released_bytes;
+  /// warm: communicators the new domains had to create (0 when the pool
+  /// made them ahead) and the time spent creating them, ms.
+  std::optional<std::uint64_t> communicators_created;
+  std::optional<double> communicator_ms;
 };
 
 json::Json to_json(const Observation& o);

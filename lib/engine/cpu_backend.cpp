@@ -8,10 +8,12 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "comm/collective.hpp"
 #include "comm/inproc.hpp"
+#include "comm/pool.hpp"
 #include "core/error.hpp"
 #include "engine/intra_op.hpp"
 #include "engine/kv_cache.hpp"
@@ -229,8 +231,15 @@ class CpuBackend final : public Backend {
     // The store's one-time preparation for this backend (packing its Q8_0
     // matrices) happens with its first stage; every later stage shares it.
     weights.packed_for_cpu();
-    return make_stage_ranks(weights, specs, std::make_shared<comm::InprocCommunicator>(static_cast<int>(specs.size())));
+    return make_stage_ranks(weights, specs, pool_.acquire(pool_key(specs)));
   }
+  void prepare_communicators(const std::vector<std::vector<RankSpec>>& stages) override {
+    std::map<comm::InprocPool::Key, int> count;
+    for (const auto& st : stages)
+      if (!st.empty()) ++count[pool_key(st)];
+    for (const auto& [key, n] : count) pool_.prepare(key, n);
+  }
+  CommunicatorStats communicator_stats() const override { return {pool_.created(), pool_.create_ms()}; }
   std::vector<std::unique_ptr<RankBackend>> make_stage_ranks(const WeightStore& weights, const std::vector<RankSpec>& specs,
                                                              std::shared_ptr<comm::Collective> comm) override {
     if (specs.empty()) throw InputError("cpu backend: a stage has at least one rank here");
@@ -239,6 +248,15 @@ class CpuBackend final : public Backend {
     for (const RankSpec& s : specs) ranks.push_back(std::make_unique<CpuRank>(weights, s, comm));
     return ranks;
   }
+
+ private:
+  /// A stage's device set: its ranks' virtual devices in rank order.
+  static comm::InprocPool::Key pool_key(const std::vector<RankSpec>& specs) {
+    comm::InprocPool::Key k;
+    for (const RankSpec& s : specs) k.push_back(s.device ? s.device->name() : "");
+    return k;
+  }
+  comm::InprocPool pool_;
 };
 
 }  // namespace

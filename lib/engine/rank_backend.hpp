@@ -184,6 +184,12 @@ class RankBackend {
   virtual void sync() {}
 };
 
+/// What a backend's communicator pool has made so far.
+struct CommunicatorStats {
+  std::uint64_t created = 0;  ///< communicators made (ahead or on demand)
+  double create_ms = 0;       ///< wall time spent making them, ms
+};
+
 /// Makes the ranks of a stage, with the communicator they share.
 class Backend {
  public:
@@ -230,6 +236,15 @@ class Backend {
     (void)weights;
     return {};
   }
+  /// The communicator pool (ARCHITECTURE.md, resource pool): makes now the
+  /// communicators of these stages (each the specs of one stage's ranks;
+  /// only their device and gpu are read), one per time a device set appears,
+  /// so that building their domains later makes none. A gear table's every
+  /// stage at start, again on reload. Default: nothing.
+  virtual void prepare_communicators(const std::vector<std::vector<RankSpec>>& stages) { (void)stages; }
+  /// What the pool has made so far: a shift's warm phase adds nothing once
+  /// pooled. Default: nothing made.
+  virtual CommunicatorStats communicator_stats() const { return {}; }
   /// GPU release mode: frees `device`'s resident weights (no domain on it
   /// may remain); returns the bytes freed. Default: 0.
   virtual std::uint64_t release_device(const WeightStore& weights, int device) {

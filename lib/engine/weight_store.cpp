@@ -198,6 +198,7 @@ struct WeightStore::DeviceCopy {
   const Segment* embedding = nullptr;     // with a first stage's rank
   const Segment* head = nullptr;          // with a last stage's rank 0
   std::uint64_t bytes = 0;
+  bool released = false;                  // release_device freed it; copy_to_device makes it again
 
   const Segment* find(const MatView& m) const {
     for (const Segment& s : segments)
@@ -240,6 +241,9 @@ const WeightStore::DeviceCopy* WeightStore::copy_of(const backend::VirtualDevice
   auto it = copies_.find(device);
   if (it == copies_.end())
     throw Error("device-memory mode: device " + device->name() + " holds no copy of the weights (it serves no gear of the table)");
+  if (it->second->released)
+    throw Error("device-memory mode: device " + device->name() +
+                "'s weights were released (release weight mode) and are not copied back yet");
   return it->second.get();
 }
 
@@ -370,7 +374,11 @@ std::vector<std::pair<const float*, std::size_t>> WeightStore::layer_vectors(int
 }
 
 std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const std::vector<RankShard>& shards) {
-  if (copies_.count(&device)) throw Error("device-memory mode: device " + device.name() + " has its copy already");
+  // The map's nodes are made at start only: a released copy is made again
+  // in its own node, which no other thread reads (no domain on the device).
+  auto slot = copies_.find(&device);
+  if (slot != copies_.end() && !slot->second->released)
+    throw Error("device-memory mode: device " + device.name() + " has its copy already");
   {
     std::lock_guard lk(pack_mu_);
     if (packed_) throw Error("weight store: device-memory mode after the CPU backend packed the Q8_0 weights");
@@ -425,12 +433,33 @@ std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const 
   if (u.head) c->head = c->find(output());
   copied_bytes_ += c->bytes;
   const std::uint64_t b = c->bytes;
-  copies_.emplace(&device, std::move(c));
+  if (slot != copies_.end())
+    slot->second = std::move(c);
+  else
+    copies_.emplace(&device, std::move(c));
   return b;
+}
+
+std::uint64_t WeightStore::release_device(backend::VirtualDevice& device) {
+  auto it = copies_.find(&device);
+  if (it == copies_.end() || it->second->released) return 0;
+  const std::uint64_t b = it->second->bytes;
+  auto gone = std::make_unique<DeviceCopy>();
+  gone->device = &device;
+  gone->released = true;
+  it->second = std::move(gone);  // frees the memory of every segment
+  device.release_weights(b);
+  return b;
+}
+
+bool WeightStore::released(const backend::VirtualDevice& device) const {
+  auto it = copies_.find(&device);
+  return it != copies_.end() && it->second->released;
 }
 
 std::string WeightStore::missing_on_device(const backend::VirtualDevice& device,
                                            const std::vector<RankShard>& shards) const {
+  if (released(device)) return "";
   try {
     for (const RankShard& sh : shards) {
       for (int L = sh.first_layer; L < sh.first_layer + sh.n_layers; ++L) layer(L, sh.tp, sh.rank, &device);

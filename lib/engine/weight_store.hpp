@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -181,12 +182,23 @@ class WeightStore {
   /// not fit). The bytes plan::shard_union_bytes counts, but for the layers'
   /// biases and per-head norms, which the plan's shapes do not have. Once
   /// per device, before any domain on it is built (the views are read
-  /// without a lock); a second call throws ftp::Error. Packing for the CPU
+  /// without a lock); a second call throws ftp::Error, unless the copy was
+  /// released (release_device): it is then made again, from any thread,
+  /// while domains on other devices run. Packing for the CPU
   /// backend is off from then on (the copies are read as they are). Returns
   /// the bytes copied.
   std::uint64_t copy_to_device(backend::VirtualDevice& device, const std::vector<RankShard>& shards);
+  /// Release weight mode in device-memory mode: frees `device`'s copy and
+  /// gives its reservation back (no domain on the device may remain);
+  /// returns the bytes freed, 0 when it holds none. A later copy_to_device
+  /// of the device makes it again (what a shift's reserve phase does); until
+  /// then views on the device are an ftp::Error naming it.
+  std::uint64_t release_device(backend::VirtualDevice& device);
+  /// Whether `device`'s copy was released (release_device) and not made again.
+  bool released(const backend::VirtualDevice& device) const;
   /// "" when `device`'s copy holds every view of `shards`, else which view
-  /// it lacks (a reloaded gear table must fit the copies made at start).
+  /// it lacks (a reloaded gear table must fit the copies made at start). A
+  /// released device lacks nothing: its next copy follows the table in force.
   std::string missing_on_device(const backend::VirtualDevice& device, const std::vector<RankShard>& shards) const;
   /// Bytes of `device`'s copy; 0 without one.
   std::uint64_t device_bytes(const backend::VirtualDevice* device) const;
@@ -239,7 +251,7 @@ class WeightStore {
     std::vector<float> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
   };
   std::map<const backend::VirtualDevice*, std::unique_ptr<DeviceCopy>> copies_;
-  std::uint64_t copied_bytes_ = 0;
+  std::atomic<std::uint64_t> copied_bytes_{0};
   std::vector<LayerVecs> vecs_;
   std::vector<float> output_norm_, rope_freqs_;
   std::uint64_t weight_bytes_ = 0, owned_bytes_ = 0;

@@ -83,8 +83,9 @@ StageMemory stage_memory(const ModelShape& m, const StageSpan& s, const GroupPer
                   kActivationBytesPerElement;
   const double per_token = s.n_layers * m.kv_bytes_per_token_layer(g.tp);
   r.kv_needed = double(concurrency) * context * per_token;
-  r.kv_pool = std::max(0.0, kKvCacheCap * (double(g.memory_bytes) - r.weights - r.activations));
-  r.need = r.weights + r.activations + r.kv_needed / kKvCacheCap;
+  if (g.gpu) r.gpu_reserve = GpuOverheads{}.rank_reserve(s.n_layers);
+  r.kv_pool = std::max(0.0, kKvCacheCap * (double(g.memory_bytes) - r.weights - r.activations - r.gpu_reserve));
+  r.need = r.weights + r.activations + r.gpu_reserve + r.kv_needed / kKvCacheCap;
   r.kv_tokens = per_token > 0 ? r.kv_pool / per_token : 0;
   return r;
 }

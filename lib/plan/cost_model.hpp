@@ -45,6 +45,49 @@ struct Workload {
 /// is longer than the context.
 Workload resolve(const Workload& w, const ModelShape& m);
 
+/// What a GPU holds besides weights, KV and activations: captured CUDA
+/// graphs and NCCL communicator buffers. Estimates with their sources, to
+/// be replaced by measurements from a device session (tests/gpu/README.md).
+/// CPU virtual devices hold neither.
+struct GpuOverheads {
+  /// NCCL_BUFFSIZE's default, 4 MiB: "the size of the buffer used by NCCL
+  /// when communicating data between pairs of GPUs" (NCCL user guide,
+  /// Environment Variables, NCCL_BUFFSIZE:
+  /// https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html).
+  double nccl_buffer_bytes = 4.0 * 1024 * 1024;
+  /// Channels of one communicator, each with its own buffer. NCCL picks
+  /// them per topology (NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS, same
+  /// page; NCCL_DEBUG=INFO prints them); 32 is what NVLink machines open,
+  /// an upper estimate for PCIe ones. Ours.
+  int nccl_channels = 32;
+  /// Device memory per node of an instantiated graph: 64 KiB, from a
+  /// measurement on NVIDIA's forum (graphs of 500, 1000 and 2000 empty
+  /// kernels took 362, 395 and 458 MB: about 64 KB a node;
+  /// https://forums.developer.nvidia.com/t/increasing-memory-footprint-with-large-task-graphs/244901).
+  double graph_node_bytes = 64.0 * 1024;
+  /// Kernel nodes of one layer of a captured decode step (norms, products,
+  /// RoPE and KV write, attention, SiLU-multiply, adds, two all-reduces),
+  /// and of a stage's ends (embedding, final norm, head). Ours, from
+  /// lib/engine/cuda/cuda_backend.cpp's decode sequence.
+  int graph_nodes_per_layer = 16;
+  int graph_nodes_per_stage = 8;
+  /// Decode batch sizes each rank captures (the CUDA backend's default
+  /// FTP_CUDA_GRAPH_BATCHES, 1-32).
+  int graph_batches = 32;
+  /// Communicators a device may be in at once: the root one and one split
+  /// per gear of a planner's table (at most four gears).
+  int max_communicators = 5;
+  /// What the planner's search sets aside on each rank of a GPU stage of
+  /// `n_layers` layers (stage_memory), before the table exists: the graphs
+  /// of two domains of that stage (its gear's and a shadow's of its size)
+  /// and max_communicators communicators' buffers. device_memory counts the
+  /// table's own (tests/tools/plan.sh checks that chosen tables fit it).
+  double rank_reserve(int n_layers) const {
+    return 2.0 * graph_batches * (double(n_layers) * graph_nodes_per_layer + graph_nodes_per_stage) * graph_node_bytes +
+           double(max_communicators) * nccl_channels * nccl_buffer_bytes;
+  }
+};
+
 /// Speed and memory of one tensor-parallel group: the `tp` ranks of one stage.
 /// The slowest rank sets the pace, the smallest rank the memory.
 struct GroupPerf {
@@ -54,6 +97,7 @@ struct GroupPerf {
   double busbw_gb_s = 0;            ///< all-reduce bus bandwidth over the group, GB/s; unused for tp 1
   double allreduce_latency_us = 0;  ///< latency term of one all-reduce over the group, us
   std::uint64_t memory_bytes = 0;   ///< memory of the smallest rank, bytes
+  bool gpu = false;                 ///< every rank is a GPU (or MIG slice): stage_memory sets GpuOverheads aside
   /// Two ranks with no link between them ("a and b") where no island
   /// all-reduce covers the group: such a group cannot run its all-reduces.
   std::string unlinked;
@@ -130,6 +174,7 @@ struct StageMemory {
   double kv_pool = 0;      ///< kKvCacheCap x (memory - weights - activations), >= 0
   double need = 0;         ///< weights + activations + kv_needed / kKvCacheCap: memory the rank must have
   double kv_tokens = 0;    ///< tokens the KV pool holds: kv_pool / (n_layers x kv_bytes_per_token_layer(tp))
+  double gpu_reserve = 0;  ///< GPUs: GpuOverheads::rank_reserve (graphs, NCCL buffers), in need and out of the KV pool
   bool fits(std::uint64_t memory_bytes) const { return need <= static_cast<double>(memory_bytes); }
 };
 /// `concurrency` requests of `context` tokens held by this stage's replica.

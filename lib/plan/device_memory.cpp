@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <set>
 #include <utility>
 
 namespace ftp::plan {
@@ -116,19 +117,35 @@ double shard_union_bytes(const ModelShape& m, const std::vector<Shard>& shards) 
 }
 
 std::vector<DeviceMemory> device_memory(const ModelShape& m, const doc::GearTable& t, const doc::Topology& topo,
-                                        const Workload& w, int requests, int context) {
+                                        const Workload& w, int requests, int context, const GpuOverheads& gpu) {
   if (requests <= 0) requests = w.concurrency;
   if (context <= 0) context = w.context > 0 ? w.context : m.context_length;
+  auto find = [&](const std::string& id) -> const doc::Device* {
+    for (const auto& x : topo.devices)
+      if (x.id == id) return &x;
+    return nullptr;
+  };
+  auto is_gpu = [](const doc::Device* x) { return x && (x->type == "gpu" || x->type == "mig"); };
+  // The GPU a device is on: itself, a share's parent GPU, or "" (a CPU device).
+  auto physical = [&](const std::string& id) -> std::string {
+    const doc::Device* x = find(id);
+    if (is_gpu(x)) return id;
+    if (x && x->type == "virtual" && is_gpu(find(x->parent))) return x->parent;
+    return "";
+  };
   std::vector<std::string> order;
   struct Acc {
     std::vector<Shard> resident;
     std::vector<std::vector<Shard>> release;  // one list per release gear
+    std::vector<double> gear_graphs;          // graph bytes of its ranks, per gear
     DeviceMemory d;
   };
   std::map<std::string, Acc> acc;
+  std::map<std::string, std::set<std::vector<std::string>>> nccl_sets;  // GPU -> the multi-GPU sets it is in
   for (const doc::Gear& g : t.gears) {
     const bool release = g.weight_mode == "release";
     std::map<std::string, std::vector<Shard>> of_gear;
+    std::map<std::string, double> graphs_of_gear;
     for (const doc::Replica& rep : g.replicas)
       for (std::size_t s = 0; s < rep.stages.size(); ++s) {
         const doc::Stage& st = rep.stages[s];
@@ -140,6 +157,21 @@ std::vector<DeviceMemory> device_memory(const ModelShape& m, const doc::GearTabl
         if (gw.max_batched_tokens <= 0) gw.max_batched_tokens = g.max_batched_tokens;
         const int per_replica = (requests + static_cast<int>(g.replicas.size()) - 1) / static_cast<int>(g.replicas.size());
         const StageMemory sm = stage_memory(m, span, perf, gw, per_replica, context);
+        // The stage's GPUs: NCCL over distinct ones; ranks sharing one GPU
+        // all-reduce outside graphs, so they capture none at tp > 1.
+        std::vector<std::string> gpus;
+        for (const auto& dev : st.devices) gpus.push_back(physical(dev));
+        std::vector<std::string> set = gpus;
+        std::sort(set.begin(), set.end());
+        const bool on_gpus = std::find(set.begin(), set.end(), std::string()) == set.end();
+        const bool distinct = std::adjacent_find(set.begin(), set.end()) == set.end();
+        if (on_gpus && distinct && tp > 1)
+          for (const auto& p : set) nccl_sets[p].insert(set);
+        const double graph_bytes =
+            on_gpus && (tp == 1 || distinct)
+                ? double(gpu.graph_batches) * (double(st.n_layers) * gpu.graph_nodes_per_layer + gpu.graph_nodes_per_stage) *
+                      gpu.graph_node_bytes
+                : 0.0;
         for (int r = 0; r < tp; ++r) {
           const std::string& dev = st.devices[static_cast<std::size_t>(r)];
           auto [it, fresh] = acc.try_emplace(dev);
@@ -147,18 +179,25 @@ std::vector<DeviceMemory> device_memory(const ModelShape& m, const doc::GearTabl
           Acc& a = it->second;
           const Shard sh{st.first_layer, st.n_layers, tp, r, span.first, span.last};
           (release ? of_gear[dev] : a.resident).push_back(sh);
+          graphs_of_gear[dev] += graph_bytes;
           a.d.kv = std::max(a.d.kv, sm.kv_needed / g.kv_cache_cap);
           a.d.activations = std::max(a.d.activations, sm.activations);
         }
       }
     for (auto& [dev, shards] : of_gear) acc[dev].release.push_back(std::move(shards));
+    for (const auto& [dev, bytes] : graphs_of_gear) acc[dev].gear_graphs.push_back(bytes);
   }
-  auto find = [&](const std::string& id) -> const doc::Device* {
-    for (const auto& x : topo.devices)
-      if (x.id == id) return &x;
-    return nullptr;
+  // The two gears with the most graphs: the old domains' and a shadow's.
+  auto two_largest = [](std::vector<double> v) {
+    std::sort(v.rbegin(), v.rend());
+    return (v.size() > 0 ? v[0] : 0.0) + (v.size() > 1 ? v[1] : 0.0);
   };
-  auto is_gpu = [](const doc::Device* x) { return x && (x->type == "gpu" || x->type == "mig"); };
+  auto comm_bytes = [&](const std::string& gpu_id) {
+    auto it = nccl_sets.find(gpu_id);
+    if (it == nccl_sets.end() || it->second.empty()) return 0.0;
+    // The root communicator and one split per set, each channels x NCCL_BUFFSIZE.
+    return double(it->second.size() + 1) * gpu.nccl_channels * gpu.nccl_buffer_bytes;
+  };
   // Virtual devices that are shares of one GPU (ranks on one GPU): that
   // GPU holds the union of their shards once, and the sum of the rest.
   std::vector<std::string> parents;
@@ -177,6 +216,8 @@ std::vector<DeviceMemory> device_memory(const ModelShape& m, const doc::GearTabl
     // A release gear's shards alone: release mode drops the other gears'
     // weights from a device while it serves (the planner's reason for it).
     for (const auto& rel : a.release) d.weights = std::max(d.weights, shard_union_bytes(m, rel));
+    d.graphs = two_largest(a.gear_graphs);
+    if (is_gpu(find(dev))) d.comm_buffers = comm_bytes(dev);
     const doc::Device* td = find(dev);
     d.memory_bytes = td ? td->memory_bytes : 0;
     out.push_back(std::move(d));
@@ -191,9 +232,10 @@ std::vector<DeviceMemory> device_memory(const ModelShape& m, const doc::GearTabl
       all.insert(all.end(), a.resident.begin(), a.resident.end());
       for (const auto& rel : a.release) all.insert(all.end(), rel.begin(), rel.end());
       for (const auto& x : out)
-        if (x.device == c) d.kv += x.kv, d.activations += x.activations;
+        if (x.device == c) d.kv += x.kv, d.activations += x.activations, d.graphs += x.graphs;
     }
     d.weights = shard_union_bytes(m, all);
+    d.comm_buffers = comm_bytes(p);
     out.push_back(std::move(d));
   }
   return out;
@@ -205,6 +247,8 @@ json::Json to_json(const DeviceMemory& d) {
                     {"weights_bytes", b(d.weights)},
                     {"kv_bytes", b(d.kv)},
                     {"activations_bytes", b(d.activations)},
+                    {"graphs_bytes", b(d.graphs)},
+                    {"comm_buffers_bytes", b(d.comm_buffers)},
                     {"need_bytes", b(d.need())},
                     {"memory_bytes", d.memory_bytes},
                     {"fits", d.fits()}};
@@ -218,7 +262,8 @@ const DeviceMemory* first_short(const std::vector<DeviceMemory>& mem) {
 
 std::string short_text(const DeviceMemory& d) {
   return "device " + d.device + " needs " + gb(d.need()) + " (weights " + gb(d.weights) + ", KV " + gb(d.kv) +
-         ", activations " + gb(d.activations) + "), has " + gb(static_cast<double>(d.memory_bytes));
+         ", activations " + gb(d.activations) + ", CUDA graphs " + gb(d.graphs) + ", NCCL buffers " + gb(d.comm_buffers) +
+         "), has " + gb(static_cast<double>(d.memory_bytes));
 }
 
 int nest_ranks(doc::GearTable& t) {

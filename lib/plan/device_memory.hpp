@@ -42,10 +42,17 @@ struct DeviceMemory {
   double weights = 0;      ///< the union of its shards over the resident gears, or a release gear's own shards where larger
   double kv = 0;           ///< the largest of its gears' KV need: requests x context x layers x KV bytes per token, / kv_cache_cap
   double activations = 0;  ///< the largest of its gears' activations (stage_memory)
+  /// GPUs only (GpuOverheads): the captured graphs of its ranks in the two
+  /// gears with the most (a shift holds the old domains' and the shadow's);
+  /// a rank captures graphs when its stage is TP 1 or on distinct GPUs
+  /// (ranks sharing one GPU all-reduce outside graphs).
+  double graphs = 0;
+  /// GPUs only: NCCL buffers of the communicator pool on the device: the
+  /// root communicator and one per distinct GPU set of the table's stages
+  /// that spans several GPUs and includes it, channels x NCCL_BUFFSIZE each.
+  double comm_buffers = 0;
   std::uint64_t memory_bytes = 0;  ///< what the topology says it has; 0: unknown
-  /// Captured CUDA graphs and NCCL buffers are not counted: their sizes are
-  /// to be measured on a GPU first (tests/gpu/README.md, pending).
-  double need() const noexcept { return weights + kv + activations; }
+  double need() const noexcept { return weights + kv + activations + graphs + comm_buffers; }
   bool fits() const noexcept { return memory_bytes == 0 || need() <= static_cast<double>(memory_bytes); }
 };
 
@@ -56,10 +63,11 @@ struct DeviceMemory {
 /// w.context when 0) per gear; activations from w.max_batched_tokens (the
 /// gear's own when w's is 0).
 std::vector<DeviceMemory> device_memory(const ModelShape& m, const doc::GearTable& t, const doc::Topology& topo,
-                                        const Workload& w, int requests = 0, int context = 0);
+                                        const Workload& w, int requests = 0, int context = 0,
+                                        const GpuOverheads& gpu = GpuOverheads{});
 
 /// {"device", "weights_bytes", "kv_bytes", "activations_bytes",
-/// "need_bytes", "memory_bytes", "fits"}:
+/// "graphs_bytes", "comm_buffers_bytes", "need_bytes", "memory_bytes", "fits"}:
 /// one row of ftp-plan --explain's per-device table.
 json::Json to_json(const DeviceMemory& d);
 

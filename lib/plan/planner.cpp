@@ -96,6 +96,8 @@ GroupPerf group_perf(const doc::Topology& topo, const std::vector<std::string>& 
     g.tflop_s = first ? d->gemm_tflop_s : std::min(g.tflop_s, d->gemm_tflop_s);
     g.gb_s = first ? d->memory_bandwidth_gb_s : std::min(g.gb_s, d->memory_bandwidth_gb_s);
     g.memory_bytes = first ? d->memory_bytes : std::min(g.memory_bytes, d->memory_bytes);
+    const bool gpu = d->type == "gpu" || d->type == "mig";
+    g.gpu = first ? gpu : g.gpu && gpu;
     first = false;
   }
   if (g.tp <= 1) return g;

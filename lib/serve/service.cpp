@@ -46,8 +46,6 @@ Service::Service(const model::Model& model, ServiceConfig config)
     if (cfg_.backend != "cpu")
       no("it imitates a GPU's memory on CPU virtual devices (--backend cpu), not backend " + cfg_.backend);
     if (cfg_.members) no("members hold their own weights; it runs in one process only");
-    for (const auto& g : cfg_.gears.gears)
-      if (g.weight_mode == "release") no("gear " + g.name + " is in release weight mode, which frees mapped pages, not copies");
     // A device's TP-2t shard inside its TP-t shard: its copy is the union of the shards it serves.
     plan::nest_ranks(cfg_.gears);
   }
@@ -85,14 +83,18 @@ Service::Service(const model::Model& model, ServiceConfig config)
   sc.step_interval_ms = cfg_.step_interval_ms;
   sc.rollback_p99_factor = cfg_.rollback_p99_factor;
   sc.drain_timeout_ms = cfg_.drain_timeout_ms;
+  if (store_)
+    weights_ = std::make_unique<WeightResidency>(*store_, backend_, *pool_,
+                                                 [this](const DeviceBinding& b, const doc::Gear& g) { return shards_of(b, g); });
   shifter_ = std::make_unique<Shifter>(
-      domains_, telemetry_, *pool_, store_.get(), *cfg_.clock, [this] { return now_ms(); },
+      domains_, telemetry_, *pool_, weights_.get(), *cfg_.clock, [this] { return now_ms(); },
       [this](const doc::Gear& g, bool slow) { return build_domains(g, slow); },
       [this](const std::string& name) { return find_gear(name); }, sc,
       [this](const std::string& id) {
         std::lock_guard lk(route_mu_);
         router_.forget(id);
       });
+  if (backend_) shifter_->set_communicator_stats([b = backend_] { return b->communicator_stats(); });
   if (!cfg_.state_dir.empty()) {
     journal_ = std::make_unique<Journal>(cfg_.state_dir);
     interrupted_ = journal_->recover();
@@ -302,7 +304,9 @@ void Service::check_table_fits() const {
                      std::to_string(static_cast<std::uint64_t>(d->weights)) +
                      " as the union of its shards over the gears, KV " + std::to_string(static_cast<std::uint64_t>(d->kv)) +
                      " for one request of the full context at its gears' kv_cache_cap, activations " +
-                     std::to_string(static_cast<std::uint64_t>(d->activations)) + "), " +
+                     std::to_string(static_cast<std::uint64_t>(d->activations)) + ", CUDA graphs " +
+                     std::to_string(static_cast<std::uint64_t>(d->graphs)) + ", NCCL buffers " +
+                     std::to_string(static_cast<std::uint64_t>(d->comm_buffers)) + "), " +
                      std::to_string(d->memory_bytes) + " bytes free");
 }
 
@@ -343,6 +347,25 @@ std::map<int, std::vector<engine::RankShard>> Service::gpu_shards(const doc::Gea
   return out;
 }
 
+std::vector<engine::RankShard> Service::shards_of(const DeviceBinding& b, const doc::Gear& gear) const {
+  std::lock_guard lk(table_mu_);
+  if (b.virtual_device) {
+    // The union over the table in force, as at start (a reload may have changed it).
+    auto all = device_shards(cfg_.gears);
+    auto it = all.find(b.virtual_device);
+    return it == all.end() ? std::vector<engine::RankShard>{} : it->second.shards;
+  }
+  // A GPU: the resident gears' union, as at start, and the shards `gear` puts there.
+  std::vector<engine::RankShard> out = gpu_shards(cfg_.gears)[b.gpu];
+  if (gear.weight_mode == "release") {
+    doc::GearTable one;
+    one.gears = {gear};
+    one.gears[0].weight_mode = "resident";
+    for (const auto& sh : gpu_shards(one)[b.gpu]) out.push_back(sh);
+  }
+  return out;
+}
+
 void Service::copy_weights_to_devices() {
   if (store_ && backend_ && pool_->kind() == DevicePool::Kind::cuda) {
     // Each GPU holds the union of the shards its ranks serve over the
@@ -356,9 +379,46 @@ void Service::copy_weights_to_devices() {
   for (const auto& [vd, d] : device_shards(cfg_.gears)) store_->copy_to_device(*vd, d.shards);
 }
 
+std::vector<std::vector<engine::RankSpec>> Service::stage_groups(const doc::GearTable& table) const {
+  std::vector<std::vector<engine::RankSpec>> out;
+  for (const doc::Gear& g : table.gears)
+    for (const doc::Replica& rep : g.replicas)
+      for (const doc::Stage& st : rep.stages) {
+        std::vector<engine::RankSpec> specs;
+        bool member = false;
+        for (std::size_t r = 0; r < st.devices.size(); ++r) {
+          // A member's device ("n1/vd0"): its stage meets over Gloo, and the member may not have joined yet.
+          if (st.devices[r].find('/') != std::string::npos) {
+            member = true;
+            break;
+          }
+          const DeviceBinding b = pool_->bind(st.devices[r]);
+          engine::RankSpec rs;
+          rs.rank = static_cast<int>(r);
+          rs.tp = static_cast<int>(st.devices.size());
+          rs.device = b.virtual_device;
+          rs.gpu = b.gpu;
+          specs.push_back(rs);
+        }
+        if (!member) out.push_back(std::move(specs));  // a stage across processes meets over Gloo
+      }
+  return out;
+}
+
+void Service::prepare_communicators() {
+  if (!backend_ || !store_ || cfg_.engine_factory) return;
+  std::vector<std::vector<engine::RankSpec>> groups;
+  {
+    std::lock_guard lk(table_mu_);
+    groups = stage_groups(cfg_.gears);
+  }
+  backend_->prepare_communicators(groups);
+}
+
 void Service::start() {
   check_table_fits();
   copy_weights_to_devices();
+  prepare_communicators();
   const std::optional<doc::Gear> g = find_gear(cfg_.start_gear);
   DomainList doms = build_domains(*g, false);
   for (auto& d : doms) {
@@ -658,12 +718,7 @@ void Service::reload(doc::GearTable table) {
   check_model(table);
   pool_->canonicalize(table);
   if (pool_->kind() == DevicePool::Kind::cuda) plan::nest_ranks(table);
-  if (cfg_.device_memory) {
-    for (const auto& g : table.gears)
-      if (g.weight_mode == "release")
-        throw InputError("--device-memory: gear " + g.name + " is in release weight mode, which frees mapped pages, not copies");
-    plan::nest_ranks(table);
-  }
+  if (cfg_.device_memory) plan::nest_ranks(table);
   pool_->check(table);
   if (cfg_.reload_check) cfg_.reload_check(table);
   if (cfg_.device_memory && store_ && store_->device_memory())
@@ -682,6 +737,8 @@ void Service::reload(doc::GearTable table) {
     cfg_.gears = std::move(table);
     ++table_generation_;
   });
+  // The pool follows the table: its new device sets are made now, not at the next shift.
+  if (ready_) prepare_communicators();
 }
 
 doc::GearTable Service::gear_table() const {

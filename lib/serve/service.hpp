@@ -40,6 +40,7 @@
 #include "serve/rerun.hpp"
 #include "serve/shifter.hpp"
 #include "serve/telemetry.hpp"
+#include "serve/weight_residency.hpp"
 
 namespace ftp::serve {
 
@@ -98,7 +99,9 @@ struct ServiceConfig {
   /// domains take views of those copies. The table's ranks are nested
   /// first (plan::nest_ranks) so that a device's TP-2t shard lies inside
   /// its TP-t shard. Off: every domain views the mapped file. Only with the
-  /// cpu backend and the real engine, without members or release-mode gears.
+  /// cpu backend and the real engine, without members. A release-mode gear's
+  /// devices free their copies when they leave it and are copied again when
+  /// a shift reserves them (WeightResidency).
   bool device_memory = false;
   /// With an engine_factory: the devices its gears may name (the simulated
   /// engine's topology); empty: whatever the gear table names.
@@ -245,6 +248,15 @@ class Service {
   /// Every CUDA ordinal's shards over the resident gears of `table`.
   std::map<int, std::vector<engine::RankShard>> gpu_shards(const doc::GearTable& table) const;
   void copy_weights_to_devices();
+  /// Every stage of `table` that runs in this process, as the specs of its
+  /// ranks (devices and GPUs bound), for the communicator pool.
+  std::vector<std::vector<engine::RankSpec>> stage_groups(const doc::GearTable& table) const;
+  /// Makes the communicators of every stage of the table in force ahead
+  /// (engine::Backend::prepare_communicators): at start and after a reload.
+  void prepare_communicators();
+  /// WeightResidency's ShardsOf: what device `b` holds once its released
+  /// weights come back for a shift to `gear`.
+  std::vector<engine::RankShard> shards_of(const DeviceBinding& b, const doc::Gear& gear) const;
   std::optional<doc::Gear> find_gear(const std::string& name) const;
   /// Builds and warms the domains of `gear` (the shifter's Build).
   DomainList build_domains(const doc::Gear& gear, bool slow_start);
@@ -296,6 +308,7 @@ class Service {
   /// `why`; a GPU NVML says is lost or has ECC errors is marked lost.
   void sample_gpus(std::vector<doc::GpuLoad>& gpus, std::string& why) const;
   std::unique_ptr<engine::WeightStore> store_;            // null with an engine_factory
+  std::unique_ptr<WeightResidency> weights_;              // release weight mode over store_; null without it
   engine::Backend* backend_ = nullptr;                    // the real engine's (cfg_.backend)
   std::int64_t t0_us_ = 0;                                 // cfg_.clock at construction
   DomainSet domains_;

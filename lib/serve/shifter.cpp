@@ -13,22 +13,6 @@ using doc::DomainState;
 using doc::ShiftOutcome;
 using doc::ShiftPhase;
 
-namespace {
-
-/// Calls fn(first layer, layers, tp, rank) for each rank of the gear on a
-/// device that `want` accepts; returns the sum of what it returned (bytes).
-std::uint64_t for_each_rank(const doc::Gear& g, const std::function<bool(const std::string&)>& want,
-                            const std::function<std::uint64_t(int, int, int, int)>& fn) {
-  std::uint64_t bytes = 0;
-  for (const auto& rep : g.replicas)
-    for (const auto& st : rep.stages)
-      for (std::size_t r = 0; r < st.devices.size(); ++r)
-        if (want(st.devices[r]))
-          bytes += fn(st.first_layer, st.n_layers, static_cast<int>(st.devices.size()), static_cast<int>(r));
-  return bytes;
-}
-
-}  // namespace
 
 void check_ramp(const std::vector<double>& shares, const std::string& what) {
   auto list = [&] {
@@ -45,10 +29,10 @@ void check_ramp(const std::vector<double>& shares, const std::string& what) {
   if (shares.back() != 1.0) throw InputError(what + ": the last share must be 1.0 (100 %), got " + list());
 }
 
-Shifter::Shifter(DomainSet& domains, Telemetry& telemetry, DevicePool& pool, engine::WeightStore* store,
+Shifter::Shifter(DomainSet& domains, Telemetry& telemetry, DevicePool& pool, WeightResidency* weights,
                  const control::Clock& clock, std::function<std::int64_t()> now_ms, Build build, FindGear find_gear,
                  ShifterConfig config, std::function<void(const std::string&)> on_retired)
-    : domains_(domains), telemetry_(telemetry), pool_(pool), store_(store), clock_(clock), now_ms_(std::move(now_ms)),
+    : domains_(domains), telemetry_(telemetry), pool_(pool), weights_(weights), clock_(clock), now_ms_(std::move(now_ms)),
       build_(std::move(build)), find_gear_(std::move(find_gear)), cfg_(std::move(config)),
       on_retired_(std::move(on_retired)) {
   check_ramp(cfg_.ramp, "ramp");
@@ -87,11 +71,9 @@ void Shifter::reap_drained() {
 
 std::uint64_t Shifter::release_weights_leaving(const std::string& gear) {
   const std::optional<doc::Gear> from = find_gear_(gear);
-  if (!from || from->weight_mode != "release" || !store_) return 0;
+  if (!from || !weights_) return 0;
   // The devices of the domains that remain keep their weights.
-  const std::vector<std::string> keep = domains_.devices_in_use();
-  auto leaving = [&](const std::string& d) { return std::find(keep.begin(), keep.end(), d) == keep.end(); };
-  return for_each_rank(*from, leaving, [&](int f, int n, int tp, int r) { return store_->release_rank(f, n, tp, r); });
+  return weights_->release(*from, domains_.devices_in_use());
 }
 
 void Shifter::outside_shift(const std::function<void()>& fn) {
@@ -135,6 +117,20 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     ~Reset() { f = false; }
   } reset{shifting_};
 
+  // Release weight mode: what the target's devices freed starts coming back
+  // now (or the mapped pages are prefetched), on a thread of its own, so
+  // that the copy overlaps the reservation instead of the first steps.
+  std::future<WeightCopy> coming;
+  if (weights_) {
+    try {
+      coming = weights_->restore(*target);
+    } catch (...) {
+      std::promise<WeightCopy> failed;
+      failed.set_exception(std::current_exception());
+      coming = failed.get_future();
+    }
+  }
+
   doc::ShiftEvent ev;
   {
     std::lock_guard lk(records_mu_);
@@ -165,20 +161,6 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     if (progress) progress(ev);
   };
 
-  const DomainList old = domains_.in_state(DomainState::serving);
-  const std::vector<std::string> devs = target->devices();
-  std::string devlist;
-  for (const auto& d : devs) devlist += (devlist.empty() ? "" : ",") + d;
-  // Release weight mode: fetch the target gear's weights ahead, so the
-  // reload overlaps the reservation instead of the first steps.
-  std::string reserve_msg = "devices " + devlist;
-  if (target->weight_mode == "release" && store_) {
-    auto bytes = for_each_rank(*target, [](const std::string&) { return true; },
-                               [&](int f, int n, int tp, int r) { return store_->prefetch_rank(f, n, tp, r); });
-    reserve_msg += "; weights prefetched: " + std::to_string(bytes) + " bytes";
-  }
-  emit(ShiftPhase::reserve, 0, reserve_msg);
-
   DomainList fresh;
   auto finish = [&](ShiftOutcome outcome, const std::string& msg) {
     ev.outcome = outcome;
@@ -191,6 +173,34 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     }
     return ev;
   };
+
+  const DomainList old = domains_.in_state(DomainState::serving);
+  const std::vector<std::string> devs = target->devices();
+  std::string devlist;
+  for (const auto& d : devs) devlist += (devlist.empty() ? "" : ",") + d;
+  // The reserve phase ends when the weights are there.
+  std::string reserve_msg = "devices " + devlist;
+  if (coming.valid()) {
+    WeightCopy copy;
+    try {
+      copy = coming.get();
+    } catch (const std::exception& e) {
+      const std::string why = std::string("reserve: weights: ") + e.what();
+      emit(ShiftPhase::reserve, 0, why);
+      return finish(ShiftOutcome::failed, why);
+    }
+    if (copy.freed_before) {
+      reserve_msg += "; weights copied back: " + std::to_string(copy.bytes) + " bytes in " + number_text(copy.ms) + " ms";
+      ev.weights_copied_bytes = copy.bytes;
+      ev.weights_copy_ms = copy.ms;
+    } else if (target->weight_mode == "release") {
+      reserve_msg += "; weights prefetched: " + std::to_string(copy.bytes) + " bytes";
+    }
+  }
+  emit(ShiftPhase::reserve, 0, reserve_msg);
+  ev.weights_copied_bytes.reset();
+  ev.weights_copy_ms.reset();
+
   auto rollback = [&](const std::string& why) {
     // Traffic returns to the old domains; the shadow drains and retires.
     set_weights(old, 1.0);
@@ -208,7 +218,8 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     return finish(ShiftOutcome::rolled_back, why);
   };
 
-  const std::uint64_t copied_before = store_ ? store_->copied_bytes() : 0;
+  const std::uint64_t copied_before = weights_ ? weights_->copied_bytes() : 0;
+  const engine::CommunicatorStats comm_before = comm_stats_ ? comm_stats_() : engine::CommunicatorStats{};
   try {
     fresh = build_(*target, true);
   } catch (const std::exception& e) {
@@ -219,9 +230,19 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
   domains_.add(fresh);
   std::string warm_msg = std::to_string(fresh.size()) + " domain(s) built and warmed";
   // Device-memory mode: the domains view the devices' copies; what they copied is measured, not assumed.
-  if (store_ && store_->device_memory())
-    warm_msg += "; weights copied: " + std::to_string(store_->copied_bytes() - copied_before) + " bytes";
+  if (weights_ && weights_->device_memory())
+    warm_msg += "; weights copied: " + std::to_string(weights_->copied_bytes() - copied_before) + " bytes";
+  if (comm_stats_) {
+    // Pooled ahead (Service::start, reload): 0 and 0 ms; measured, not assumed.
+    const engine::CommunicatorStats now = comm_stats_();
+    ev.communicators_created = now.created - comm_before.created;
+    ev.communicator_ms = now.create_ms - comm_before.create_ms;
+    warm_msg += "; communicators created: " + std::to_string(*ev.communicators_created) + " in " +
+                number_text(*ev.communicator_ms) + " ms";
+  }
   emit(ShiftPhase::warm, 0, warm_msg);
+  ev.communicators_created.reset();
+  ev.communicator_ms.reset();
 
   const bool fault = o.inject_fault == "check";
   for (double share : ramp) {
@@ -275,12 +296,15 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     retire(old);
     retire_msg = std::to_string(old.size()) + " old domain(s) retired, devices released";
     // Release weight mode: devices that leave drop their weights.
-    if (std::uint64_t bytes = release_weights_leaving(from); bytes > 0)
+    if (std::uint64_t bytes = release_weights_leaving(from); bytes > 0) {
       retire_msg += "; weights released: " + std::to_string(bytes) + " bytes";
+      ev.weights_released_bytes = bytes;
+    }
   } else {
     retire_msg = std::to_string(old.size()) + " old domain(s) still draining; none retired yet";
   }
   emit(ShiftPhase::retire, 1.0, retire_msg);
+  ev.weights_released_bytes.reset();
   return finish(ShiftOutcome::committed, "shifted " + from + " -> " + target->name);
 }
 

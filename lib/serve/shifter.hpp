@@ -14,11 +14,12 @@
 #include "core/json.hpp"
 #include "doc/control.hpp"
 #include "doc/gear_table.hpp"
-#include "engine/weight_store.hpp"
+#include "engine/rank_backend.hpp"
 #include "serve/device_pool.hpp"
 #include "serve/domain_set.hpp"
 #include "serve/journal.hpp"
 #include "serve/telemetry.hpp"
+#include "serve/weight_residency.hpp"
 
 namespace ftp::serve {
 
@@ -72,10 +73,10 @@ class Shifter {
   using FindGear = std::function<std::optional<doc::Gear>(const std::string& name)>;
   using Progress = std::function<void(const doc::ShiftEvent&)>;
 
-  /// All must outlive the shifter. `store` may be null (an engine factory's
-  /// domains keep no weights of the service). `on_retired` is told of each
-  /// retired domain's id (the router forgets it).
-  Shifter(DomainSet& domains, Telemetry& telemetry, DevicePool& pool, engine::WeightStore* store,
+  /// All must outlive the shifter. `weights` may be null (an engine
+  /// factory's domains keep no weights of the service). `on_retired` is
+  /// told of each retired domain's id (the router forgets it).
+  Shifter(DomainSet& domains, Telemetry& telemetry, DevicePool& pool, WeightResidency* weights,
           const control::Clock& clock, std::function<std::int64_t()> now_ms, Build build, FindGear find_gear,
           ShifterConfig config, std::function<void(const std::string&)> on_retired);
 
@@ -104,6 +105,10 @@ class Shifter {
   /// Appends every shift event to `journal` (null: none; it must outlive
   /// the shifter); shift ids continue after the journal's last.
   void set_journal(Journal* journal);
+  /// What the engine backend's communicator pool has made so far
+  /// (engine::Backend::communicator_stats): the warm phase records what
+  /// building its domains added. Null: not recorded.
+  void set_communicator_stats(std::function<engine::CommunicatorStats()> stats) { comm_stats_ = std::move(stats); }
 
  private:
   void set_weights(const DomainList& doms, double share);
@@ -111,14 +116,15 @@ class Shifter {
   void retire(const DomainList& doms);
   /// Retires draining domains left idle by a drain that timed out (under op_mu_).
   void reap_drained();
-  /// Release weight mode: the weights of `gear`'s ranks on devices no domain
-  /// uses any more go back to the system; returns the bytes (0 for resident).
+  /// Release weight mode: the weights of `gear`'s devices that no domain
+  /// uses any more are freed (WeightResidency::release); returns the bytes
+  /// (0 for resident).
   std::uint64_t release_weights_leaving(const std::string& gear);
 
   DomainSet& domains_;
   Telemetry& telemetry_;
   DevicePool& pool_;
-  engine::WeightStore* store_;
+  WeightResidency* weights_;
   const control::Clock& clock_;
   std::function<std::int64_t()> now_ms_;
   Build build_;
@@ -131,6 +137,7 @@ class Shifter {
   std::vector<doc::ShiftEvent> records_;
   std::uint64_t next_shift_ = 0;
   Journal* journal_ = nullptr;
+  std::function<engine::CommunicatorStats()> comm_stats_;
 };
 
 }  // namespace ftp::serve

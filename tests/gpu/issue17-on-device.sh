@@ -4,6 +4,9 @@
 # (tests/gpu/pack-for-device.sh: under 64 MiB), then the issue's lines
 # picked out of its logs:
 #   - shard unions on the GPU (test-cuda-engine shard_union_on_device);
+#   - release mode on the GPU: a union freed and uploaded back, the same
+#     bytes, timed; stages whose communicators the pool made ahead build
+#     without making another (test-cuda-engine release_and_pool_on_device);
 #   - 8 B BF16 at TP 1, 2, 4 as ranks on the one GPU: rank 0's weight bytes
 #     = weights / TP within 1 % (gpu-bench --memory-check, rank_weights);
 #   - the KV pool in BF16 holds twice the tokens of float32 (kv_check);
@@ -22,11 +25,12 @@ export OUT=$log_dir
 "$here/run-on-device.sh" "$pack" --batches 1,8,64
 rc=$?
 echo "=== issue 17 summary"
-grep -h -E "shard union|TP 1 after TP 4|release mode|the table's union|uploads 0 bytes" "$log_dir/gpu-engine.log" 2>/dev/null
+grep -h -E "shard union|TP 1 after TP 4|release mode|the table's union|uploads 0 bytes|communicator pool" "$log_dir/gpu-engine.log" 2>/dev/null
 grep -h -E "^rank 0 of TP|^kv check" "$log_dir/gpu-bench-8b.log" 2>/dev/null
 grep -h -E "^decode batch +(1|8|64):" "$log_dir/gpu-bench-8b.log" 2>/dev/null
 for c in "20 shifts among TP 1/2/4 under 16 streaming clients (0 failed, greedy equal to static)" \
-         "accept-to-100 % minus ramp waits <= 1 s" "P99 TTFT during shifts <= 1.1x steady"; do
+         "accept-to-100 % minus ramp waits <= 1 s" "P99 TTFT during shifts <= 1.1x steady" \
+         "a daemon's shift records on the GPU: warm communicators_created 0, release-mode reserve weights_copied_bytes"; do
   echo "NOT RUN: $c (needs ftp-serve and ftp-shift in the pack)"
 done
 exit $rc

@@ -374,6 +374,52 @@ void shard_union_on_device(Backend& cuda, const std::filesystem::path& dir) {
   }
 }
 
+/// Release weight mode and the communicator pool through the backend
+/// interface the service's WeightResidency and Service::start use: a GPU's
+/// union freed (every byte) and made resident again (the same bytes), and
+/// stages whose communicators were made ahead (prepare_communicators)
+/// built without making another (communicator_stats).
+void release_and_pool_on_device(Backend& cuda, const std::filesystem::path& dir, int n_gpus) {
+  ftp::testing::SyntheticShape s = small_bf16_shape();
+  const std::string file = (dir / "release.gguf").string();
+  ftp::testing::write_synthetic_gguf(file, s);
+  ftp::model::Model m = ftp::model::load_model(file);
+  WeightStore store(m);
+  const std::vector<ftp::engine::RankShard> table{{0, s.n_layer, 1, 0, true, true}, {0, s.n_layer, 2, 0, true, true}};
+  cuda.make_resident(store, {{0, table}});
+  const std::uint64_t held = cuda.resident_bytes(store)[0];
+  const std::uint64_t freed = cuda.release_device(store, 0);
+  check(freed == held && cuda.resident_bytes(store)[0] == 0,
+        "release mode round trip: cuda:0 frees its union at retire: " + std::to_string(freed) + " of " + std::to_string(held) + " bytes");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::uint64_t back = cuda.make_resident(store, {{0, table}})[0];
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  check(back == freed, "release mode round trip: the reserve uploads exactly those bytes back: " + std::to_string(back) + " in " +
+                           std::to_string(ms) + " ms");
+  auto spec = [](int rank, int tp, int gpu) {
+    ftp::engine::RankSpec r;
+    r.rank = rank;
+    r.tp = tp;
+    r.gpu = gpu;
+    return r;
+  };
+  // Ranks on one GPU share the same-GPU all-reduce: nothing to pool.
+  std::vector<std::vector<ftp::engine::RankSpec>> stages{{spec(0, 2, 0), spec(1, 2, 0)}};
+  if (n_gpus > 1) stages.push_back({spec(0, 2, 0), spec(1, 2, 1)});
+  cuda.prepare_communicators(stages);
+  const auto before = cuda.communicator_stats();
+  {
+    Executor one_gpu(store, {stage(s.n_layer, 2, {0, 0})}, 64, 16, &cuda, 64);
+    if (n_gpus > 1) Executor two_gpus(store, {stage(s.n_layer, 2, {0, 1})}, 64, 16, &cuda, 64);
+  }
+  const auto after = cuda.communicator_stats();
+  check(after.created == before.created,
+        "communicator pool: stages prepared ahead make " + std::to_string(after.created - before.created) +
+            " communicators when built (" + std::to_string(n_gpus) + " GPU(s); pool made " + std::to_string(after.created) +
+            " in " + std::to_string(after.create_ms) + " ms)");
+  cuda.release_device(store, 0);
+}
+
 }  // namespace
 
 /// The arch-refs F32 models (llama, Llama 3 rope_freqs + tied, qwen2,
@@ -424,6 +470,7 @@ int main() {
     refuses_pending_types(cuda, dir);
     another_gear(cuda, dir);
     shard_union_on_device(cuda, dir);
+    release_and_pool_on_device(cuda, dir, static_cast<int>(gpus.size()));
     arch_refs(cuda);
     if (gpus.size() > 1) {
       std::vector<int> all;

@@ -22,6 +22,7 @@
 #include "plan/device_memory.hpp"
 #include "plan/model_shape.hpp"
 #include "serve/generate.hpp"
+#include "engine/weight_store.hpp"
 #include "serve/service.hpp"
 #include "test_data.hpp"
 
@@ -135,6 +136,9 @@ TEST_F(DeviceMemoryFixture, DevicesHoldThePlannedBytesAndShiftsCopyNothing) {
     });
     ASSERT_EQ(rec.outcome, ftp::doc::ShiftOutcome::committed) << rec.message;
     EXPECT_NE(warm.find("; weights copied: 0 bytes"), std::string::npos) << warm;
+    // Resident mode: nothing freed, nothing copied back.
+    EXPECT_FALSE(rec.weights_copied_bytes);
+    EXPECT_FALSE(rec.weights_released_bytes);
     ftp::json::Json now = svc.status();
     EXPECT_EQ(now["weights_copied_bytes"].get<std::uint64_t>(), sum) << "shift to " << to;
     auto d = devices_of(now);
@@ -203,8 +207,92 @@ TEST_F(DeviceMemoryFixture, DeviceMemoryNeedsTheRealCpuEngine) {
   // Refused for the mode, before a GPU is looked for.
   EXPECT_NE(error_of([&] { Service svc(*model, c); }).find("--device-memory: it imitates a GPU's memory"),
             std::string::npos);
-  c = config(true);
-  c.gears.gears[0].weight_mode = "release";
-  EXPECT_NE(error_of([&] { Service svc(*model, c); }).find("--device-memory: gear economy is in release weight mode"),
-            std::string::npos);
+}
+
+// Release weight mode on copies: the devices that leave a release-mode gear
+// free their copies at retire, exactly their shard unions (as
+// WeightStore::shard_union counts them on a second store); a later shift
+// that needs them copies exactly those bytes back at reserve, and the
+// shift records carry both; the greedy text is the static gear's.
+TEST_F(DeviceMemoryFixture, ReleaseModeFreesCopiesAtRetireAndCopiesThemBackAtReserve) {
+  ServiceConfig c = config(true);
+  for (auto& g : c.gears.gears)
+    if (g.name == "performance") g.weight_mode = "release";
+  Service svc(*model, c);
+  svc.start();
+  const auto held = devices_of(svc.status());
+  const std::uint64_t copied_at_start = svc.status()["weights_copied_bytes"].get<std::uint64_t>();
+  // Each device's union over the table in force, computed apart.
+  ftp::engine::WeightStore apart(*model);
+  std::map<std::string, std::vector<ftp::engine::RankShard>> shards;
+  for (const auto& g : svc.gear_table().gears)
+    for (const auto& rep : g.replicas)
+      for (std::size_t s = 0; s < rep.stages.size(); ++s) {
+        const auto& st = rep.stages[s];
+        for (std::size_t r = 0; r < st.devices.size(); ++r)
+          shards[st.devices[r]].push_back(ftp::engine::RankShard{st.first_layer, st.n_layers, static_cast<int>(st.devices.size()),
+                                                                 static_cast<int>(r), s == 0, s + 1 == rep.stages.size()});
+      }
+  std::uint64_t leaving = 0;  // vd1..vd3: performance's devices that economy (vd0) does not use
+  for (const std::string d : {"vd1", "vd2", "vd3"}) {
+    const std::uint64_t u = apart.shard_union(shards[d]).bytes();
+    EXPECT_EQ(held.at(d)["memory_weights"].get<std::uint64_t>(), u) << d;
+    leaving += u;
+  }
+  GenerateOptions go;
+  go.prompt = "Zoo";
+  go.max_tokens = 40;
+  const std::string reference = generate_once(*model, go, [](std::string_view) {});
+  std::vector<ftp::doc::ShiftEvent> events;
+  auto shift = [&](const std::string& to) {
+    events.clear();
+    Service::ShiftOptions o;
+    o.to = to;
+    const auto rec = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) { events.push_back(e); });
+    EXPECT_EQ(rec.outcome, ftp::doc::ShiftOutcome::committed) << rec.message;
+  };
+  auto phase = [&](ftp::doc::ShiftPhase p) {
+    for (const auto& e : events)
+      if (e.phase == p) return e;
+    ADD_FAILURE() << "no phase " << ftp::doc::to_string(p);
+    return ftp::doc::ShiftEvent{};
+  };
+  // Up: every device still holds its copy, nothing to copy back.
+  shift("performance");
+  EXPECT_FALSE(phase(ftp::doc::ShiftPhase::reserve).weights_copied_bytes);
+  EXPECT_EQ(complete(svc, "Zoo", 40), reference);
+  // Down: vd1..vd3 leave the release-mode gear and free their copies.
+  shift("economy");
+  const auto retire = phase(ftp::doc::ShiftPhase::retire);
+  ASSERT_TRUE(retire.weights_released_bytes) << retire.message;
+  EXPECT_EQ(*retire.weights_released_bytes, leaving) << retire.message;
+  EXPECT_FALSE(phase(ftp::doc::ShiftPhase::done).weights_released_bytes);
+  auto now = devices_of(svc.status());
+  for (const std::string d : {"vd1", "vd2", "vd3"}) EXPECT_EQ(now[d]["memory_weights"], 0) << d;
+  EXPECT_EQ(now["vd0"]["memory_weights"], held.at("vd0")["memory_weights"]);
+  EXPECT_EQ(complete(svc, "Zoo", 40), reference);
+  // Up again: exactly those bytes come back at reserve, timed, and the build copies nothing more.
+  shift("performance");
+  const auto reserve = phase(ftp::doc::ShiftPhase::reserve);
+  ASSERT_TRUE(reserve.weights_copied_bytes) << reserve.message;
+  EXPECT_EQ(*reserve.weights_copied_bytes, leaving) << reserve.message;
+  ASSERT_TRUE(reserve.weights_copy_ms);
+  EXPECT_GE(*reserve.weights_copy_ms, 0.0);
+  EXPECT_NE(phase(ftp::doc::ShiftPhase::warm).message.find("; weights copied: 0 bytes"), std::string::npos);
+  // The record as JSON, and back (the journal's round trip).
+  const auto j = ftp::doc::to_json(reserve);
+  EXPECT_EQ(j["weights_copied_bytes"].get<std::uint64_t>(), leaving);
+  EXPECT_EQ(ftp::doc::shift_event_from_json(j).weights_copied_bytes, reserve.weights_copied_bytes);
+  now = devices_of(svc.status());
+  for (const auto& [id, d] : held) EXPECT_EQ(now[id]["memory_weights"], d["memory_weights"]) << id;
+  EXPECT_EQ(svc.status()["weights_copied_bytes"].get<std::uint64_t>(), copied_at_start + leaving);
+  EXPECT_EQ(complete(svc, "Zoo", 40), reference);
+  // A resident gear that needs a released device also gets it back: standard is vd0, vd1.
+  shift("economy");
+  shift("standard");
+  const auto back = phase(ftp::doc::ShiftPhase::reserve);
+  ASSERT_TRUE(back.weights_copied_bytes) << back.message;
+  EXPECT_EQ(*back.weights_copied_bytes, apart.shard_union(shards["vd1"]).bytes());
+  EXPECT_EQ(complete(svc, "Zoo", 40), reference);
+  svc.drain_and_stop();
 }

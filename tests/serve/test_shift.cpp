@@ -1073,3 +1073,41 @@ TEST_F(ShiftFixture, StoppingWaitsForTheRequestInFlightThenRetires) {
   stopping.get();
   EXPECT_EQ(state_of(svc, id), "<gone>");
 }
+
+// The communicator pool (engine::Backend::prepare_communicators, in-process
+// on CPU): the service makes every stage's communicator at start, so no
+// shift's warm phase makes one; a reload's new device set is made at the
+// reload, not at the shift that first uses it.
+TEST_F(ShiftFixture, WarmPhasesCreateNoCommunicatorOncePooled) {
+  Service svc(*model, config());
+  svc.start();
+  auto warm_of = [&](const std::string& to) {
+    ftp::doc::ShiftEvent warm;
+    Service::ShiftOptions o;
+    o.to = to;
+    const auto rec = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) {
+      if (e.phase == ftp::doc::ShiftPhase::warm) warm = e;
+    });
+    EXPECT_EQ(rec.outcome, ftp::doc::ShiftOutcome::committed) << rec.message;
+    EXPECT_FALSE(rec.communicators_created);  // only the warm record carries it
+    return warm;
+  };
+  for (const std::string to : {"standard", "performance", "pipelined", "replicated", "economy", "performance"}) {
+    const auto warm = warm_of(to);
+    ASSERT_TRUE(warm.communicators_created) << warm.message;
+    EXPECT_EQ(*warm.communicators_created, 0u) << to << ": " << warm.message;
+    EXPECT_EQ(*warm.communicator_ms, 0.0) << to;
+    EXPECT_NE(warm.message.find("; communicators created: 0 in 0 ms"), std::string::npos) << warm.message;
+  }
+  // A gear on a device set no gear had: made at the reload.
+  ftp::doc::GearTable t = svc.gear_table();
+  ftp::doc::Gear wide = *t.find("standard");
+  wide.name = "wide";
+  wide.replicas[0].stages[0].devices = {"vd3", "vd2"};
+  t.gears.push_back(wide);
+  svc.reload(t);
+  const auto warm = warm_of("wide");
+  ASSERT_TRUE(warm.communicators_created);
+  EXPECT_EQ(*warm.communicators_created, 0u) << warm.message;
+  EXPECT_EQ(complete(svc, "w", "Zoo", 40).text, reference["Zoo"]);
+}

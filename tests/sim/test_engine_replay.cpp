@@ -135,9 +135,11 @@ TEST(EngineReplay, SameInputsGiveTheSameBytes) {
 }
 
 TEST(EngineReplay, KvPressurePreemptsAndFiresTheMemoryGuard) {
-  // 7 B in bf16 (13.5 GB) on 16 GiB devices: one device holds a few
-  // thousand KV positions; the memory-guard gear (tp2) holds many more.
-  const doc::Topology topo = cluster(2, 16);
+  // 7 B in bf16 (13.5 GB) on 18 GiB devices: one device holds a few
+  // thousand KV positions once the planner has set aside its CUDA graphs
+  // and NCCL buffers (plan::GpuOverheads, 2.9 GB; 16 GiB before they were
+  // counted); the memory-guard gear (tp2) holds many more.
+  const doc::Topology topo = cluster(2, 18);
   plan::PlanOptions po;
   po.workload.concurrency = 1;
   po.workload.context = 2200;
@@ -354,12 +356,13 @@ TEST(EngineReplay, GearShifterReplayIsTheSameBytesAcrossRunsAndThreads) {
   // The whole output (each interval record, then the summary) of one
   // replay through the gear shifter with its seeded stagger (replicas 2),
   // long prompts routed to the largest TP and a seeded bursty synthetic
-  // trace with drawn lengths on 16 GiB devices (KV pressure): three runs,
+  // trace with drawn lengths on 18 GiB devices (KV pressure once the
+  // planner sets aside graphs and NCCL buffers, as above): three runs,
   // two of them at once on two threads, give the same bytes. The run
   // shifts and preempts, so the comparison covers a shift's phases and the
   // scheduler's recomputes. Another trace seed, or another stagger seed,
   // gives other bytes: the comparison sees what changes.
-  const doc::Topology topo = cluster(4, 16);
+  const doc::Topology topo = cluster(4, 18);
   plan::PlanOptions po;
   po.workload.concurrency = 1;
   po.workload.context = 2200;

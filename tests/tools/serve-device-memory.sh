@@ -1,7 +1,10 @@
 #!/bin/bash
 # ftp-serve --device-memory on stories260K's example table: each virtual
 # device's memory_weights is its shard union (bytes written out by hand), a
-# shift copies nothing and the golden text holds; a table over
+# shift copies nothing and creates no communicator (the pool made them at
+# start) and the golden text holds; with performance in release mode, the
+# devices that leave it free their copies and the next shift up copies the
+# same bytes back (the shift records say how many); a table over
 # --virtual-device-memory is refused at start naming the device (exit 2).
 set -u
 serve=$1; shift_tool=$2; src=$3
@@ -41,9 +44,40 @@ golden=$(tail -c +4 "$data/models/stories260K/golden_greedy_t0_prompt_Zoo_steps6
 for g in performance pipelined; do
   "$shift_tool" --to $g --follow >"$tmp/shift.jsonl"; rc=$?
   check "shift to $g: exit 0" test $rc -eq 0
-  check "shift to $g: warm copied 0 bytes" grep -q '"message":"1 domain(s) built and warmed; weights copied: 0 bytes"' "$tmp/shift.jsonl"
+  check "shift to $g: warm copied 0 bytes" grep -q '"message":"1 domain(s) built and warmed; weights copied: 0 bytes;' "$tmp/shift.jsonl"
+  check "shift to $g: warm created no communicator" jq -e -s \
+    '[.[] | select(.phase=="warm")] | length==1 and .[0].communicators_created==0 and .[0].communicator_ms==0' "$tmp/shift.jsonl"
   check "shift to $g: golden text" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
 done
 check "status: nothing copied since start" test "$(rpc status | jq '.result.weights_copied_bytes')" = "$copied"
+kill "$daemon"; wait "$daemon"; daemon=
+
+# Release mode: vd1, vd2, vd3 leave performance for economy (vd0) and free
+# 899328 + 2 x 1171200 bytes (their unions, above); the shift back copies them.
+jq '(.gears[] | select(.name=="performance") | .weight_mode) = "release"' "$gears" >"$tmp/release.json"
+start_daemon_with "$serve" "$tmp/serve-release.log" -m "$m" --gears "$tmp/release.json" --device-memory --step-interval-ms 20
+leaving=$((899328 + 2 * 1171200))
+n=0
+for g in performance economy performance; do
+  n=$((n + 1))
+  "$shift_tool" --to $g --follow >"$tmp/shift-$g.jsonl"; rc=$?
+  check "release: shift to $g: exit 0" test $rc -eq 0
+  check "release: shift to $g: golden text" test "$(complete Zoo 57 | jq -r '.choices[0].text')" = "$golden"
+  case $g in
+    economy)
+      check "release: leaving performance frees $leaving bytes" jq -e -s --argjson b $leaving \
+        '[.[] | select(.phase=="retire")][0].weights_released_bytes == $b' "$tmp/shift-$g.jsonl"
+      check "release: vd1 holds no weights" test "$(rpc status | jq '.result.devices[] | select(.id=="vd1") | .memory_weights')" = 0 ;;
+    performance)
+      if [ $n -eq 1 ]; then
+        check "release: the first shift up copies nothing" jq -e -s \
+          '[.[] | select(.phase=="reserve")][0] | has("weights_copied_bytes") | not' "$tmp/shift-$g.jsonl"
+      else
+        check "release: the shift up copies $leaving bytes back, timed" jq -e -s --argjson b $leaving \
+          '[.[] | select(.phase=="reserve")][0] | .weights_copied_bytes == $b and .weights_copy_ms >= 0' "$tmp/shift-$g.jsonl"
+      fi ;;
+  esac
+done
+check "release: vd1 holds its union again" test "$(rpc status | jq '.result.devices[] | select(.id=="vd1") | .memory_weights')" = 899328
 kill "$daemon"; wait "$daemon"; daemon=
 finish

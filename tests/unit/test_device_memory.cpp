@@ -47,6 +47,26 @@ Workload small() {
   return w;
 }
 
+/// TinyLlama 1.1B's shape planned as TP 1, 2, 4 and 8 on eight A100s, and
+/// the table's per-device bytes.
+struct TpLadder {
+  ModelShape m;
+  ftp::doc::Topology topo;
+  Plan p;
+  std::vector<DeviceMemory> mem;
+};
+TpLadder tinyllama_tp_ladder() {
+  TpLadder l;
+  l.m = model("tinyllama-1.1b");
+  l.topo = ftp::doc::topology_from_cluster_spec(
+      ftp::json::read_file(source_root() + "/examples/clusters/a100-8x-nvlink.json"));
+  PlanOptions o;
+  for (int tp : {1, 2, 4, 8}) o.layouts.push_back(parse_layout("tp" + std::to_string(tp) + ":tp=" + std::to_string(tp)));
+  l.p = plan(l.topo, l.m, o);
+  l.mem = device_memory(l.m, l.p.table, l.topo, resolve(o.workload, l.m));
+  return l;
+}
+
 }  // namespace
 
 // stories260K's shape (dim 64, 8 heads of 8, 4 KV heads, feed-forward 172,
@@ -136,13 +156,8 @@ TEST(DeviceMemory, StoriesTableShardUnionsPerDevice) {
 // KV head whole at TP 8), the norms, the embedding whole, and the head where
 // it is rank 0 there.
 TEST(DeviceMemory, PlannedTablesNestSoEachDeviceHoldsItsLargestShard) {
-  const ModelShape m = model("tinyllama-1.1b");
-  const auto topo = ftp::doc::topology_from_cluster_spec(
-      ftp::json::read_file(source_root() + "/examples/clusters/a100-8x-nvlink.json"));
-  PlanOptions o;
-  for (int tp : {1, 2, 4, 8}) o.layouts.push_back(parse_layout("tp" + std::to_string(tp) + ":tp=" + std::to_string(tp)));
-  const Plan p = plan(topo, m, o);
-  const auto mem = device_memory(m, p.table, topo, resolve(o.workload, m));
+  const TpLadder l = tinyllama_tp_ladder();
+  const auto& [m, topo, p, mem] = l;
   auto by_hand = [](int tp, int rank) {  // BF16 matrices, float32 norms
     const double kv_rows = tp <= 4 ? 256.0 / tp : 64;
     const double layer = 2048 * (2 * 2048.0 / tp + 2 * kv_rows + 3 * 5632.0 / tp) * 2 + 2 * 2048 * 4;
@@ -181,4 +196,43 @@ TEST(DeviceMemory, ATableThatDoesNotFitNamesTheDevice) {
   const std::string why = short_text(*d);
   EXPECT_NE(why.find("device " + topo.devices.back().id + " needs"), std::string::npos) << why;
   EXPECT_NE(why.find("), has "), std::string::npos) << why;
+}
+
+// GPU overheads (GpuOverheads, estimates with sources in
+// plan/cost_model.hpp), by hand for TinyLlama planned as TP 1, 2, 4 and 8
+// on eight A100s: each gear's stage has 22 layers, so one domain's graphs
+// on a rank are 32 batches x (22 x 16 + 8) nodes x 64 KiB, and a device
+// counts the two gears with the most (here: any two it serves). Each gear
+// of TP > 1 is its own GPU set, so a device's NCCL buffers are (its gears
+// of TP > 1, plus the root communicator) x 32 channels x 4 MiB. CPU
+// virtual devices hold neither.
+TEST(DeviceMemory, GpusCountGraphsAndCommunicatorBuffers) {
+  const TpLadder l = tinyllama_tp_ladder();
+  const auto& [m, topo, p, mem] = l;
+  const double one_domain = 32.0 * (22 * 16 + 8) * 65536;
+  const double one_comm = 32.0 * 4 * 1048576;
+  ASSERT_EQ(mem.size(), 8u);
+  for (const auto& d : mem) {
+    int gears = 0, multi = 0;
+    for (const auto& g : p.table.gears) {
+      const auto devs = g.devices();
+      if (std::find(devs.begin(), devs.end(), d.device) == devs.end()) continue;
+      ++gears;
+      multi += g.tp > 1;
+    }
+    ASSERT_GT(gears, 0) << d.device;
+    EXPECT_DOUBLE_EQ(d.graphs, std::min(gears, 2) * one_domain) << d.device;
+    EXPECT_DOUBLE_EQ(d.comm_buffers, multi > 0 ? (multi + 1) * one_comm : 0.0) << d.device;
+    EXPECT_DOUBLE_EQ(d.need(), d.weights + d.kv + d.activations + d.graphs + d.comm_buffers);
+    const auto j = to_json(d);
+    EXPECT_EQ(j["graphs_bytes"].get<std::uint64_t>(), static_cast<std::uint64_t>(d.graphs + 0.5));
+    EXPECT_EQ(j["comm_buffers_bytes"].get<std::uint64_t>(), static_cast<std::uint64_t>(d.comm_buffers + 0.5));
+  }
+  // The first device serves all four gears: TP 2, 4 and 8 sets and the root.
+  EXPECT_DOUBLE_EQ(of(mem, topo.devices.front().id).comm_buffers, 4 * one_comm);
+  // CPU virtual devices: none.
+  for (const auto& d : device_memory(m, table("stories260K-cpu"), ftp::doc::Topology{}, small())) {
+    EXPECT_EQ(d.graphs, 0) << d.device;
+    EXPECT_EQ(d.comm_buffers, 0) << d.device;
+  }
 }

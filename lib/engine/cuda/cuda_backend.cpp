@@ -939,7 +939,10 @@ class CudaBackend final : public Backend {
       const bool one_gpu = sorted.front() == sorted.back();
       const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
       if (one_gpu) comm = std::make_shared<SameGpuComm>(static_cast<int>(specs.size()), devices[0]);
-      else if (distinct) comm = std::make_shared<NcclStageComm>(devices);
+      else if (distinct) {
+        nccl_used_ = true;
+        comm = std::make_shared<NcclStageComm>(devices);
+      }
       else
         throw InputError("cuda backend: stage " + std::to_string(specs[0].stage) +
                          " places several ranks on some GPUs but not all on one (supported: distinct GPUs, or one GPU)");
@@ -964,6 +967,29 @@ class CudaBackend final : public Backend {
       out[device] = dw->bytes();
     }
     return out;
+  }
+
+  void prepare_communicators(const std::vector<std::vector<RankSpec>>& stages) override {
+    // Every set of distinct GPUs a stage spans, split from the root
+    // communicator now (ncclCommSplit); ranks sharing one GPU need none.
+    std::vector<std::vector<int>> sets;
+    for (const auto& st : stages) {
+      std::vector<int> devices;
+      for (const RankSpec& s : st) devices.push_back(s.gpu < 0 ? 0 : s.gpu);
+      std::vector<int> sorted = devices;
+      std::sort(sorted.begin(), sorted.end());
+      if (devices.size() > 1 && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) sets.push_back(devices);
+    }
+    if (sets.empty()) return;
+    nccl_used_ = true;
+    comm::NcclPool::instance().prepare(sets);
+  }
+
+  CommunicatorStats communicator_stats() const override {
+    // The pool is made on first use (ncclCommInitAll): not for a question.
+    if (!nccl_used_) return {};
+    const comm::NcclPool& pool = comm::NcclPool::instance();
+    return {pool.communicators_made(), pool.made_ms()};
   }
 
   std::map<int, std::uint64_t> resident_bytes(const WeightStore& weights) const override {
@@ -1014,6 +1040,7 @@ class CudaBackend final : public Backend {
   CudaBackendOptions opts_;
   int n_devices_ = 0;
   std::vector<std::shared_ptr<cuda::DeviceWeights>> resident_;  // make_resident's unions, kept
+  std::atomic<bool> nccl_used_{false};  // the NCCL pool exists (a stage or prepare asked for it)
 };
 
 }  // namespace
