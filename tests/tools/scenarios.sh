@@ -53,9 +53,9 @@ if [ -r "$data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv" ]; then
   done
   check "(b) Azure: static standard meets the SLA for most requests, economy for few" \
     jq -e --slurpfile e "$(s b-azure-static-economy)" '.sla_attainment > 0.9 and $e[0].sla_attainment < 0.5' "$(s b-azure-static-standard)"
-  check "(b) Azure: performance's capacity-weighted shares keep its slow replicas from preempting, at more GPU-hours than standard" \
+  check "(b) Azure: static performance meets standard's SLA without preemption, at more GPU-hours" \
     jq -e --slurpfile st "$(s b-azure-static-standard)" \
-      '.preemptions == 0 and .sla_attainment > 0.9 and $st[0].kv_usage.max < 0.9 and $st[0].preemptions == 0 and .gpu_hours > 2 * $st[0].gpu_hours' \
+      '.preemptions == 0 and .sla_attainment >= $st[0].sla_attainment - 0.01 and .gpu_hours > 1.5 * $st[0].gpu_hours' \
       "$(s b-azure-static-performance)"
   check "(b) Azure: the gear shifter within a point of static standard's SLA; it shifts less than naive" \
     jq -e --slurpfile n "$(s b-azure-naive)" --slurpfile st "$(s b-azure-static-standard)" \
