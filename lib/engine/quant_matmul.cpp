@@ -209,7 +209,7 @@ void q8_0_ints(const float* x, int t, int k, Q8Ints& a) {
 /// hardware prefetcher alone, following 4 streams, left a single-thread
 /// Q4_K product at ~5 GB/s where it computes at ~10 from the L3 and the
 /// memory reads at ~11 (AVX2 EPYC VM); with it, 7.5-8.3. Two tiles ahead
-/// (into the L2) measured 5-10 % above one on Zen 4, three and four no
+/// (into the L2) measured ~10 % above one on Zen 4, three and four no
 /// better than two.
 inline constexpr int kPrefetchTiles = 2;
 template <class Fn>
