@@ -33,7 +33,7 @@ _ftp_plan() {
       --service) COMPREPLY=($(compgen -W "engine queueing" -- "$cur")); return ;;
       --prompt-lengths|--output-lengths) COMPREPLY=($(compgen -W "const: uniform: lognormal:" -- "$cur")); return ;;
       --calibration) COMPREPLY=($(compgen -f -X '!*.json' -- "$cur") $(compgen -d -- "$cur")); return ;;
-      --max-running|--block-tokens|--route-long-prompt-tokens|--tail-s|--warm-s|--weight-load-gb-s|--start-gear|--burstiness|--seed|--start|--duration|--rate-scale|--interval|--slo-ttft-ms|--slo-tpot-ms|--service-time-s|--prefill-share|--shift-duration-s) return ;;
+      --max-running|--block-tokens|--route-long-prompt-tokens|--tail-s|--warm-s|--weight-load-gb-s|--start-gear|--burstiness|--seed|--start|--duration|--rate-scale|--interval|--observe-interval-s|--slo-ttft-ms|--slo-tpot-ms|--service-time-s|--prefill-share|--shift-duration-s) return ;;
     esac
   fi
   case $prev in
@@ -52,7 +52,7 @@ _ftp_plan() {
     COMPREPLY=($(compgen -W "--help --gears --policy --policy-name" -- "$cur")); return
   fi
   if [[ $sub == simulate ]]; then
-    COMPREPLY=($(compgen -W "--help --service --gears --topology --model --trace --rate-pattern --burstiness --seed --prompt-lengths --output-lengths --policy --start-gear --start --duration --rate-scale --interval --slo-ttft-ms --slo-tpot-ms --calibration --max-running --block-tokens --route-long-prompt-tokens --tail-s --warm-s --weight-load-gb-s --service-time-s --prefill-share --shift-duration-s --summary" -- "$cur")); return
+    COMPREPLY=($(compgen -W "--help --service --gears --topology --model --trace --rate-pattern --burstiness --seed --prompt-lengths --output-lengths --policy --start-gear --start --duration --rate-scale --interval --observe-interval-s --slo-ttft-ms --slo-tpot-ms --calibration --max-running --block-tokens --route-long-prompt-tokens --tail-s --warm-s --weight-load-gb-s --service-time-s --prefill-share --shift-duration-s --summary" -- "$cur")); return
   fi
   COMPREPLY=($(compgen -W "decide simulate --help --version --json --topology --model --concurrency --context --prompt-tokens --output-tokens --max-batched-tokens --max-gears --max-pp --layout --explain" -- "$cur"))
 }

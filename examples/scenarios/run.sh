@@ -13,7 +13,7 @@
 # its 960 000 requests take about a minute a run on the engine model here).
 #
 #   examples/scenarios/run.sh [OUT_DIR]     (default examples/scenarios/results)
-#   FTP_SCENARIOS="c" examples/scenarios/run.sh    (only the sections named: a, b, c)
+#   FTP_SCENARIOS="c" examples/scenarios/run.sh    (only the sections named: a, b, c, h; h needs c)
 #
 # Needs a build (FTP_BUILD, default build/: ftp-probe, ftp-plan), jq, gnuplot
 # for the plots (skipped with a message without it), and for (b3) the Azure
@@ -93,7 +93,7 @@ load() {
 }
 
 # want X: section X is asked for (FTP_SCENARIOS, default all: "a b c").
-want() { case " ${FTP_SCENARIOS:-a b c} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${FTP_SCENARIOS:-a b c h} " in *" $1 "*) return 0 ;; esac; return 1; }
 # The A100 node's topology: (a) and (c) run on it.
 "$probe" --cluster "$root/examples/clusters/a100-8x-nvlink.json" --json=short >"$out/a100.topo.json"
 
@@ -183,14 +183,20 @@ jq '.name = "llama-3.1-8b-128k" | .context_length = 131072 | .comment = "Llama-3
   --layout tp1:tp=1 --layout tp2:tp=2 --layout tp4:tp=4 --layout tp8:tp=8 --json=short >"$out/c-gears.json"
 # Ablations: the gear shifter with the rules added for the goal turned off one at a time, and all of
 # them (the seed's rules only).
-echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300,"down_peak_window_s":0,"backlog_drive_s":0,"backlog_derate_floor":1,"ttft_slo_ms":0}}' >"$out/c-seed.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300,"down_peak_window_s":0,"backlog_drive_s":0,"backlog_derate_floor":1,"ttft_slo_ms":0,"tpot_slo_ms":0,"urgent_backlog_s":0}}' >"$out/c-seed.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300}}' >"$out/c-no-up-dwell.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"down_peak_window_s":0}}' >"$out/c-no-down-peak.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_drive_s":0}}' >"$out/c-no-backlog-drive.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_derate_floor":1}}' >"$out/c-no-derate.json"
-echo '{"kind":"ftp.policy/v1","gear_shifter":{"ttft_slo_ms":0}}' >"$out/c-no-latency-drive.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"ttft_slo_ms":0,"tpot_slo_ms":0}}' >"$out/c-no-latency-drive.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"tpot_slo_ms":0}}' >"$out/c-no-tpot-drive.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"urgent_backlog_s":0}}' >"$out/c-no-urgent.json"
+# The burst return is off by default; this row turns it on (30 s).
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"burst_return_s":30}}' >"$out/c-burst-return.json"
 c_policies="static:tp1 static:tp2 static:tp4 static:tp8 gear-shifter dynamic-tp:$here/dynamic-tp.json naive"
-for a in seed no-up-dwell no-down-peak no-backlog-drive no-derate no-latency-drive; do c_policies+=" gear-shifter:$out/c-$a.json"; done
+for a in seed no-up-dwell no-down-peak no-backlog-drive no-derate no-latency-drive no-tpot-drive no-urgent burst-return; do
+  c_policies+=" gear-shifter:$out/c-$a.json"
+done
 
 # flaps NAME: shifts that return to the gear the shift before left, within 600 s of it.
 flaps() {
@@ -263,5 +269,28 @@ for tr in "conv:AzureLLMInferenceTrace_conv.csv:2.4" "code:AzureLLMInferenceTrac
     echo "run.sh: skip (c) $key: $f not found (set FTP_TEST_DATA)" | tee -a "$md" >&2
   fi
 done
+
+# Held out: the rules added for the goal were chosen on the runs above. The same policy (the
+# defaults, no change) on traffic they were not chosen on: other scale factors, the code trace's
+# second half alone, another seed of the synthetic bursts. Static gears, the gear shifter, the
+# seed's rules and the ablations of the two rules added last.
+if want h; then
+  c_policies="static:tp1 static:tp2 static:tp4 static:tp8 gear-shifter"
+  for a in seed no-urgent no-tpot-drive; do c_policies+=" gear-shifter:$out/c-$a.json"; done
+  echo "## (h) held out" | tee -a "$md"
+  echo | tee -a "$md"
+  goal h-bursty-seed11 "held out: bursty synthetic, seed 11" \
+    --rate-pattern day:2,16@3600 --burstiness 4 --seed 11 --prompt-lengths lognormal:1024,1 --output-lengths lognormal:200,1
+  for tr in "conv-x3:AzureLLMInferenceTrace_conv.csv:3:0" "code-x1.25:AzureLLMInferenceTrace_code.csv:1.25:0" \
+            "code-late:AzureLLMInferenceTrace_code.csv:1:1800" "mooncake-x0.3:../mooncake-fast25/synthetic_trace.jsonl:0.3:0"; do
+    IFS=: read -r key file scale start <<<"$tr"
+    f=$data/traces/azure-llm-2023/$file
+    if [ -r "$f" ]; then
+      goal "h-$key" "held out: ${key%%-*} trace x $scale from trace time $start s" --trace "$f" --rate-scale "$scale" --start "$start"
+    else
+      echo "run.sh: skip (h) $key: $f not found (set FTP_TEST_DATA)" | tee -a "$md" >&2
+    fi
+  done
+fi
 fi
 echo "run.sh: results in $out (results.md, *.summary.json, *.jsonl$([ "$plots" = 1 ] && echo ", *.svg"))" >&2

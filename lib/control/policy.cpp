@@ -126,7 +126,10 @@ Json to_json(const PolicyConfig& c) {
         {"backlog_drive_s", g.backlog_drive_s},
         {"backlog_derate_floor", g.backlog_derate_floor},
         {"ttft_slo_ms", g.ttft_slo_ms},
+        {"tpot_slo_ms", g.tpot_slo_ms},
         {"latency_hold_s", g.latency_hold_s},
+        {"urgent_backlog_s", g.urgent_backlog_s},
+        {"burst_return_s", g.burst_return_s},
         {"kv_pressure_up", g.kv_pressure_up},
         {"kv_pressure_down", g.kv_pressure_down},
         {"memory_guard_kv", g.memory_guard_kv},
@@ -203,7 +206,10 @@ PolicyConfig policy_config_from_json(const Json& j) {
     s.number("backlog_drive_s", g.backlog_drive_s);
     s.number("backlog_derate_floor", g.backlog_derate_floor);
     s.number("ttft_slo_ms", g.ttft_slo_ms);
+    s.number("tpot_slo_ms", g.tpot_slo_ms);
     s.number("latency_hold_s", g.latency_hold_s);
+    s.number("urgent_backlog_s", g.urgent_backlog_s);
+    s.number("burst_return_s", g.burst_return_s);
     s.number("kv_pressure_up", g.kv_pressure_up);
     s.number("kv_pressure_down", g.kv_pressure_down);
     s.number("memory_guard_kv", g.memory_guard_kv);
@@ -285,7 +291,10 @@ void validate(const PolicyConfig& c) {
   positive("gear_shifter.backlog_up_s", g.backlog_up_s);
   nonneg("gear_shifter.backlog_drive_s", g.backlog_drive_s);
   nonneg("gear_shifter.ttft_slo_ms", g.ttft_slo_ms);
+  nonneg("gear_shifter.tpot_slo_ms", g.tpot_slo_ms);
   nonneg("gear_shifter.latency_hold_s", g.latency_hold_s);
+  nonneg("gear_shifter.urgent_backlog_s", g.urgent_backlog_s);
+  nonneg("gear_shifter.burst_return_s", g.burst_return_s);
   check(g.backlog_derate_floor > 0 && g.backlog_derate_floor <= 1, "gear_shifter.backlog_derate_floor",
         "must be in (0, 1]", g.backlog_derate_floor);
   ratio("gear_shifter.kv_pressure_down", g.kv_pressure_down);
@@ -528,10 +537,13 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   // does not clear; the other signals vote.
   int dir = 0;
   bool backlog_driven = false;
-  // Slow per request, not short of capacity: TTFT over the SLO with no queue.
-  const bool too_slow =
-      gs.ttft_slo_ms > 0 && o.ttft_ms.p99 > gs.ttft_slo_ms && o.queue_depth_mean <= gs.queue_depth_down &&
-      o.queue_depth <= gs.queue_depth_down;
+  // Slow per request, not short of capacity: TTFT over the SLO with no
+  // queue, or TPOT over the SLO (no queue wait is in it: the gear's steps
+  // are too slow).
+  const bool ttft_slow = gs.ttft_slo_ms > 0 && o.ttft_ms.p99 > gs.ttft_slo_ms &&
+                         o.queue_depth_mean <= gs.queue_depth_down && o.queue_depth <= gs.queue_depth_down;
+  const bool tpot_slow = gs.tpot_slo_ms > 0 && o.tpot_ms.p99 > gs.tpot_slo_ms;
+  const bool too_slow = ttft_slow || tpot_slow;
   bool latency_driven = false;
   if (!in_guard) {
     if (load > gs.up_threshold * safe) dir = +1;
@@ -539,6 +551,8 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     else if (too_slow) dir = +1, latency_driven = true;
     else if (load < gs.down_threshold * safe) dir = -1;
   }
+  // The urgent path: the queue's tail already misses the TTFT SLO.
+  const bool urgent = dir > 0 && gs.urgent_backlog_s > 0 && backlog_s > gs.urgent_backlog_s;
   const std::string fc = num(forecast) + " req/s" + (load != forecast ? " (" + num(load) + " req/s in work)" : "");
   // A signal with a band: it agrees going up above `up`, going down below `down`.
   auto band = [dir](const char* name, double value, double up, double down) {
@@ -550,7 +564,8 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   sig.push_back(band("queue_time_ms", o.est_queue_time_ms, gs.queue_time_up_ms, gs.queue_time_down_ms));
   sig.push_back({"token_backlog_s", backlog_s, gs.backlog_up_s, dir > 0 && backlog_s > gs.backlog_up_s});
   sig.push_back(band("kv_pressure", o.kv_watermark, gs.kv_pressure_up, gs.kv_pressure_down));
-  if (gs.ttft_slo_ms > 0) sig.push_back({"ttft_slo_ms", o.ttft_ms.p99, gs.ttft_slo_ms, dir > 0 && too_slow});
+  if (gs.ttft_slo_ms > 0) sig.push_back({"ttft_slo_ms", o.ttft_ms.p99, gs.ttft_slo_ms, dir > 0 && ttft_slow});
+  if (gs.tpot_slo_ms > 0) sig.push_back({"tpot_slo_ms", o.tpot_ms.p99, gs.tpot_slo_ms, dir > 0 && tpot_slow});
   sig.push_back({"bubble_ratio", o.bubble_ratio, gs.bubble_ratio, dir != 0 && o.bubble_ratio > gs.bubble_ratio});
   sig.push_back({"contention_index", o.contention_index, gs.contention_index,
                  dir > 0 && o.contention_index > gs.contention_index});
@@ -685,6 +700,31 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     }
   }
 
+  // 3b. Burst return: after an urgent up-shift, back to the gear it left
+  // once the queue has been empty for burst_return_s and the rate now fits it.
+  if (!urgent_from_.empty() && (gs.burst_return_s <= 0 || o.gear == urgent_from_ || in_guard))
+    urgent_from_.clear(), calm_since_ms_.reset();
+  if (!urgent_from_.empty() && table_.index_of(urgent_from_) >= 0) {
+    const doc::Gear& back = table_.gears[static_cast<std::size_t>(table_.index_of(urgent_from_))];
+    const double now_load = load_on(back.name, o.request_rate);
+    const bool calm = o.queue_depth_mean <= gs.queue_depth_down && o.queue_depth <= gs.queue_depth_down &&
+                      o.queued_prompt_tokens <= 0 && now_load <= gs.up_threshold * safe_of(back.name) && !too_slow;
+    if (!calm) calm_since_ms_.reset();
+    else if (!calm_since_ms_) calm_since_ms_ = o.t_ms;
+    const auto b = backoff_.find(back.name);
+    if (calm && o.t_ms - *calm_since_ms_ >= static_cast<std::int64_t>(gs.burst_return_s * 1000) &&
+        lost_device_of(back, o).empty() && (b == backoff_.end() || o.t_ms >= b->second.not_before_ms)) {
+      const std::string reason = "burst return: queue empty for " + secs(o.t_ms - *calm_since_ms_) +
+                                 " after the urgent shift from " + back.name + ", rate now " + num(o.request_rate) +
+                                 " req/s (" + num(now_load) + " in its work) within " + num(gs.up_threshold) +
+                                 " x its safe capacity " + num(safe_of(back.name));
+      urgent_from_.clear();
+      calm_since_ms_.reset();
+      rollback_ = RollbackMonitor(config_.rollback);
+      return shift(o, back.name, reason, sig, true, true);
+    }
+  }
+
   // 4. Load.
   int agree = 0;
   if (in_guard) {
@@ -693,7 +733,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   } else {
     for (const auto& s : sig)
       if (s.agrees && s.name != "kv_watermark" && s.name != "p99_regression_ms") ++agree;  // load signals only
-    if (latency_driven) agree = std::max(agree, gs.min_agreeing_signals);
+    if (latency_driven || urgent) agree = std::max(agree, gs.min_agreeing_signals);
   }
   // Gears with a lost device are no target.
   const std::vector<int> ranked = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
@@ -729,11 +769,12 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     ++confirm_count_;
     confirm_t_ms_ = o.t_ms;
   }
+  if (urgent) confirm_count_ = gs.confirmations;  // the urgent path: at once
   if (confirm_count_ < gs.confirmations)
     return hold(o, name(), std::string(what) + ": confirmation " + std::to_string(confirm_count_) + " of " +
                                std::to_string(gs.confirmations), sig);
   const auto dwell_ms = static_cast<std::int64_t>((dir > 0 ? gs.up_dwell_s : gs.min_dwell_s) * 1000);
-  if (last_shift_ms_ && o.t_ms - *last_shift_ms_ < dwell_ms)
+  if (!urgent && last_shift_ms_ && o.t_ms - *last_shift_ms_ < dwell_ms)
     return hold(o, name(), std::string(what) + " confirmed, but dwell: " + secs(o.t_ms - *last_shift_ms_) + " of " +
                                secs(dwell_ms) + " since the last shift", sig);
   // Down: the smaller gear must also carry the rate seen now (after a step
@@ -761,7 +802,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   if (auto h = latency_hold_.find(table_.gears[target].name);
       dir == -1 && h != latency_hold_.end() && o.t_ms < h->second)
     return hold(o, name(), std::string(what) + ": " + table_.gears[target].name +
-                               " was left for TTFT over the SLO; held off for " + secs(h->second - o.t_ms) + " more",
+                               " was left for TTFT or TPOT over the SLO; held off for " + secs(h->second - o.t_ms) + " more",
                 sig);
   if (auto b = backoff_.find(table_.gears[target].name); b != backoff_.end() && o.t_ms < b->second.not_before_ms)
     return hold(o, name(), std::string(what) + ": " + table_.gears[target].name + " was rolled back from " +
@@ -783,10 +824,19 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   }
   if (latency_driven)
     latency_hold_[o.gear] = o.t_ms + static_cast<std::int64_t>(gs.latency_hold_s * 1000);
+  // An urgent up-shift remembers the gear it left (the burst return's); any other shift forgets it.
+  if (dir > 0 && urgent && gs.burst_return_s > 0) {
+    if (urgent_from_.empty()) urgent_from_ = o.gear;
+  } else {
+    urgent_from_.clear();
+  }
+  calm_since_ms_.reset();
   std::string reason =
-      std::string(what) + ": " +
-      (latency_driven ? "TTFT P99 " + num(o.ttft_ms.p99) + " ms > SLO " + num(gs.ttft_slo_ms) + " ms of " + o.gear +
-                            " with queue " + num(o.queue_depth_mean) + ", forecast " + fc
+      std::string(what) + ": " + (urgent ? "urgent, token backlog " + num(backlog_s) + " s > " +
+                                               num(gs.urgent_backlog_s) + " s of " + o.gear + "'s prefill; " : "") +
+      (latency_driven ? (ttft_slow ? "TTFT P99 " + num(o.ttft_ms.p99) + " ms > SLO " + num(gs.ttft_slo_ms) + " ms"
+                                   : "TPOT P99 " + num(o.tpot_ms.p99) + " ms > SLO " + num(gs.tpot_slo_ms) + " ms") +
+                            " of " + o.gear + " with queue " + num(o.queue_depth_mean) + ", forecast " + fc
        : backlog_driven ? "token backlog " + num(backlog_s) + " s > " + num(gs.backlog_drive_s) + " s of " + o.gear +
                             "'s prefill, forecast " + fc
                       : "forecast " + fc + " " +

@@ -71,9 +71,29 @@ struct GearShifterConfig {
   /// least, and needs no second signal (its condition is two already), ms;
   /// 0: off
   double ttft_slo_ms = 2000;
+  /// ours: TPOT P99 above which the gear's steps are too slow for the SLO
+  /// (prefill chunks between the decodes of a small TP), queue or not: the
+  /// latency drive's second condition, as ttft_slo_ms, ms; 0: off
+  double tpot_slo_ms = 100;
   /// ours: a gear left by the latency drive is no target of a load-driven
   /// shift down for this long, s (it would be too slow again)
   double latency_hold_s = 1800;
+  /// ours: the urgent path. With the up direction and a token backlog over
+  /// this many seconds of the gear's prefill, the queue's tail already
+  /// misses the TTFT SLO and each confirmation costs more than a bad shift:
+  /// the up-shift is decided at once, with no confirmation, second signal
+  /// or up dwell; 0: off
+  double urgent_backlog_s = 2;
+  /// ours: after an urgent up-shift the gear it left is taken back, by
+  /// itself (no dwell, forecast or down-peak window, which the burst
+  /// inflated), once for this long the queue is empty (30 s mean at most
+  /// queue_depth_down, no token backlog) and the rate now, in that gear's
+  /// work, is within up_threshold x its safe capacity: a burst shorter than
+  /// the dwell costs its own length in the larger gear, and the urgent path
+  /// catches the next one, s; 0 (the default: on the traces of
+  /// examples/scenarios (c) it cost SLA attainment for few GPU-hours): off,
+  /// the down rules decide
+  double burst_return_s = 0;
   double kv_pressure_up = 0.8;         ///< ours: KV watermark above which KV pressure votes up
   double kv_pressure_down = 0.5;       ///< ours: below which it votes down
   double memory_guard_kv = 0.90;       ///< KV watermark above which the memory-guard gear is taken at once
@@ -248,6 +268,10 @@ class GearShifter final : public Policy {
   std::map<std::string, Backoff> backoff_;
   /// Gears left by the latency drive: no load-driven shift down to them before this time, ms.
   std::map<std::string, std::int64_t> latency_hold_;
+  /// The gear the last urgent up-shift left (empty: none to return to), and
+  /// since when the burst-return condition holds, ms.
+  std::string urgent_from_;
+  std::optional<std::int64_t> calm_since_ms_;
   std::optional<std::int64_t> last_shift_ms_;
   int confirm_dir_ = 0, confirm_count_ = 0;
   std::int64_t confirm_t_ms_ = 0;

@@ -124,10 +124,14 @@ FTP_AVX2 inline float half_at(const std::uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-/// Prefetches `lines` cache lines from p.
+/// Prefetches `lines` cache lines from p into the L2 (prefetcht1). Into
+/// the L1 (prefetcht0) the prefetches hold the L1's few miss buffers: a
+/// batch-1 Q4_K_M step's products streamed at 8-10 GB/s on one Zen 4 core
+/// with t0, 16-19 with t1 (docs/benchmarks.md, 2026-12-03, "prefetch into
+/// the L2"); the kernels' own loads then hit the L2.
 template <int lines>
 FTP_AVX2 inline void prefetch(const std::uint8_t* p) {
-  for (int l = 0; l < lines; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * l), _MM_HINT_T0);
+  for (int l = 0; l < lines; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * l), _MM_HINT_T1);
 }
 
 /// Q4_0 with the activations as Q8_0 integers, llama.cpp's scheme: per
@@ -199,12 +203,15 @@ void q8_0_ints(const float* x, int t, int k, Q8Ints& a) {
 /// The tiles of the integer kernels: rows of the view by 4 (then 1), tokens
 /// by up to 3; fn(the rows' first blocks, rows, first token, tokens, first
 /// row, prefetch). prefetch: bytes from each row to the same place in the
-/// next tile's rows, for the first tokens of a tile of 4 that has a whole
-/// tile of 4 after it, else 0. A kernel that prefetches there as it reads
-/// keeps the next rows' loads in flight while it computes: the hardware
-/// prefetcher alone, following 4 streams, left a single-thread Q4_K
-/// product at ~5 GB/s where it computes at ~10 from the L3 and the memory
-/// reads at ~11 (AVX2 EPYC VM); with it, 7.5-8.3.
+/// rows kPrefetchTiles tiles on, for the first tokens of a tile of 4 that
+/// has a whole tile of 4 there, else 0. A kernel that prefetches there as
+/// it reads keeps the next rows' loads in flight while it computes: the
+/// hardware prefetcher alone, following 4 streams, left a single-thread
+/// Q4_K product at ~5 GB/s where it computes at ~10 from the L3 and the
+/// memory reads at ~11 (AVX2 EPYC VM); with it, 7.5-8.3. Two tiles ahead
+/// (into the L2) measured ~10 % above one on Zen 4, three and four no
+/// better than two.
+inline constexpr int kPrefetchTiles = 2;
 template <class Fn>
 void for_each_tile(const MatView& w, const Decoder& d, int t, Fn&& fn) {
   const int n = static_cast<int>(w.rows);
@@ -213,7 +220,8 @@ void for_each_tile(const MatView& w, const Decoder& d, int t, Fn&& fn) {
     const int rows = n - i >= 4 ? 4 : 1;
     const std::uint8_t* wr[4];
     for (int r = 0; r < rows; ++r) wr[r] = base + static_cast<std::size_t>(w.r0 + i + r) * d.row_bytes;
-    const std::ptrdiff_t next = rows == 4 && i + 8 <= n ? static_cast<std::ptrdiff_t>(4 * d.row_bytes) : 0;
+    const std::ptrdiff_t next =
+        rows == 4 && i + 4 * (kPrefetchTiles + 1) <= n ? static_cast<std::ptrdiff_t>(4 * kPrefetchTiles * d.row_bytes) : 0;
     for (int u = 0; u < t; u += 3) fn(wr, rows, u, std::min(3, t - u), i, u == 0 ? next : 0);
     i += rows;
   }

@@ -166,6 +166,11 @@ class EngineReplay {
   void account_devices(double t);
   // --- data plane
   void arrive(int i, double t);
+  /// Routes request i to a serving domain's backlog (false: none serves).
+  bool place(int i, double t);
+  /// As the daemon's drain (issue 20): a draining domain gives back what
+  /// has not started, to the serving domains.
+  void withdraw_unstarted(int di, double t);
   int route(const Req& r);
   // Every change of a domain's weight or state goes through these: they
   // mark the router's candidates stale.
@@ -407,6 +412,36 @@ void EngineReplay::arrive(int i, double t) {
   schedule(di, t);
 }
 
+bool EngineReplay::place(int i, double t) {
+  Req& r = reqs_[static_cast<std::size_t>(i)];
+  const int di = route(r);
+  if (di < 0) return false;
+  doms_[static_cast<std::size_t>(di)].backlog.push_back(i);
+  doms_[static_cast<std::size_t>(di)].backlog_prompt += r.prompt;
+  r.dom = di;
+  schedule(di, t);
+  return true;
+}
+
+void EngineReplay::withdraw_unstarted(int di, double t) {
+  SimDomain& d = doms_[static_cast<std::size_t>(di)];
+  // What the Domain was not given yet moves at once; what it holds comes
+  // back as "withdrawn" events at its next step (on_event places them).
+  std::deque<int> moved;
+  moved.swap(d.backlog);
+  for (int i : moved) {
+    d.backlog_prompt -= reqs_[static_cast<std::size_t>(i)].prompt;
+    reqs_[static_cast<std::size_t>(i)].dom = -1;
+    if (!place(i, t)) {  // no serving domain: it stays where it was
+      d.backlog.push_back(i);
+      d.backlog_prompt += reqs_[static_cast<std::size_t>(i)].prompt;
+      reqs_[static_cast<std::size_t>(i)].dom = di;
+    }
+  }
+  d.dom->withdraw_unstarted();
+  schedule(di, t);
+}
+
 void EngineReplay::feed(SimDomain& d, double t) {
   // A step admits at most max_running - running of the waiting: more in
   // the Domain would change nothing but cost its scheduler a pass over
@@ -480,6 +515,19 @@ void EngineReplay::on_event(int i, const engine::GenerationEvent& e) {
     }
   }
   if (!e.finished) return;
+  if (e.finish_reason == engine::FinishReason::withdrawn) {
+    // Given back unstarted by a draining domain: to a serving one (as the
+    // daemon's Service::place_withdrawn); neither finished nor failed.
+    if (r.dom >= 0) {
+      doms_[static_cast<std::size_t>(r.dom)].backlog_prompt -= r.prompt;
+      r.dom = -1;
+    }
+    if (!place(i, t)) {
+      r.failed = true;
+      finish_request(r, t);
+    }
+    return;
+  }
   if (e.finish_reason == engine::FinishReason::error) {
     r.failed = true;
     ++cur_->errors;
@@ -669,6 +717,7 @@ void EngineReplay::advance_shift(double t) {
         set_shares(s.old, 1.0);
         for (int i : s.fresh) set_weight(i, 0);
         for (int i : s.fresh) set_state(i, State::draining);
+        for (int i : s.fresh) withdraw_unstarted(i, t);  // the old domains take what has not started
         s.phase = Shift::Phase::drain;
         s.next = kInf;
         const std::vector<int> fresh = s.fresh;  // the last retirement ends the shift (and s)
@@ -700,6 +749,8 @@ void EngineReplay::advance_shift(double t) {
     set_state(i, State::draining);
     set_weight(i, 0);
   }
+  // What waits on the old domains goes to the new ones (the daemon's drain, issue 20).
+  for (int i : s.old) withdraw_unstarted(i, t);
   gear_time_[gear_] += t - gear_since_;
   gear_since_ = t;
   gear_ = s.to;

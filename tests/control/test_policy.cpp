@@ -533,7 +533,7 @@ TEST(GearShifter, LatencyDriveTakesALargerGearWhenTtftMissesTheSloWithNoQueue) {
     d = s(obs(t, "standard", 60));
     ASSERT_EQ(d.action, "hold") << "t=" << t << ": " << d.reason;
   }
-  EXPECT_CONTAINS(d.reason, "economy was left for TTFT over the SLO; held off for");
+  EXPECT_CONTAINS(d.reason, "economy was left for TTFT or TPOT over the SLO; held off for");
   d = s(obs(1820, "standard", 60));
   EXPECT_EQ(d.action, "shift") << d.reason;
   EXPECT_EQ(d.to, "economy");
@@ -1033,7 +1033,9 @@ TEST(GearShifter, LongPromptsLoadAGearMoreThanTheirRequestRate) {
 TEST(GearShifter, TokenBacklogVotesUpOnly) {
   // economy prefills 15000 tokens/s: 45000 queued prompt tokens are 3 s > 2 s.
   const ftp::doc::GearTable table = token_gears();
-  GearShifter g(table, PolicyConfig{});
+  PolicyConfig c;
+  c.gear_shifter.urgent_backlog_s = 0;  // the vote alone (the urgent path: UrgentPathShiftsAtOnce...)
+  GearShifter g(table, c);
   Decision d;
   for (int t = 0; t <= 20; t += 10) {
     Observation o = obs(t, "economy", 300);  // the queue-depth signals are quiet
@@ -1075,21 +1077,115 @@ TEST(GearShifter, TokenBacklogDrivesUpAndDeratesTheGear) {
     out.push_back(d);
     return out;
   };
-  auto v = run(PolicyConfig{}, 55);
+  // The urgent path off: the drive's confirmations are what is tested here.
+  PolicyConfig base;
+  base.gear_shifter.urgent_backlog_s = 0;
+  auto v = run(base, 55);
   EXPECT_EQ(v[0].action, "shift");
   EXPECT_EQ(v[0].to, "standard");
   EXPECT_CONTAINS(v[0].reason, "token backlog 3 s > 2 s");
   EXPECT_EQ(v[1].action, "hold") << "55 > 0.85 x 60: economy no longer fits; " << v[1].reason;
   EXPECT_CONTAINS(v[1].reason, "no smaller gear fits");
-  EXPECT_EQ(run(PolicyConfig{}, 45)[1].to, "economy") << "45 <= 0.85 x 60";
-  PolicyConfig no_derate;
+  EXPECT_EQ(run(base, 45)[1].to, "economy") << "45 <= 0.85 x 60";
+  PolicyConfig no_derate = base;
   no_derate.gear_shifter.backlog_derate_floor = 1;
   EXPECT_EQ(run(no_derate, 55)[1].to, "economy");
-  PolicyConfig no_drive;
+  PolicyConfig no_drive = base;
   no_drive.gear_shifter.backlog_drive_s = 0;
   auto w = run(no_drive, 55);
   EXPECT_EQ(w[0].action, "hold") << "the backlog only votes";
   EXPECT_CONTAINS(w[0].reason, "inside the band");
+}
+
+TEST(GearShifter, UrgentPathShiftsAtOnceOnALargeBacklog) {
+  // economy (safe 120) at 60 req/s, inside its band; 45000 queued prompt
+  // tokens are 3 s of its 15000 tokens/s prefill > urgent_backlog_s (2 s):
+  // the queue's tail misses the TTFT SLO already. Up at the first
+  // observation, no confirmation, and within the up dwell of a shift.
+  const ftp::doc::GearTable table = token_gears();
+  auto backlog = [](int t, const char* gear, double tokens) {
+    Observation o = obs(t, gear, 60);
+    o.queued_prompt_tokens = tokens;
+    return o;
+  };
+  GearShifter g(table, PolicyConfig{});
+  Decision d = g.observe(backlog(0, "economy", 45000));
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "standard");
+  EXPECT_CONTAINS(d.reason, "urgent, token backlog 3 s > 2 s of economy's prefill");
+  g.observe(obs(5, "standard", 60));  // done at 5 s: the up dwell (60 s) runs
+  // standard prefills 60000 tokens/s: 180000 tokens are 3 s of it, 20 s after the shift.
+  d = g.observe(backlog(25, "standard", 180000));
+  ASSERT_EQ(d.action, "shift") << "urgent: no up dwell; " << d.reason;
+  EXPECT_EQ(d.to, "performance");
+  // Under urgent_backlog_s: the drive's confirmations as before.
+  GearShifter h(table, PolicyConfig{});
+  EXPECT_EQ(h.observe(backlog(0, "economy", 25000)).action, "hold") << "25000 tokens = 1.67 s: not urgent";
+  // Off: the drive's three confirmations.
+  PolicyConfig off;
+  off.gear_shifter.urgent_backlog_s = 0;
+  GearShifter o(table, off);
+  d = o.observe(backlog(0, "economy", 45000));
+  EXPECT_EQ(d.action, "hold") << d.reason;
+  EXPECT_CONTAINS(d.reason, "up: only 1 of 2 signals agree");
+}
+
+TEST(GearShifter, LatencyDriveTakesALargerGearWhenTpotMissesTheSlo) {
+  // 60 req/s inside economy's band, a queue of 5 (the TTFT condition needs
+  // none), TPOT P99 150 ms over the 100 ms SLO: the gear's steps are too
+  // slow, queue or not. Up after the confirmations, one step; and economy is
+  // then held off for latency_hold_s.
+  auto slow = [](int t) {
+    Observation o = obs(t, "economy", 60);
+    o.tpot_ms = {40, 150};
+    o.queue_depth = o.queue_depth_mean = 5;
+    return o;
+  };
+  Shifter s;
+  Decision d;
+  for (int t = 0; t <= 20; t += 10) d = s(slow(t));
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "standard");
+  EXPECT_CONTAINS(d.reason, "TPOT P99 150 ms > SLO 100 ms of economy");
+  EXPECT_TRUE(signal(d, "tpot_slo_ms")->agrees);
+  s(obs(30, "standard", 60));  // done
+  for (int t = 40; t <= 400; t += 10) {  // past the dwell, down by load: held off
+    d = s(obs(t, "standard", 60));
+    ASSERT_EQ(d.action, "hold") << "t=" << t << ": " << d.reason;
+  }
+  EXPECT_CONTAINS(d.reason, "economy was left for TTFT or TPOT over the SLO");
+  PolicyConfig off;
+  off.gear_shifter.tpot_slo_ms = 0;
+  Shifter o(off);
+  for (int t = 0; t <= 60; t += 10) ASSERT_EQ(o(slow(t)).action, "hold") << "off: t=" << t;
+}
+
+TEST(GearShifter, BurstReturnGoesBackAfterAnUrgentShift) {
+  // burst_return_s 30: after an urgent up-shift from economy, back to
+  // economy once the queue has been empty for 30 s and the rate now fits
+  // it, before the 300 s dwell and the down-peak window.
+  const ftp::doc::GearTable table = token_gears();
+  auto run = [&](double burst_return_s) {
+    PolicyConfig c;
+    c.gear_shifter.burst_return_s = burst_return_s;
+    GearShifter g(table, c);
+    Observation o = obs(0, "economy", 60);
+    o.queued_prompt_tokens = 45000;
+    EXPECT_EQ(g.observe(o).action, "shift");
+    g.observe(obs(5, "standard", 60));  // done
+    for (int t = 10; t <= 290; t += 10) {
+      Observation q = obs(t, "standard", t < 20 ? 60 : 20);
+      if (t < 20) q.queue_depth = q.queue_depth_mean = 4;  // the burst's queue, draining
+      const Decision d = g.observe(q);
+      if (d.action == "shift") return std::make_pair(t, d);
+    }
+    return std::make_pair(-1, Decision{});
+  };
+  auto [t, d] = run(30);
+  EXPECT_EQ(t, 50) << "calm from 20 s, 30 s of it at 50 s";
+  EXPECT_EQ(d.to, "economy");
+  EXPECT_CONTAINS(d.reason, "burst return: queue empty for 30 s after the urgent shift from economy");
+  EXPECT_EQ(run(0).first, -1) << "off: the 300 s down dwell holds";
 }
 
 TEST(GearShifter, KvPressureIsAVoice) {

@@ -189,6 +189,34 @@ TEST(EngineReplay, AShiftHoldsBothGearsUntilTheOldDrains) {
   EXPECT_NEAR(r.summary.at("gear_time_s").at("tp1").get<double>(), 14.5, 0.1);
 }
 
+TEST(EngineReplay, TheDrainGivesBackUnstartedRequestsToTheNewGear) {
+  // 80 prompts of 2000 tokens arrive at 9 s on tp1, a queue tp1 alone
+  // takes seconds to prefill. static:tp2 shifts at 10 s, at 100 % at
+  // 14.5 s: as the daemon's drain (issue 20), tp1 then keeps only what it
+  // has begun and gives the rest to tp2, so the shift (its drain) ends soon
+  // after, long before tp1 would have worked through the queue.
+  const doc::Topology topo = cluster(2);
+  const doc::GearTable t = table(topo, llama7b(), {"tp1:tp=1", "tp2:tp=2"});
+  control::Trace tr{"test", "synthetic", {}};
+  for (int i = 0; i < 80; ++i) tr.requests.push_back({9000 + i, 2000, 2});
+  control::ReplayConfig rc;
+  rc.duration_s = 60;
+  rc.interval_s = 0.5;
+  auto last_busy = [](const Replayed& r, const char* field) {
+    double last = 0;
+    for (const auto& iv : r.intervals)
+      if (field ? iv.at(field).get<bool>() : iv.at("running").get<int>() + iv.at("queue_depth").get<double>() > 0)
+        last = iv.at("t_s").get<double>();
+    return last;
+  };
+  const Replayed alone = replay(tr, t, topo, "static:tp1", "tp1", rc);
+  const Replayed shifted = replay(tr, t, topo, "static:tp2", "tp1", rc);
+  const double tp1_done = last_busy(alone, nullptr), drain_done = last_busy(shifted, "shifting");
+  EXPECT_GT(tp1_done, 20) << "the queue on tp1 alone";
+  EXPECT_LT(drain_done, 16.5) << "the shift ends within 2 s of its 100 % at 14.5 s; tp1 alone works until " << tp1_done;
+  EXPECT_EQ(shifted.summary.at("finished"), 80);
+}
+
 TEST(EngineReplay, ReleaseModeReloadsWeights) {
   const plan::ModelShape m = llama7b();
   const doc::Topology topo = cluster(2);

@@ -78,7 +78,17 @@ for v in bursty code conv mooncake; do
       "$(s c-$v-static-tp1)" "$(s c-$v-static-tp2)" "$(s c-$v-static-tp4)" "$(s c-$v-static-tp8)" \
       "$(s c-$v-tp-planner)" "$(s c-$v-naive)" "$(s c-$v-gear-shifter)"
 done
-check "(c) results.md: a hindsight bound per trace" test "$(grep -c '^hindsight bound' "$tmp/results.md")" -eq "$(ls "$tmp"/c-*-gear-shifter.summary.json | wc -l)"
+check "(c), (h) results.md: a hindsight bound per trace" test "$(grep -c '^hindsight bound' "$tmp/results.md")" -eq "$(ls "$tmp"/[ch]-*-gear-shifter.summary.json | wc -l)"
+# (h) held out: the same default policy on traffic the new rules were not chosen on. The README's
+# claim: the urgent path and the TPOT drive each hold or raise the SLA attainment on every one.
+for f in "$tmp"/h-*-gear-shifter.summary.json; do
+  [ -r "$f" ] || { echo "skip: (h) not run"; break; }
+  v=${f%-gear-shifter.summary.json}
+  for a in no-urgent no-tpot-drive; do
+    check "(h) $(basename "$v"): the gear shifter's SLA >= its $a ablation's" \
+      jq -e --slurpfile x "$v-gear-shifter-$a.summary.json" '.sla_attainment >= $x[0].sla_attainment' "$f"
+  done
+done
 check "(c) bursty: the gear shifter meets the goal against the best static gear (tp8)" \
   jq -e --slurpfile t8 "$(s c-bursty-static-tp8)" --slurpfile t4 "$(s c-bursty-static-tp4)" \
     '$t8[0].sla_attainment >= $t4[0].sla_attainment and .sla_attainment >= $t8[0].sla_attainment - 0.01 and .gpu_hours <= 0.6 * $t8[0].gpu_hours' \
