@@ -73,7 +73,20 @@ class CpuRank final : public RankBackend {
   }
 
   void embed(float* x) override {
-    for (int r = 0; r < b_->n_rows; ++r) w_.embed(b_->tokens[static_cast<std::size_t>(r)], row(x, r, hp_.n_embd), spec_.device);
+    const MatView e = w_.embedding(spec_.tp, spec_.rank, spec_.device);
+    const int first = w_.vocab_rows(spec_.tp, spec_.rank).begin;
+    for (int r = 0; r < b_->n_rows; ++r) {
+      const std::int64_t local = b_->tokens[static_cast<std::size_t>(r)] - first;
+      float* out = row(x, r, hp_.n_embd);
+      if (local < 0 || local >= e.rows)
+        std::fill_n(out, hp_.n_embd, 0.0f);
+      else
+        model::to_f32(*e.t, (e.r0 + local) * e.t->cols, e.t->cols, out);
+    }
+  }
+  void place_columns(const float* src, std::size_t rows, std::size_t cols, float* dst, std::size_t ld,
+                     std::size_t col0) override {
+    for (std::size_t r = 0; r < rows; ++r) std::copy_n(src + r * cols, cols, dst + r * ld + col0);
   }
   void rmsnorm(const float* x, const float* w, float* out, int rows) override {
     for (int r = 0; r < rows; ++r) ops::rmsnorm(row(x, r, hp_.n_embd), w, row(out, r, hp_.n_embd), hp_.n_embd, hp_.rms_eps);

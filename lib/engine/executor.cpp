@@ -165,9 +165,10 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   float* part = be.buffer(Buf::part, xn_);
   float* g = be.buffer(Buf::gate, ffn);
   float* u = be.buffer(Buf::up, ffn);
-  if (st.first)
+  if (st.first) {
     be.embed(x);
-  else
+    be.all_reduce(x, xn_);  // vocabulary-parallel: each row from the one rank holding its token
+  } else
     be.upload(mb.x.data(), x, xn_);
 
   be.run(mb.layout.decode_only ? T : -1, [&] {
@@ -208,31 +209,54 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
     }
   });
 
-  if (rk.index != 0) {
-    be.sync();
-    return;
-  }
   if (!st.last) {
-    mb.x.resize(xn_);
-    be.download(x, mb.x.data(), xn_);
+    if (rk.index == 0) {
+      mb.x.resize(xn_);
+      be.download(x, mb.x.data(), xn_);
+    } else {
+      be.sync();
+    }
     return;
   }
-  // The classifier, for the last row of each chunk that wants logits.
+  // The classifier, for the last row of each chunk that wants logits. The
+  // head is vocabulary-parallel: each rank computes the logits of its
+  // vocabulary rows, placed in zeroed full rows that the stage's
+  // all-reduce completes (each logit one nonzero term: exact), and rank 0
+  // chooses or returns them.
   const std::size_t nl = mb.layout.logit_rows.size();
   if (nl == 0) {
     be.sync();
     return;
   }
+  const std::size_t V = static_cast<std::size_t>(hp_.n_vocab);
   float* lin = be.buffer(Buf::logits_in, nl * E);
-  float* logits = be.buffer(Buf::logits, nl * static_cast<std::size_t>(hp_.n_vocab));
+  float* logits = be.buffer(Buf::logits, nl * V);
   be.gather_logit_rows(x, lin);
-  const backend::VirtualDevice* dev = st.layout.devices.empty() ? nullptr : st.layout.devices[0];
+  const int tp = st.layout.tp;
+  const backend::VirtualDevice* dev =
+      st.layout.devices.empty() ? nullptr : st.layout.devices[static_cast<std::size_t>(rk.index)];
   be.rmsnorm(lin, w_.output_norm(dev), xn, static_cast<int>(nl));
-  be.matmul(xn, w_.output(dev), logits, static_cast<int>(nl));
+  const MatView head = w_.output(tp, rk.index, dev);
+  if (tp == 1) {
+    be.matmul(xn, head, logits, static_cast<int>(nl));
+  } else {
+    const std::size_t vr = static_cast<std::size_t>(head.rows);
+    be.zero(logits, nl * V);
+    if (vr > 0) {
+      float* part = be.buffer(Buf::logits_part, nl * vr);
+      be.matmul(xn, head, part, static_cast<int>(nl));
+      be.place_columns(part, nl, vr, logits, V, static_cast<std::size_t>(w_.vocab_rows(tp, rk.index).begin));
+    }
+    be.all_reduce(logits, nl * V);
+  }
+  if (rk.index != 0) {
+    be.sync();
+    return;
+  }
   if (mb.tokens)
-    be.choose_tokens(logits, static_cast<std::size_t>(hp_.n_vocab), nl, mb.choices, mb.tokens, mb.logprobs);
+    be.choose_tokens(logits, V, nl, mb.choices, mb.tokens, mb.logprobs);
   else
-    be.download_rows(logits, static_cast<std::size_t>(hp_.n_vocab), mb.logits.data(), nl);
+    be.download_rows(logits, V, mb.logits.data(), nl);
 }
 
 void Executor::recycle(std::vector<std::vector<float>>&& logits) {

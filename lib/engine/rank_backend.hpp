@@ -78,7 +78,7 @@ std::vector<RankSpec> stage_rank_specs(const StageLayout& l, int stage, int n_st
                                        int max_rows, const std::vector<int>& threads = {});
 
 /// Named scratch buffers of a rank (float32 activations on its device).
-enum class Buf : int { x, xn, q, k, v, att, part, gate, up, logits_in, logits, count };
+enum class Buf : int { x, xn, q, k, v, att, part, gate, up, logits_in, logits, logits_part, count };
 
 /// One rank's compute on its device. All calls of one rank come from one
 /// thread (its rank thread), in order; calls of different ranks of a stage
@@ -130,8 +130,16 @@ class RankBackend {
     }
   }
 
-  /// x[r] = token embedding of batch row r, as float32 (first stage).
+  /// x[r] = token embedding of batch row r, as float32 (first stage), from
+  /// the rank's vocabulary rows (WeightStore::embedding): zeros for a token
+  /// outside them, so that the stage's all-reduce gives every rank the
+  /// embedding exactly (each row one nonzero term).
   virtual void embed(float* x) = 0;
+  /// dst[r][col0 + c] = src[r][c] for r < rows, c < cols (src rows of
+  /// `cols`, dst rows of `ld`): a rank's slice of the logits into the full
+  /// rows of the vocabulary-parallel head.
+  virtual void place_columns(const float* src, std::size_t rows, std::size_t cols, float* dst, std::size_t ld,
+                             std::size_t col0) = 0;
   /// out[r] = rmsnorm(x[r]) * w, for every batch row, rows of n_embd.
   virtual void rmsnorm(const float* x, const float* w, float* out, int rows) = 0;
   /// out[rows][w.rows] = x[rows][w.cols] . W^T (ops::matmul's contract).

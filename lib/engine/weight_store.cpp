@@ -195,8 +195,6 @@ struct WeightStore::DeviceCopy {
   std::vector<Segment> segments;          // never resized once made: views point at them
   std::map<int, LayerVecs> vecs;          // the layers held: their vectors
   std::vector<float> output_norm;         // with the head
-  const Segment* embedding = nullptr;     // with a first stage's rank
-  const Segment* head = nullptr;          // with a last stage's rank 0
   std::uint64_t bytes = 0;
   bool released = false;                  // release_device freed it; copy_to_device makes it again
 
@@ -273,14 +271,23 @@ RankLayerView WeightStore::layer(int layer, int tp, int rank, const backend::Vir
   return v;
 }
 
-void WeightStore::embed(int token, float* out, const backend::VirtualDevice* device) const {
-  const model::TensorView* t = &m_.weights.tok_embd;
-  if (const DeviceCopy* c = copy_of(device)) {
-    if (!c->embedding)
-      throw Error("device-memory mode: device " + device->name() + " holds no copy of the embedding");
-    t = &c->embedding->view;
-  }
-  model::to_f32(*t, static_cast<std::int64_t>(token) * t->cols, t->cols, out);
+model::RowSplit WeightStore::vocab_rows(int tp, int rank) const noexcept {
+  return model::row_split(hparams().n_vocab, tp, rank);
+}
+
+MatView WeightStore::on_device(const MatView& m, const backend::VirtualDevice* device, const char* what) const {
+  const DeviceCopy* c = copy_of(device);
+  if (!c || m.rows == 0) return m;
+  const DeviceCopy::Segment* s = c->find(m);
+  if (!s)
+    throw Error("device-memory mode: device " + device->name() + " holds no copy of " + what + " (" + range_text(m) + ")");
+  return MatView{&s->view, m.r0 - s->at.r0, m.rows, m.c0 - s->at.c0, m.cols};
+}
+
+MatView WeightStore::embedding(int tp, int rank, const backend::VirtualDevice* device) const {
+  const model::TensorView& t = m_.weights.tok_embd;
+  const model::RowSplit v = vocab_rows(tp, rank);
+  return on_device(MatView{&t, v.begin, v.size(), 0, t.cols}, device, "the embedding");
 }
 
 const float* WeightStore::output_norm(const backend::VirtualDevice* device) const {
@@ -292,14 +299,10 @@ const float* WeightStore::output_norm(const backend::VirtualDevice* device) cons
   return output_norm_.data();
 }
 
-MatView WeightStore::output(const backend::VirtualDevice* device) const {
-  if (const DeviceCopy* c = copy_of(device)) {
-    if (!c->head) throw Error("device-memory mode: device " + device->name() + " holds no copy of the head");
-    const model::TensorView& t = c->head->view;
-    return MatView{&t, 0, t.rows, 0, t.cols};
-  }
+MatView WeightStore::output(int tp, int rank, const backend::VirtualDevice* device) const {
   const auto& t = m_.weights.output.data ? m_.weights.output : m_.weights.tok_embd;
-  return MatView{&t, 0, t.rows, 0, t.cols};
+  const model::RowSplit v = vocab_rows(tp, rank);
+  return on_device(MatView{&t, v.begin, v.size(), 0, t.cols}, device, "the head");
 }
 
 ShardUnion WeightStore::shard_union(const std::vector<RankShard>& shards) const {
@@ -318,15 +321,17 @@ ShardUnion WeightStore::shard_union(const std::vector<RankShard>& shards) const 
         }
       layers.insert(L);
     }
+    // The vocabulary rows of the embedding and the head (one tensor when tied: shared).
+    for (const MatView& m : {sh.first ? embedding(sh.tp, sh.rank) : MatView{},
+                             sh.last ? output(sh.tp, sh.rank) : MatView{}})
+      if (m.rows > 0) {
+        auto& e = views[m.t->data];
+        e.first = m.t;
+        e.second.push_back(m);
+      }
     u.embedding = u.embedding || sh.first;
-    u.head = u.head || (sh.last && sh.rank == 0);
+    u.head = u.head || sh.last;
   }
-  const MatView out = output();
-  if (u.embedding) {
-    const model::TensorView& t = m_.weights.tok_embd;
-    views[t.data] = {&t, {MatView{&t, 0, t.rows, 0, t.cols}}};
-  }
-  if (u.head) views[out.t->data] = {out.t, {out}};
   // Each tensor's views merged into rectangles: row ranges of a
   // column-parallel matrix (its views have every column), else column
   // ranges, widened to whole blocks, of a row-parallel one (every row).
@@ -428,9 +433,6 @@ std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const 
     device.release_weights(c->bytes);
     throw;
   }
-  const model::TensorView& e = m_.weights.tok_embd;
-  if (u.embedding) c->embedding = c->find(MatView{&e, 0, e.rows, 0, e.cols});
-  if (u.head) c->head = c->find(output());
   copied_bytes_ += c->bytes;
   const std::uint64_t b = c->bytes;
   if (slot != copies_.end())
@@ -463,8 +465,11 @@ std::string WeightStore::missing_on_device(const backend::VirtualDevice& device,
   try {
     for (const RankShard& sh : shards) {
       for (int L = sh.first_layer; L < sh.first_layer + sh.n_layers; ++L) layer(L, sh.tp, sh.rank, &device);
-      if (sh.first) embed(0, std::vector<float>(static_cast<std::size_t>(hparams().n_embd)).data(), &device);
-      if (sh.last && sh.rank == 0) output(&device);
+      if (sh.first) embedding(sh.tp, sh.rank, &device);
+      if (sh.last) {
+        output(sh.tp, sh.rank, &device);
+        output_norm(&device);
+      }
     }
   } catch (const Error& e) {
     return e.what();

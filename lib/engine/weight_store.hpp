@@ -12,6 +12,7 @@
 #include "backend/cpu/virtual_device.hpp"
 #include "engine/packed_weights.hpp"
 #include "model/model.hpp"
+#include "model/tp_split.hpp"
 
 namespace ftp::engine {
 
@@ -106,8 +107,8 @@ struct ShardSegment {
 struct ShardUnion {
   std::vector<ShardSegment> segments;  ///< each tensor's merged views, each byte once
   std::vector<int> layers;             ///< the layers held (their vectors), ascending
-  bool embedding = false;              ///< a first stage's rank: the token embedding whole
-  bool head = false;                   ///< rank 0 of a last stage: the classifier and the final norm
+  bool embedding = false;              ///< a first stage's rank: its vocabulary rows of the token embedding
+  bool head = false;                   ///< a last stage's rank: its vocabulary rows of the classifier, the final norm
   std::uint64_t matrix_bytes = 0;      ///< of the segments
   std::uint64_t vector_bytes = 0;      ///< the layers' float32 vectors and the final norm
   std::uint64_t bytes() const noexcept { return matrix_bytes + vector_bytes; }
@@ -155,16 +156,26 @@ class WeightStore {
   /// view its copy lacks, is an ftp::Error naming both.
   RankLayerView layer(int layer, int tp, int rank, const backend::VirtualDevice* device = nullptr) const;
 
-  /// The embedding row of `token` as float32 (from `device`'s copy, as layer).
-  void embed(int token, float* out, const backend::VirtualDevice* device = nullptr) const;
+  /// The token embedding rows that rank `rank` of `tp` holds
+  /// (model::row_split of the vocabulary: vocabulary-parallel, each rank
+  /// embeds the tokens of its rows and the stage sums the ranks' rows);
+  /// from `device`'s copy, as layer. Rows r0.. of the view are tokens
+  /// embedding_rows(tp, rank).begin...
+  MatView embedding(int tp, int rank, const backend::VirtualDevice* device = nullptr) const;
+  /// Which vocabulary rows (token ids) rank `rank` of `tp` holds of the
+  /// embedding and of the head.
+  model::RowSplit vocab_rows(int tp, int rank) const noexcept;
   /// [n_embd] the final norm (from `device`'s copy, as layer).
   const float* output_norm(const backend::VirtualDevice* device = nullptr) const;
   /// [n_rot/2] factors dividing each RoPE pair's frequency (Llama 3
   /// rope_freqs), or null when the model has none.
   const float* rope_freqs() const noexcept { return rope_freqs_.empty() ? nullptr : rope_freqs_.data(); }
   /// The classifier [n_vocab][n_embd] (the token embedding when tied;
-  /// from `device`'s copy, as layer).
-  MatView output(const backend::VirtualDevice* device = nullptr) const;
+  /// from `device`'s copy, as layer): the rows of rank `rank` of `tp`
+  /// (vocab_rows; vocabulary-parallel: each rank of a last stage computes
+  /// the logits of its rows), all of them at tp 1.
+  MatView output(int tp, int rank, const backend::VirtualDevice* device = nullptr) const;
+  MatView output(const backend::VirtualDevice* device = nullptr) const { return output(1, 0, device); }
 
   /// The union of what the ranks of `shards` read, as one device holds it
   /// (the rules of copy_to_device below); no allocation of weights.
@@ -176,8 +187,9 @@ class WeightStore {
   /// Device-memory mode: copies into memory of `device`'s own exactly what
   /// the ranks of `shards` read (their union, each byte once: rows of the
   /// column-parallel matrices, whole blocks of columns of the row-parallel
-  /// ones, the layers' vectors, the embedding for a first stage's ranks,
-  /// the head and final norm for a last stage's rank 0), reserving the bytes
+  /// ones, the layers' vectors, the vocabulary rows of the embedding for a
+  /// first stage's ranks and of the head, with the final norm, for a last
+  /// stage's), reserving the bytes
   /// on the device first (backend::OutOfDeviceMemory names it when they do
   /// not fit). The bytes plan::shard_union_bytes counts, but for the layers'
   /// biases and per-head norms, which the plan's shapes do not have. Once
@@ -245,6 +257,9 @@ class WeightStore {
   struct DeviceCopy;
   /// `device`'s copy; null without one (an ftp::Error in device-memory mode).
   const DeviceCopy* copy_of(const backend::VirtualDevice* device) const;
+  /// `m` rebased onto `device`'s copy (unchanged without one); `what` names
+  /// it in the error when the copy lacks it.
+  MatView on_device(const MatView& m, const backend::VirtualDevice* device, const char* what) const;
   const model::Model& m_;
   /// One layer's vectors as float32 (empty where the layer has none).
   struct LayerVecs {

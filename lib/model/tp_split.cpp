@@ -21,10 +21,19 @@ TpSplit tp_split(int n_head, int n_head_kv, int n_ff, int tp, int rank) noexcept
     s.kv_begin = s.q_begin / (n_head / n_head_kv);
     s.kv_end = s.kv_begin + 1;
   }
-  const int base = n_ff / tp, extra = n_ff % tp;
-  s.ff_begin = rank * base + std::min(rank, extra);
-  s.ff_end = s.ff_begin + base + (rank < extra ? 1 : 0);
+  const RowSplit ff = row_split(n_ff, tp, rank);
+  s.ff_begin = ff.begin;
+  s.ff_end = ff.end;
   return s;
+}
+
+RowSplit row_split(int n, int tp, int rank) noexcept {
+  RowSplit v;
+  if (tp < 1 || rank < 0 || rank >= tp || n <= 0) return v;
+  const int base = n / tp, extra = n % tp;
+  v.begin = rank * base + std::min(rank, extra);
+  v.end = v.begin + base + (rank < extra ? 1 : 0);
+  return v;
 }
 
 }  // namespace ftp::model

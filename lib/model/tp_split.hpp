@@ -18,4 +18,15 @@ struct TpSplit {
 /// n_head_kv <= 0 the KV range is empty.
 TpSplit tp_split(int n_head, int n_head_kv, int n_ff, int tp, int rank) noexcept;
 
+/// Rows [begin, end) of `n` that rank `rank` of `tp` holds, as even as
+/// possible (the first n % tp ranks one row more): the feed-forward rows
+/// of tp_split, and the vocabulary rows of the token embedding and the
+/// output head (vocabulary-parallel embedding and head), so a vocabulary
+/// that tp does not divide gives an uneven last shard.
+struct RowSplit {
+  int begin = 0, end = 0;
+  int size() const noexcept { return end - begin; }
+};
+RowSplit row_split(int n, int tp, int rank) noexcept;
+
 }  // namespace ftp::model

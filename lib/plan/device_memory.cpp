@@ -59,9 +59,11 @@ double shard_union_bytes(const ModelShape& m, const std::vector<Shard>& shards) 
   // The engine's views (engine::WeightStore::layer) of each shard, as
   // integer ranges of each matrix: rows of the column-parallel ones (wq,
   // wk, wv, gate, up), whole blocks of columns of the row-parallel ones (wo,
-  // down). The norms go with every rank of a layer, the embedding with
-  // every rank of a first stage (each embeds its rows whole), the head and
-  // the final norm with rank 0 of a last stage (it alone computes logits).
+  // down). The norms go with every rank of a layer; the embedding and the
+  // head are vocabulary-parallel (model::row_split of the vocabulary): each
+  // rank of a first stage holds its rows of the embedding, each rank of a
+  // last stage its rows of the head and the final norm; a tied head shares
+  // the embedding's rows.
   //
   // Every layer that the same shards cover holds the same bytes, so the
   // layers are cut into segments at the shards' first and end layers and
@@ -71,7 +73,7 @@ double shard_union_bytes(const ModelShape& m, const std::vector<Shard>& shards) 
   const long long h = m.hidden_size, hd = m.head_dim, blk = dtype_block(m.dtype);
   std::vector<int> cuts;
   cuts.reserve(2 * shards.size());
-  bool embed = false, head = false;
+  Iv embed_rows, head_rows;
   for (const Shard& s : shards) {
     if (s.n_layers <= 0) continue;
     cuts.push_back(s.first_layer);
@@ -83,9 +85,11 @@ double shard_union_bytes(const ModelShape& m, const std::vector<Shard>& shards) 
   splits.reserve(shards.size());
   for (const Shard& s : shards) {
     splits.push_back(model::tp_split(m.n_heads, m.n_kv_heads, m.intermediate_size, s.tp, s.rank));
-    embed = embed || s.first;
-    head = head || (s.last && s.rank == 0);
+    const model::RowSplit v = model::row_split(m.vocab_size, s.tp, s.rank);
+    if (s.first) embed_rows.emplace_back(v.begin, v.end);
+    if (s.last) head_rows.emplace_back(v.begin, v.end);
   }
+  const bool head = !head_rows.empty();
   double params = 0, norms = 0;  // the norms: float32 vectors in the engine, whatever the file stores
   Iv q_rows, kv_rows, wo_cols, ff_rows, down_cols;
   for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
@@ -107,12 +111,14 @@ double shard_union_bytes(const ModelShape& m, const std::vector<Shard>& shards) 
                2.0 * union_length(ff_rows) + union_length(down_cols));
     norms += double(n) * 2.0 * double(h);
   }
-  // A tied head is the embedding: held once where both are.
-  if (embed) params += double(m.vocab_size) * h;
-  if (head) {
-    params += m.tie_embeddings && embed ? 0.0 : double(m.vocab_size) * h;
-    norms += double(h);
+  // A tied head is the embedding: its rows held once where both are.
+  if (m.tie_embeddings) {
+    embed_rows.insert(embed_rows.end(), head_rows.begin(), head_rows.end());
+    params += double(union_length(embed_rows)) * h;
+  } else {
+    params += double(union_length(embed_rows) + union_length(head_rows)) * h;
   }
+  if (head) norms += double(h);
   return (params * m.bytes_per_param + norms * kNormBytes) * m.scale();
 }
 

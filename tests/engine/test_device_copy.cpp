@@ -159,28 +159,29 @@ TEST_F(Stories, EveryGearsCopiesAreThePlannersShardUnions) {
 
 // One device by hand: stories260K (F32, dim 64, 8 heads of 8, 4 KV heads,
 // feed-forward 172, vocabulary 512, 5 layers) at TP 2 rank 1 of the whole
-// model, the last stage (rank 1: no head) and the first (the embedding):
-// per layer wq 32 rows + wk, wv 16 rows each + wo 32 columns, of 64; gate,
-// up 86 rows and down 86 columns of 64; two norms of 64.
+// model, the first and the last stage: per layer wq 32 rows + wk, wv 16
+// rows each + wo 32 columns, of 64; gate, up 86 rows and down 86 columns of
+// 64; two norms of 64; the vocabulary-parallel embedding and head: rows
+// [256, 512) of each (one tensor when tied) and the final norm.
 TEST_F(Stories, OneShardsBytesWrittenOut) {
   const auto& hp = model->hparams;
   ASSERT_EQ(hp.n_embd, 64);
   ASSERT_EQ(hp.n_ff, 172);
   ASSERT_EQ(hp.n_head_kv, 4);
+  ASSERT_EQ(hp.n_vocab, 512);
   VirtualDevice vd(0, 1, {}, 1ull << 32), vd2(1, 1, {}, 1ull << 32);  // outlive the stores
   WeightStore store(*model);
-  const std::uint64_t per_layer = 4 * (64 * (32 + 16 + 16 + 32) + 64 * 86 * 3 + 2 * 64);
-  const std::uint64_t embedding = 4ull * 512 * 64;
-  EXPECT_EQ(store.copy_to_device(vd, {RankShard{0, 5, 2, 1, true, true}}), 5 * per_layer + embedding);
-  // Rank 0 of TP 4 at the same time adds its rows, and the head with the
-  // final norm (a tied head is the embedding's bytes, held already).
   const auto& w = model->weights;
   const bool tied = !w.output.data || w.output.data == w.tok_embd.data;
-  const std::uint64_t head = 4 * ((tied ? 0 : 512 * 64) + 64);
+  // Vocabulary rows of the embedding and the head, and the final norm.
+  auto vocab = [&](std::uint64_t rows) { return 4 * (64 * rows * (tied ? 1 : 2) + 64); };
+  const std::uint64_t per_layer = 4 * (64 * (32 + 16 + 16 + 32) + 64 * 86 * 3 + 2 * 64);
+  EXPECT_EQ(store.copy_to_device(vd, {RankShard{0, 5, 2, 1, true, true}}), 5 * per_layer + vocab(256));
+  // Rank 0 of TP 4 at the same time adds its rows: vocabulary [0, 128).
   WeightStore store2(*model);
   const std::uint64_t tp4_rank0 = 4 * (64 * (16 + 8 + 8 + 16) + 64 * 43 * 3);
   EXPECT_EQ(store2.copy_to_device(vd2, {RankShard{0, 5, 2, 1, true, true}, RankShard{0, 5, 4, 0, true, true}}),
-            5 * (per_layer + tp4_rank0) + embedding + head);
+            5 * (per_layer + tp4_rank0) + vocab(384));
 }
 
 // Greedy tokens on the copies: the golden ones at every gear of the table.

@@ -51,6 +51,9 @@ struct FaultyRank final : RankBackend {
   void upload(const float* h, float* d, std::size_t n) override { b_->upload(h, d, n); }
   void download(const float* d, float* h, std::size_t n) override { b_->download(d, h, n); }
   void embed(float* x) override { b_->embed(x); }
+  void place_columns(const float* s, std::size_t r, std::size_t c, float* d, std::size_t ld, std::size_t c0) override {
+    b_->place_columns(s, r, c, d, ld, c0);
+  }
   void rmsnorm(const float* x, const float* w, float* o, int r) override { b_->rmsnorm(x, w, o, r); }
   void matmul(const float* x, const MatView& w, float* o, int r) override { b_->matmul(x, w, o, r); }
   void add_bias(float* x, const VecView& b) override { b_->add_bias(x, b); }

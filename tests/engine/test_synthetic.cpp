@@ -183,6 +183,44 @@ TEST_P(SyntheticModel, LoadsAndGivesTheSameGreedyTokensAtEveryGear) {
     expect_same_greedy(ref, generate_greedy(store, g.stages, g.micro_batches, prompt, 24), tie, g.name);
 }
 
+// A vocabulary that the TP degree does not divide (401 at TP 2 and TP 4):
+// the vocabulary-parallel embedding and head give the first ranks one row
+// more (TP 4: 101, 100, 100, 100 rows), the ranks' rows cover the
+// vocabulary once, and the greedy tokens at TP 2 and TP 4 are TP 1's.
+TEST(SyntheticVocab, AnUnevenVocabularyShardsAndKeepsTheTokens) {
+  TempDir dir;
+  SyntheticShape shape = tiny(DType::f32);
+  shape.n_vocab = 401;
+  const std::string path = (dir.path / "uneven.gguf").string();
+  ftp::testing::write_synthetic_gguf(path, shape);
+  ftp::model::Model m = ftp::model::load_model(path);
+  ASSERT_EQ(m.hparams.n_vocab, 401);
+  WeightStore store(m);
+  for (int tp : {2, 4}) {
+    int next = 0;
+    for (int r = 0; r < tp; ++r) {
+      const MatView e = store.embedding(tp, r), h = store.output(tp, r);
+      EXPECT_EQ(e.r0, next) << "tp " << tp << " rank " << r;
+      EXPECT_EQ(e.rows, 401 / tp + (r < 401 % tp ? 1 : 0)) << "tp " << tp << " rank " << r;
+      EXPECT_EQ(h.r0, e.r0);
+      EXPECT_EQ(h.rows, e.rows);
+      next += static_cast<int>(e.rows);
+    }
+    EXPECT_EQ(next, 401) << "tp " << tp;
+  }
+  // A device's union of TP 2 rank 0 and TP 4 rank 1: vocabulary rows [0, 201) and [101, 201): 201 rows.
+  const ShardUnion u = store.shard_union({RankShard{0, 4, 2, 0, true, true}, RankShard{0, 4, 4, 1, true, true}});
+  std::int64_t emb_rows = 0;
+  for (const ShardSegment& g : u.segments)
+    if (g.from == &m.weights.tok_embd) emb_rows += g.rows;
+  EXPECT_EQ(emb_rows, 201);
+  const std::vector<int> prompt = {1, 17, 230, 5, 399, 400, 42};
+  const Greedy ref = generate_greedy(store, {{0, 4, 1}}, 1, prompt, 24);
+  expect_same_greedy(ref, generate_greedy(store, {{0, 4, 2}}, 1, prompt, 24), 0.0f, "tp2, vocabulary 401");
+  expect_same_greedy(ref, generate_greedy(store, {{0, 4, 4}}, 1, prompt, 24), 0.0f, "tp4, vocabulary 401");
+  expect_same_greedy(ref, generate_greedy(store, {{0, 1, 4}, {1, 3, 2}}, 2, prompt, 24), 0.0f, "tp4 x pp2, vocabulary 401");
+}
+
 TEST_P(SyntheticModel, SameSeedSameFileOtherSeedOtherWeights) {
   TempDir dir;
   SyntheticShape s = tiny(GetParam());

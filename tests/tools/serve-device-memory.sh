@@ -33,9 +33,11 @@ check "status: device_memory" jq -e '.result.device_memory == true' "$tmp/status
 # vd2, vd3 serve a TP 1 gear, so all of it. vd1 (nested: rank 1 of TP 2,
 # rank 2 of TP 4, the pipeline's second stage) holds layers 0-2 at TP 2
 # rank 1 (64 x (32 + 16 + 16 + 32 + 86 x 3 + 2) each), layers 3-4 whole
-# (64 x 710 each), the embedding and, rank 0 of a last stage, the head with
-# its norm: (3 x 22784 + 2 x 45440 + 32768 + 32768 + 64) x 4 bytes.
-for d in vd0:1171200 vd1:899328 vd2:1171200 vd3:1171200; do
+# (64 x 710 each), its vocabulary rows [256, 512) of the embedding
+# (vocabulary-parallel: TP 2 rank 1 of a first stage) and, TP 1 of a last
+# stage, the whole head with its norm:
+# (3 x 22784 + 2 x 45440 + 16384 + 32768 + 64) x 4 bytes.
+for d in vd0:1171200 vd1:833792 vd2:1171200 vd3:1171200; do
   check "${d%%:*}: memory_weights ${d#*:}" jq -e --arg d "${d%%:*}" --argjson b "${d#*:}" \
     '.result.devices[] | select(.id==$d) | .memory_weights == $b' "$tmp/status.json"
 done
@@ -53,10 +55,10 @@ check "status: nothing copied since start" test "$(rpc status | jq '.result.weig
 kill "$daemon"; wait "$daemon"; daemon=
 
 # Release mode: vd1, vd2, vd3 leave performance for economy (vd0) and free
-# 899328 + 2 x 1171200 bytes (their unions, above); the shift back copies them.
+# 833792 + 2 x 1171200 bytes (their unions, above); the shift back copies them.
 jq '(.gears[] | select(.name=="performance") | .weight_mode) = "release"' "$gears" >"$tmp/release.json"
 start_daemon_with "$serve" "$tmp/serve-release.log" -m "$m" --gears "$tmp/release.json" --device-memory --step-interval-ms 20
-leaving=$((899328 + 2 * 1171200))
+leaving=$((833792 + 2 * 1171200))
 n=0
 for g in performance economy performance; do
   n=$((n + 1))
@@ -78,6 +80,6 @@ for g in performance economy performance; do
       fi ;;
   esac
 done
-check "release: vd1 holds its union again" test "$(rpc status | jq '.result.devices[] | select(.id=="vd1") | .memory_weights')" = 899328
+check "release: vd1 holds its union again" test "$(rpc status | jq '.result.devices[] | select(.id=="vd1") | .memory_weights')" = 833792
 kill "$daemon"; wait "$daemon"; daemon=
 finish

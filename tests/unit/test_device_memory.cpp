@@ -78,21 +78,24 @@ TEST(ShardUnion, NestedShardsAddNothingAndOthersAdd) {
   const ModelShape m = model("stories260K");
   const double emb = 512 * 64, f32 = 4;
   // TP 2 rank 1 (q [32, 64), KV [16, 32), ff [86, 172)) with TP 4 rank 2
-  // (q [32, 48), ff [86, 129)) inside it: rank 1's bytes, with the
-  // embedding (first stage) and no head (not rank 0).
+  // (q [32, 48), ff [86, 129), vocabulary [256, 384)) inside it: rank 1's
+  // bytes, with its vocabulary rows [256, 512) of the embedding (first
+  // stage) and of the head (last stage; tied: the same rows) and the final norm.
   const double tp2r1 = 64 * (32 + 2 * 16 + 32 + 2 * 86 + 86 + 2);
-  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 2, 1, true, true}, {0, 5, 4, 2, true, true}}), (5 * tp2r1 + emb) * f32);
-  // TP 4 rank 1 (q [16, 32), KV [8, 16), ff [43, 86)) is not inside: q 48, KV 24, ff 129.
+  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 2, 1, true, true}, {0, 5, 4, 2, true, true}}), (5 * tp2r1 + emb / 2 + 64) * f32);
+  // TP 4 rank 1 (q [16, 32), KV [8, 16), ff [43, 86), vocabulary [128, 256))
+  // is not inside: q 48, KV 24, ff 129, vocabulary 384.
   const double wide = 64 * (48 + 2 * 24 + 48 + 2 * 129 + 129 + 2);
-  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 2, 1, true, true}, {0, 5, 4, 1, true, true}}), (5 * wide + emb) * f32);
-  // One shard, rank 0 of a last stage: it holds the head (tied, so the
-  // embedding's 512 x 64 without it) and the final norm; stage_memory's weights are its.
+  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{0, 5, 2, 1, true, true}, {0, 5, 4, 1, true, true}}), (5 * wide + emb * 3 / 4 + 64) * f32);
+  // One shard, rank 0 of TP 4 of a last stage: it holds its vocabulary rows
+  // [0, 128) of the head (tied: the embedding's) and the final norm;
+  // stage_memory's weights are its.
   const double tp4r0 = 64 * (16 + 2 * 8 + 16 + 2 * 43 + 43 + 2);
   GroupPerf g;
   g.tp = 4;
   const StageMemory sm = stage_memory(m, StageSpan{3, false, true}, g, small(), 1, 64);
-  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{2, 3, 4, 0, false, true}}), (3 * tp4r0 + emb + 64) * f32);
-  EXPECT_DOUBLE_EQ(sm.weights, (3 * tp4r0 + emb + 64) * f32);
+  EXPECT_DOUBLE_EQ(shard_union_bytes(m, {{2, 3, 4, 0, false, true}}), (3 * tp4r0 + emb / 4 + 64) * f32);
+  EXPECT_DOUBLE_EQ(sm.weights, (3 * tp4r0 + emb / 4 + 64) * f32);
   // TP 8 > 4 KV heads: each rank reads one KV head whole (8 rows of wk and
   // wv, not 4), and ranks 0 and 1 read the same one.
   const double tp8r0 = 64 * (8 + 2 * 8 + 8 + 2 * 22 + 22 + 2);
@@ -161,8 +164,10 @@ TEST(DeviceMemory, PlannedTablesNestSoEachDeviceHoldsItsLargestShard) {
   auto by_hand = [](int tp, int rank) {  // BF16 matrices, float32 norms
     const double kv_rows = tp <= 4 ? 256.0 / tp : 64;
     const double layer = 2048 * (2 * 2048.0 / tp + 2 * kv_rows + 3 * 5632.0 / tp) * 2 + 2 * 2048 * 4;
-    const double emb = 32000.0 * 2048 * 2;
-    return 22 * layer + emb + (rank == 0 ? emb + 2048 * 4 : 0);
+    // Vocabulary-parallel embedding and head (untied): 32000 / tp rows of each, and the final norm.
+    const double emb = 32000.0 / tp * 2048 * 2;
+    (void)rank;
+    return 22 * layer + 2 * emb + 2048 * 4;
   };
   for (const auto& d : mem) {
     int smallest = 0, rank = -1;

@@ -414,8 +414,24 @@ class CudaRank final : public RankBackend {
 
   void embed(float* x) override {
     flush();
-    MatView table{&w_.model().weights.tok_embd, 0, hp_.n_vocab, 0, hp_.n_embd};
-    check(kernels::embed_rows(cuda::device_view(*weights_, table), tokens(), n_rows_, x, stream_), "embed_rows", where_);
+    // Vocabulary-parallel: the rank's rows of the table; a token outside them embeds as zeros.
+    const MatView table = w_.embedding(spec_.tp, spec_.rank);
+    if (table.rows == 0) {
+      check(cudaMemsetAsync(x, 0, static_cast<std::size_t>(n_rows_) * hp_.n_embd * sizeof(float), stream_),
+            "cudaMemsetAsync (embedding)", where_);
+      return;
+    }
+    check(kernels::embed_rows(cuda::device_view(*weights_, table), tokens(), n_rows_, x, stream_,
+                              w_.vocab_rows(spec_.tp, spec_.rank).begin),
+          "embed_rows", where_);
+  }
+  void place_columns(const float* src, std::size_t rows, std::size_t cols, float* dst, std::size_t ld,
+                     std::size_t col0) override {
+    flush();
+    if (rows && cols)
+      check(cudaMemcpy2DAsync(dst + col0, ld * sizeof(float), src, cols * sizeof(float), cols * sizeof(float), rows,
+                              cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpy2DAsync (logits slice)", where_);
   }
   void rmsnorm(const float* x, const float* w, float* out, int rows) override {
     if (add_.x && add_.x == x && add_.n == static_cast<std::size_t>(rows) * hp_.n_embd && out != add_.x && out != add_.y) {
