@@ -3,11 +3,15 @@
 
 #include "common.cuh"
 #include "matvec.cuh"
+#include "matvec_common.cuh"
+#include "quant_dispatch.cuh"
 
 namespace ftp::kernels {
 namespace {
 
-constexpr int kWarps = 4;  // warps per block
+using detail::MatvecTargets;
+using detail::target_of;
+constexpr int kWarps = detail::kMatvecWarps;
 constexpr int kMaxT = 8;   // tokens per pass over the weights
 
 /// Elements a lane converts per step: 16 bytes of F32/F16/BF16, half a Q8_0 block.
@@ -61,21 +65,6 @@ __device__ __forceinline__ const void* row_base(const WeightView& w, std::int64_
   else return static_cast<const std::uint16_t*>(w.data) + e;
 }
 
-/// The targets of one launch: row groups [first_warp[j], first_warp[j + 1])
-/// of the grid compute target j.
-struct Targets {
-  MatvecTarget t[kMaxMatvecTargets];
-  std::int64_t first_warp[kMaxMatvecTargets + 1];
-  int n;
-};
-
-/// Target of row group g (every group below first_warp[n] has one).
-__device__ __forceinline__ int target_of(const Targets& ts, std::int64_t g) {
-  int j = 0;
-  while (j + 1 < ts.n && g >= ts.first_warp[j + 1]) ++j;
-  return j;
-}
-
 /// One row group: R rows x up to T tokens (nt of them), whole rows, of the
 /// target its index falls in, computed by S warps (S = 1: one warp per
 /// group, kWarps groups per block; S = kWarps: the block's warps split the
@@ -85,7 +74,7 @@ __device__ __forceinline__ int target_of(const Targets& ts, std::int64_t g) {
 /// weight loads); more warps per group keep enough loads in flight when R
 /// leaves few groups.
 template <WeightDType D, int R, int T, int S>
-__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, Targets ts, int t) {
+__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, MatvecTargets ts, int t) {
   detail::pdl_begin();
   static_assert(S == 1 || S == kWarps, "a row group is one warp or the whole block");
   constexpr int E = lane_elems<D>();
@@ -201,12 +190,7 @@ bool vector_path_ok(const float* x, int x_ld, const WeightView& w) {
 
 template <WeightDType D, int R, int T, int S>
 void launch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, cudaStream_t stream) {
-  Targets ts{};
-  ts.n = n;
-  for (int j = 0; j < n; ++j) {
-    ts.t[j] = targets[j];
-    ts.first_warp[j + 1] = ts.first_warp[j] + (targets[j].w.rows + R - 1) / R;
-  }
+  const MatvecTargets ts = detail::make_targets(targets, n, R);
   const std::int64_t groups = ts.first_warp[n];
   constexpr int G = kWarps / S;
   const dim3 grid(static_cast<unsigned>((groups + G - 1) / G), static_cast<unsigned>((t + T - 1) / T));
@@ -264,11 +248,23 @@ bool vector_ok(const float* x, int x_ld, const WeightView& w) {
     case WeightDType::f16: return vector_path_ok<WeightDType::f16>(x, x_ld, w);
     case WeightDType::bf16: return vector_path_ok<WeightDType::bf16>(x, x_ld, w);
     case WeightDType::q8_0: return vector_path_ok<WeightDType::q8_0>(x, x_ld, w);
+    default:  // the block types: whole blocks, 16-byte aligned, float4 activations
+      return (reinterpret_cast<std::uintptr_t>(x) & 15) == 0 && x_ld % 4 == 0 && detail::whole_blocks(w);
   }
-  return false;
 }
 
 }  // namespace
+
+namespace detail {
+bool matvec_quant_config_built(MatvecConfig c) {
+  if (c.rows_per_warp == 0 && c.warps_per_row == 0) return true;
+  return c.warps_per_row == kWarps && (c.rows_per_warp == 1 || c.rows_per_warp == 2 || c.rows_per_warp == 4);
+}
+}  // namespace detail
+
+bool matvec_config_built(MatvecConfig c, WeightDType d) {
+  return is_block_quant(d) ? detail::matvec_quant_config_built(c) : matvec_config_built(c);
+}
 
 bool matvec_config_built(MatvecConfig c) {
   if (c.rows_per_warp == 0 && c.warps_per_row == 0) return true;
@@ -279,8 +275,9 @@ bool matvec_config_built(MatvecConfig c) {
 
 cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, int n_targets, int t,
                          cudaStream_t stream, MatvecConfig config) {
-  if (!matvec_config_built(config)) return cudaErrorInvalidValue;
   if (n_targets < 1 || n_targets > kMaxMatvecTargets) return cudaErrorInvalidValue;
+  for (int j = 0; j < n_targets; ++j)
+    if (!matvec_config_built(config, targets[j].w.dtype)) return cudaErrorInvalidValue;
   if (t <= 0) return cudaSuccess;
   const std::int64_t cols = targets[0].w.cols;
   bool together = true;
@@ -299,6 +296,8 @@ cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, 
         if (cudaError_t e = matvec_multi(x, x_ld, &targets[j], 1, t, stream, config); e != cudaSuccess) return e;
         continue;
       }
+      // The block types have no scalar path: views of whole blocks only.
+      if (is_block_quant(w.dtype)) return cudaErrorInvalidValue;
       const dim3 grid(static_cast<unsigned>((w.rows + kWarps - 1) / kWarps), static_cast<unsigned>((t + kMaxT - 1) / kMaxT));
       detail::launch(matvec_scalar_kernel, grid, kWarps * 32, 0, stream, x, x_ld, w, targets[j].out, targets[j].out_ld, t);
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
@@ -313,6 +312,10 @@ cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, 
     case WeightDType::f16: built = dispatch<WeightDType::f16>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
     case WeightDType::bf16: built = dispatch<WeightDType::bf16>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
     case WeightDType::q8_0: built = dispatch<WeightDType::q8_0>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
+    default:
+      detail::visit_block_quant(targets[0].w.dtype, [&](auto q) {
+        built = detail::matvec_quant<decltype(q)::value>(x, x_ld, targets, n_targets, t, config, sms, stream);
+      });
   }
   if (!built) return cudaErrorInvalidValue;
   return cudaGetLastError();

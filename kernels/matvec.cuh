@@ -10,8 +10,13 @@ namespace ftp::kernels {
 /// Matrix-vector products for small batches (decode): out[u][i] = x[u] . W[i]
 /// for u < t and i < w.rows, x[u] of w.cols floats (rows of x_ld floats),
 /// out rows of out_ld floats, over a view of a weight tensor in any dtype
-/// (F32, F16, BF16, Q8_0). Each weight is converted in registers and used
-/// for up to 8 tokens; accumulation in float32. Memory-bound: each lane
+/// (F32, F16, BF16, Q8_0, and the block types Q4_0 .. Q6_K: see
+/// matvec_quant_impl.cuh). Each weight is converted in registers and used
+/// for up to 8 tokens; accumulation in float32. The block types take
+/// views of whole blocks only (cudaErrorInvalidValue otherwise; there is no
+/// scalar path for them) with x 16-byte aligned and x_ld a multiple of 4;
+/// x is used as given: the caller quantizes it first where the CPU does
+/// (quantize_act.cuh). Memory-bound: each lane
 /// reads 16 contiguous bytes of a row per step (Q8_0: half a block with
 /// 2-byte loads), consecutive lanes consecutive bytes, so that a warp reads
 /// 512 contiguous bytes. Views whose rows are not aligned for those loads
@@ -30,8 +35,10 @@ struct MatvecConfig {
 };
 
 /// Whether `c` is one of the built configurations ({0, 0} always is);
-/// matvec returns cudaErrorInvalidValue for the others.
+/// matvec returns cudaErrorInvalidValue for the others. The block types
+/// (Q4_0 .. Q6_K) build fewer: four warps per row group, 1, 2 or 4 rows.
 bool matvec_config_built(MatvecConfig c);
+bool matvec_config_built(MatvecConfig c, WeightDType d);
 
 cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
                    cudaStream_t stream, MatvecConfig config = {});

@@ -41,10 +41,13 @@
 #include <cstring>
 
 #if defined(__CUDACC__)
-#define FTP_QB inline __host__ __device__ __forceinline__
-#define FTP_QB_UNROLL _Pragma("unroll")
+#define FTP_QB __host__ __device__ __forceinline__
 #else
 #define FTP_QB inline
+#endif
+#if defined(__CUDA_ARCH__)
+#define FTP_QB_UNROLL _Pragma("unroll")
+#else
 #define FTP_QB_UNROLL
 #endif
 
@@ -217,8 +220,18 @@ FTP_QB std::uint32_t ld8(const std::uint8_t* p) {
 #endif
 }
 
-/// Byte i of the little-endian words w.
-FTP_QB int byte_of(const std::uint32_t* w, int i) { return static_cast<int>((w[i >> 2] >> (8 * (i & 3))) & 0xffu); }
+/// Byte i of the N little-endian words w. The word is picked by selects,
+/// not by indexing: i may be known only at run time (a chunk's scale), and
+/// an array indexed so would leave registers for local memory.
+template <int N>
+FTP_QB int byte_of(const std::uint32_t* w, int i) {
+  static_assert(N >= 1 && N <= 4);
+  std::uint32_t v = w[0];
+  if constexpr (N > 1) v = (i >> 2) == 1 ? w[1] : v;
+  if constexpr (N > 2) v = (i >> 2) == 2 ? w[2] : v;
+  if constexpr (N > 3) v = (i >> 2) == 3 ? w[3] : v;
+  return static_cast<int>((v >> (8 * (i & 3))) & 0xffu);
+}
 
 // ---------------------------------------------------------------------------
 // Scale unpacking of the K-quants
@@ -230,11 +243,11 @@ FTP_QB int byte_of(const std::uint32_t* w, int i) { return static_cast<int>((w[i
 /// j - 4 (scale) and j (min).
 FTP_QB void scale_min_k4(const std::uint32_t* s, int j, int& sc, int& mn) {
   if (j < 4) {
-    sc = byte_of(s, j) & 63;
-    mn = byte_of(s, j + 4) & 63;
+    sc = byte_of<3>(s, j) & 63;
+    mn = byte_of<3>(s, j + 4) & 63;
   } else {
-    sc = (byte_of(s, j + 4) & 0x0f) | ((byte_of(s, j - 4) >> 6) << 4);
-    mn = (byte_of(s, j + 4) >> 4) | ((byte_of(s, j) >> 6) << 4);
+    sc = (byte_of<3>(s, j + 4) & 0x0f) | ((byte_of<3>(s, j - 4) >> 6) << 4);
+    mn = (byte_of<3>(s, j + 4) >> 4) | ((byte_of<3>(s, j) >> 6) << 4);
   }
 }
 
@@ -242,8 +255,8 @@ FTP_QB void scale_min_k4(const std::uint32_t* s, int j, int& sc, int& mn) {
 /// s): low 4 bits in byte j (j < 8) or the high nibble of byte j - 8, high
 /// 2 bits at bits 2 (j / 4) of byte 8 + j % 4; minus 32.
 FTP_QB int scale_q3_k(const std::uint32_t* s, int j) {
-  const int lo = j < 8 ? byte_of(s, j) & 0x0f : byte_of(s, j - 8) >> 4;
-  const int hi = (byte_of(s, 8 + (j & 3)) >> (2 * (j >> 2))) & 3;
+  const int lo = j < 8 ? byte_of<3>(s, j) & 0x0f : byte_of<3>(s, j - 8) >> 4;
+  const int hi = (byte_of<3>(s, 8 + (j & 3)) >> (2 * (j >> 2))) & 3;
   return (lo | (hi << 4)) - 32;
 }
 
@@ -275,7 +288,7 @@ struct Block<QType::q4_0> {
     d = half_float(static_cast<std::uint16_t>(raw.d));
     m = 0.0f;
 FTP_QB_UNROLL
-    for (int i = 0; i < 16; ++i) q[i] = small_int_float(((byte_of(raw.qs, i) >> (4 * r)) & 0x0f) - 8);
+    for (int i = 0; i < 16; ++i) q[i] = small_int_float(((byte_of<4>(raw.qs, i) >> (4 * r)) & 0x0f) - 8);
   }
 };
 
@@ -297,7 +310,7 @@ struct Block<QType::q4_1> {
     d = half_float(static_cast<std::uint16_t>(raw.dm & 0xffffu));
     m = half_float(static_cast<std::uint16_t>(raw.dm >> 16));
 FTP_QB_UNROLL
-    for (int i = 0; i < 16; ++i) q[i] = small_int_float((byte_of(raw.qs, i) >> (4 * r)) & 0x0f);
+    for (int i = 0; i < 16; ++i) q[i] = small_int_float((byte_of<4>(raw.qs, i) >> (4 * r)) & 0x0f);
   }
 };
 
@@ -323,7 +336,7 @@ struct Block<QType::q5_0> {
 FTP_QB_UNROLL
     for (int i = 0; i < 16; ++i) {
       const int h = static_cast<int>((raw.qh >> (i + 16 * r)) & 1u) << 4;
-      q[i] = small_int_float((((byte_of(raw.qs, i) >> (4 * r)) & 0x0f) | h) - 16);
+      q[i] = small_int_float((((byte_of<4>(raw.qs, i) >> (4 * r)) & 0x0f) | h) - 16);
     }
   }
 };
@@ -352,7 +365,7 @@ struct Block<QType::q5_1> {
 FTP_QB_UNROLL
     for (int i = 0; i < 16; ++i) {
       const int h = static_cast<int>((raw.qh >> (i + 16 * r)) & 1u) << 4;
-      q[i] = small_int_float(((byte_of(raw.qs, i) >> (4 * r)) & 0x0f) | h);
+      q[i] = small_int_float(((byte_of<4>(raw.qs, i) >> (4 * r)) & 0x0f) | h);
     }
   }
 };
@@ -378,11 +391,11 @@ struct Block<QType::q2_k> {
   }
   FTP_QB static int start(int c) { return 128 * (c >> 2) + 8 * (c & 3); }
   FTP_QB static void run(const Raw& raw, int c, int s, float* q, float& d, float& m) {
-    const int sc = byte_of(raw.sc, 2 * s + ((c & 3) >> 1));
+    const int sc = byte_of<2>(raw.sc, 2 * s + ((c & 3) >> 1));
     d = fmul(half_float(static_cast<std::uint16_t>(raw.dd & 0xffffu)), static_cast<float>(sc & 0x0f));
     m = -fmul(half_float(static_cast<std::uint16_t>(raw.dd >> 16)), static_cast<float>(sc >> 4));
 FTP_QB_UNROLL
-    for (int i = 0; i < 8; ++i) q[i] = small_int_float((byte_of(raw.qs, i) >> (2 * s)) & 3);
+    for (int i = 0; i < 8; ++i) q[i] = small_int_float((byte_of<2>(raw.qs, i) >> (2 * s)) & 3);
   }
 };
 
@@ -413,8 +426,8 @@ struct Block<QType::q3_k> {
     const int bit = 4 * h + s;
 FTP_QB_UNROLL
     for (int i = 0; i < 8; ++i) {
-      const int lo = (byte_of(raw.qs, i) >> (2 * s)) & 3;
-      const int hi = (byte_of(raw.hm, i) >> bit) & 1;
+      const int lo = (byte_of<2>(raw.qs, i) >> (2 * s)) & 3;
+      const int hi = (byte_of<2>(raw.hm, i) >> bit) & 1;
       q[i] = small_int_float(lo - (hi ? 0 : 4));
     }
   }
@@ -444,7 +457,7 @@ struct Block<QType::q4_k> {
     d = fmul(half_float(static_cast<std::uint16_t>(raw.head[0] & 0xffffu)), static_cast<float>(sc));
     m = -fmul(half_float(static_cast<std::uint16_t>(raw.head[0] >> 16)), static_cast<float>(mn));
 FTP_QB_UNROLL
-    for (int i = 0; i < 16; ++i) q[i] = small_int_float((byte_of(raw.qs, i) >> (4 * r)) & 0x0f);
+    for (int i = 0; i < 16; ++i) q[i] = small_int_float((byte_of<4>(raw.qs, i) >> (4 * r)) & 0x0f);
   }
 };
 
@@ -473,8 +486,8 @@ struct Block<QType::q5_k> {
     m = -fmul(half_float(static_cast<std::uint16_t>(raw.head[0] >> 16)), static_cast<float>(mn));
 FTP_QB_UNROLL
     for (int i = 0; i < 16; ++i) {
-      const int h = ((byte_of(raw.qh, i) >> g) & 1) << 4;
-      q[i] = small_int_float(((byte_of(raw.qs, i) >> (4 * r)) & 0x0f) + h);
+      const int h = ((byte_of<4>(raw.qh, i) >> g) & 1) << 4;
+      q[i] = small_int_float(((byte_of<4>(raw.qs, i) >> (4 * r)) & 0x0f) + h);
     }
   }
 };
@@ -511,8 +524,8 @@ struct Block<QType::q6_k> {
     const int shift = 2 * ((c & 3) >> 1) + 4 * r;
 FTP_QB_UNROLL
     for (int i = 0; i < 16; ++i) {
-      const int lo = (byte_of(raw.ql, i) >> (4 * r)) & 0x0f;
-      const int hi = (byte_of(raw.qh, i) >> shift) & 3;
+      const int lo = (byte_of<4>(raw.ql, i) >> (4 * r)) & 0x0f;
+      const int hi = (byte_of<4>(raw.qh, i) >> shift) & 3;
       q[i] = small_int_float((lo | (hi << 4)) - 32);
     }
   }

@@ -35,6 +35,7 @@
 #include "kernels/kv_write.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/matvec.cuh"
+#include "kernels/quantize_act.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/rope_kv_write.cuh"
@@ -448,26 +449,34 @@ class CudaRank final : public RankBackend {
   void matmul(const float* x, const MatView& w, float* out, int rows) override {
     if (rows <= 0 || w.rows <= 0) return;
     const kernels::WeightView v = cuda::device_view(*weights_, w);
+    // The block types (Q4_0 .. Q6_K) take the activations quantized as the
+    // CPU backend quantizes them (Q8_0 / Q8_K values, bit for bit), so that
+    // a gear's logits do not depend on its backend beyond float rounding;
+    // one quantization serves every product of a deferred group.
+    const kernels::ActQuant aq = kernels::act_quant_of(v.dtype);
     if (rows <= gemv_max_rows(v.dtype)) {
       // Deferred: consecutive products of the same activations (q, k, v;
       // gate, up) go out as one launch (kernels::matvec_multi).
-      bool joins = fuse_ && pending_.n > 0 && pending_.n < kernels::kMaxMatvecTargets && pending_.x == x &&
-                   pending_.rows == rows && pending_.t[0].w.cols == v.cols;
+      bool joins = fuse_ && pending_.n > 0 && pending_.n < kernels::kMaxMatvecTargets && pending_.src == x &&
+                   pending_.act == aq && pending_.rows == rows && pending_.t[0].w.cols == v.cols;
       for (int j = 0; joins && j < pending_.n; ++j) joins = pending_.t[j].out != out;
       if (!joins) flush();
+      const float* xin = joins ? pending_.x : quantized(x, rows, v.cols, aq);
       if (!fuse_) {
-        check(kernels::matvec(x, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_, gemv_config_),
+        check(kernels::matvec(xin, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_, gemv_config_),
               "matvec",
               where_);
         return;
       }
-      pending_.x = x;
+      pending_.x = xin;
+      pending_.src = x;
+      pending_.act = aq;
       pending_.rows = rows;
       pending_.t[pending_.n++] = kernels::MatvecTarget{v, out, static_cast<int>(w.rows)};
       return;
     }
     flush();
-    gemm(x, v, out, rows);
+    gemm(quantized(x, rows, v.cols, aq), v, out, rows);
   }
   void add_bias(float* x, const VecView& b) override {
     flush();
@@ -611,7 +620,7 @@ class CudaRank final : public RankBackend {
 
  private:
   static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
-  // Q8_0 matrices go to cuBLAS through dequantised tiles of at most this many bytes.
+  // Q8_0 and block-type matrices go to cuBLAS through dequantised tiles of at most this many bytes.
   static constexpr std::size_t kTileBytes = std::size_t{64} << 20;
 
   /// Runs `ops` as launches on the stream; what a failure left deferred is dropped.
@@ -749,7 +758,9 @@ class CudaRank final : public RankBackend {
               "cublasGemmEx", where_);
         return;
       }
-      case kernels::WeightDType::q8_0: {
+      default: {
+        // Q8_0 and the block types (their activations already quantized:
+        // matmul): BF16 tiles of the weights as ggml dequantizes them.
         void* xh = convert_activations(x, static_cast<std::size_t>(rows) * k, kernels::HalfType::bf16);
         const std::int64_t tile_rows =
             std::max<std::int64_t>(1, std::min<std::int64_t>(n, static_cast<std::int64_t>(kTileBytes / (2 * static_cast<std::size_t>(k)))));
@@ -759,7 +770,7 @@ class CudaRank final : public RankBackend {
           check(kernels::dequant_tile(v, r0, nr, tile, kernels::HalfType::bf16, stream_), "dequant_tile", where_);
           check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, rows, k, &one, tile, CUDA_R_16BF, k, xh, CUDA_R_16BF,
                              k, &zero, out + r0, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                "cublasGemmEx (Q8_0 tile)", where_);
+                "cublasGemmEx (dequantised tile)", where_);
         }
         return;
       }
@@ -805,6 +816,18 @@ class CudaRank final : public RankBackend {
     g_timing.download_ms += ms[2];
   }
 
+  /// x itself where the weights take float activations (ActQuant::none);
+  /// else x (rows of cols floats) quantized as the CPU backend quantizes
+  /// it, into act_buf_ (the caller has flushed what read it before).
+  const float* quantized(const float* x, int rows, std::int64_t cols, kernels::ActQuant aq) {
+    if (aq == kernels::ActQuant::none) return x;
+    const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+    auto* xq = static_cast<float*>(grow(act_buf_, n * sizeof(float), "quantized activations"));
+    check(kernels::quantize_activations_f32(x, xq, rows, static_cast<int>(cols), aq, stream_), "quantize_activations_f32",
+          where_);
+    return xq;
+  }
+
   /// Largest batch that takes the GEMV kernels (CudaBackendOptions::gemv_max_rows).
   int gemv_max_rows(kernels::WeightDType dt) const {
     if (gemv_max_rows_ >= 0) return gemv_max_rows_;
@@ -830,7 +853,7 @@ class CudaRank final : public RankBackend {
     drop_graphs();
     for (auto& b : bufs_)
       if (b.p) cudaFree(b.p);
-    for (DevBuf* b : {&layout_buf_, &half_buf_, &tile_buf_, &choice_buf_})
+    for (DevBuf* b : {&layout_buf_, &half_buf_, &tile_buf_, &choice_buf_, &act_buf_})
       if (b->p) cudaFree(b->p);
     for (void* p : deferred_) cudaFree(p);
     deferred_.clear();
@@ -850,7 +873,7 @@ class CudaRank final : public RankBackend {
     cublas_ws_ = nullptr;
     stream_ = nullptr;
     for (auto& b : bufs_) b = {};
-    layout_buf_ = half_buf_ = tile_buf_ = choice_buf_ = {};
+    layout_buf_ = half_buf_ = tile_buf_ = choice_buf_ = act_buf_ = {};
     cudaGetLastError();
     if (prev >= 0) cudaSetDevice(prev);
   }
@@ -880,6 +903,7 @@ class CudaRank final : public RankBackend {
 
   std::array<DevBuf, static_cast<std::size_t>(Buf::count)> bufs_{};
   DevBuf layout_buf_, half_buf_, tile_buf_, choice_buf_;
+  DevBuf act_buf_;  // activations quantized for the block types (quantized())
   std::vector<float> host_choices_;  // temperature, top_p, draw of each row
   DevBuf logprob_buf_;                // choose_tokens' log-probabilities on the device
   std::vector<float> host_logprobs_;  // and on the host (the ids as their bits)
@@ -898,7 +922,9 @@ class CudaRank final : public RankBackend {
   std::vector<int> logit_rows_;
 
   struct Pending {
-    const float* x = nullptr;
+    const float* x = nullptr;    // what the products read: src, or src quantized (act_buf_)
+    const float* src = nullptr;  // the activations the products were asked with
+    kernels::ActQuant act = kernels::ActQuant::none;
     int rows = 0;
     int n = 0;
     kernels::MatvecTarget t[kernels::kMaxMatvecTargets];

@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+// The GEMV of the block types (Q4_0 .. Q6_K), a template instantiated per
+// type by matvec_q*.cu (several files: the types compile in parallel).
+//
+// Each lane takes one chunk of 32 weights of a block per step
+// (quant_blocks.cuh: consecutive lanes, consecutive chunks, so a warp
+// reads consecutive bytes: Q4_K and Q5_K in 16-byte loads, the others in
+// the 2-, 4- or 8-byte words their block sizes allow), for the R rows of
+// its row group, and for each run of the chunk (weights under one scale)
+// sums q x x over the run for each token, then adds d x that sum (+ m x the
+// sum of x for types with a min): the quants are exact small integers,
+// the scales ggml's, so the products differ from the CPU's only by float
+// rounding of the sums. The activations are float (the CUDA backend passes
+// them quantized as the CPU backend quantizes them: quantize_act.cuh), read
+// in float4 loads shared by the R rows. Row groups and warps per group as
+// matvec.cu's kernel (MatvecConfig), the sums of one group's warps added in
+// shared memory in warp order.
+#pragma once
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "matvec_common.cuh"
+#include "quant_dispatch.cuh"
+
+namespace ftp::kernels::detail {
+
+template <qb::QType Q, int R, int T, int S>
+__global__ void __launch_bounds__(kMatvecWarps * 32)
+    matvec_quant_kernel(const float* __restrict__ x, int x_ld, MatvecTargets ts, int t) {
+  pdl_begin();
+  using B = qb::Block<Q>;
+  constexpr int W = kMatvecWarps;
+  static_assert(S == 1 || S == W, "a row group is one warp or the whole block");
+  constexpr int G = W / S;  // row groups per block
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = warp % S;
+  const std::int64_t gw = static_cast<std::int64_t>(blockIdx.x) * G + warp / S;
+  const bool live = gw < ts.first_warp[ts.n];
+  if constexpr (S == 1) {
+    if (!live) return;
+  }
+  const int j = live ? target_of(ts, gw) : 0;
+  const WeightView w = ts.t[j].w;
+  const std::int64_t row0 = live ? (gw - ts.first_warp[j]) * R : 0;
+  const int u0 = blockIdx.y * T;
+  const int nt = min(T, t - u0);
+  const std::uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = block_row<Q>(w, row0 + r < w.rows ? row0 + r : row0);
+  float acc[R][T];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int u = 0; u < T; ++u) acc[r][u] = 0.0f;
+  const float* xb = x + static_cast<std::int64_t>(u0) * x_ld;
+  const std::int64_t n_chunks = live ? w.cols / B::kElems * B::kChunks : 0;
+#pragma unroll 1
+  for (std::int64_t g = sub * 32 + lane; g < n_chunks; g += S * 32) {
+    const std::int64_t blk = g / B::kChunks;
+    const int c = static_cast<int>(g % B::kChunks);
+    typename B::Raw raw[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r] = B::load(rows[r] + blk * B::kBytes, c);
+    const float* xc = xb + blk * B::kElems + B::start(c);
+#pragma unroll
+    for (int run = 0; run < B::kRuns; ++run) {
+      float q[R][B::kRunLen], d[R], m[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) B::run(raw[r], c, run, q[r], d[r], m[r]);
+#pragma unroll
+      for (int u = 0; u < T; ++u) {
+        if (u < nt) {
+          const float4* xp = reinterpret_cast<const float4*>(xc + static_cast<std::int64_t>(u) * x_ld + run * B::kStride);
+          float s[R], sx = 0.0f;
+#pragma unroll
+          for (int r = 0; r < R; ++r) s[r] = 0.0f;
+#pragma unroll
+          for (int v = 0; v < B::kRunLen / 4; ++v) {
+            const float4 xv = __ldg(xp + v);
+            if constexpr (B::kHasMin) sx += (xv.x + xv.y) + (xv.z + xv.w);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              s[r] = fmaf(q[r][4 * v], xv.x, s[r]);
+              s[r] = fmaf(q[r][4 * v + 1], xv.y, s[r]);
+              s[r] = fmaf(q[r][4 * v + 2], xv.z, s[r]);
+              s[r] = fmaf(q[r][4 * v + 3], xv.w, s[r]);
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            acc[r][u] = fmaf(d[r], s[r], acc[r][u]);
+            if constexpr (B::kHasMin) acc[r][u] = fmaf(m[r], sx, acc[r][u]);
+          }
+        }
+      }
+    }
+  }
+  float* __restrict__ out = ts.t[j].out;
+  const int out_ld = ts.t[j].out_ld;
+  if constexpr (S == 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < T; ++u) {
+        const float s = warp_sum(acc[r][u]);
+        if (lane == 0 && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
+      }
+  } else {
+    __shared__ float part[W][R * T];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < T; ++u) {
+        const float s = warp_sum(acc[r][u]);
+        if (lane == 0) part[warp][r * T + u] = s;
+      }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * T; i += W * 32) {
+      const int r = i / T, u = i % T;
+      float s = part[0][i];
+#pragma unroll
+      for (int v = 1; v < W; ++v) s += part[v][i];
+      if (live && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
+    }
+  }
+}
+
+template <qb::QType Q, int R, int T>
+void launch_quant(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, cudaStream_t stream) {
+  const MatvecTargets ts = make_targets(targets, n, R);
+  const std::int64_t groups = ts.first_warp[n];
+  // One row group per block: the block's four warps split the columns.
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((t + T - 1) / T));
+  launch(matvec_quant_kernel<Q, R, T, kMatvecWarps>, grid, kMatvecWarps * 32, 0, stream, x, x_ld, ts, t);
+}
+
+template <qb::QType Q, int T>
+bool launch_quant_rows(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, int R, cudaStream_t stream) {
+  switch (R) {
+    case 1: return launch_quant<Q, 1, T>(x, x_ld, targets, n, t, stream), true;
+    case 2: return launch_quant<Q, 2, T>(x, x_ld, targets, n, t, stream), true;
+    case 4: return launch_quant<Q, 4, T>(x, x_ld, targets, n, t, stream), true;
+    default: return false;
+  }
+}
+
+/// Tokens of one pass over the weights for t tokens: 1, 4 or 8 (fewer
+/// instantiations than the float types' 1, 2, 4, 8).
+constexpr int quant_tokens_per_pass(int t) { return t == 1 ? 1 : t <= 4 ? 4 : 8; }
+
+template <qb::QType Q>
+bool matvec_quant(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, MatvecConfig c, int sms,
+                  cudaStream_t stream) {
+  if (!matvec_quant_config_built(c)) return false;
+  int R = c.rows_per_warp;
+  if (R == 0) {
+    // Automatic: four rows per group, fewer where the matrices would leave
+    // under two groups per multiprocessor (not measured yet: the first
+    // device run's gpu-bench --gemv-sweep --dtype q4_k_m decides).
+    R = 4;
+    std::int64_t rows = 0;
+    for (int j = 0; j < n; ++j) rows += targets[j].w.rows;
+    while (R > 1 && rows / R < 2 * static_cast<std::int64_t>(sms)) R /= 2;
+  }
+  switch (quant_tokens_per_pass(t)) {
+    case 1: return launch_quant_rows<Q, 1>(x, x_ld, targets, n, t, R, stream);
+    case 4: return launch_quant_rows<Q, 4>(x, x_ld, targets, n, t, R, stream);
+    default: return launch_quant_rows<Q, 8>(x, x_ld, targets, n, t, R, stream);
+  }
+}
+
+}  // namespace ftp::kernels::detail
