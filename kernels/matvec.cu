@@ -262,6 +262,12 @@ bool matvec_quant_config_built(MatvecConfig c) {
 }
 }  // namespace detail
 
+bool matvec_int_dots(WeightDType d) {
+  bool on = false;
+  detail::visit_block_quant(d, [&](auto q) { on = qb::IntDot<decltype(q)::value>::kOn; });
+  return on;
+}
+
 bool matvec_config_built(MatvecConfig c, WeightDType d) {
   return is_block_quant(d) ? detail::matvec_quant_config_built(c) : matvec_config_built(c);
 }
@@ -274,7 +280,7 @@ bool matvec_config_built(MatvecConfig c) {
 }
 
 cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, int n_targets, int t,
-                         cudaStream_t stream, MatvecConfig config) {
+                         cudaStream_t stream, MatvecConfig config, const Q8Acts* q8) {
   if (n_targets < 1 || n_targets > kMaxMatvecTargets) return cudaErrorInvalidValue;
   for (int j = 0; j < n_targets; ++j)
     if (!matvec_config_built(config, targets[j].w.dtype)) return cudaErrorInvalidValue;
@@ -293,7 +299,7 @@ cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, 
       const WeightView& w = targets[j].w;
       if (w.rows == 0) continue;
       if (n_targets > 1) {
-        if (cudaError_t e = matvec_multi(x, x_ld, &targets[j], 1, t, stream, config); e != cudaSuccess) return e;
+        if (cudaError_t e = matvec_multi(x, x_ld, &targets[j], 1, t, stream, config, q8); e != cudaSuccess) return e;
         continue;
       }
       // The block types have no scalar path: views of whole blocks only.
@@ -312,20 +318,26 @@ cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, 
     case WeightDType::f16: built = dispatch<WeightDType::f16>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
     case WeightDType::bf16: built = dispatch<WeightDType::bf16>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
     case WeightDType::q8_0: built = dispatch<WeightDType::q8_0>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
-    default:
-      detail::visit_block_quant(targets[0].w.dtype, [&](auto q) {
-        built = detail::matvec_quant<decltype(q)::value>(x, x_ld, targets, n_targets, t, config, sms, stream);
+    default: {
+      // The integer path where the type has it and q8 holds its activations.
+      const WeightDType dt = targets[0].w.dtype;
+      const bool int_ok = q8 && q8->q && q8->d && q8->kind == act_quant_of(dt) && matvec_int_dots(dt) &&
+                          (reinterpret_cast<std::uintptr_t>(q8->q) & 15) == 0 && q8->q_ld % 16 == 0;
+      detail::visit_block_quant(dt, [&](auto q) {
+        built = detail::matvec_quant<decltype(q)::value>(x, x_ld, int_ok ? q8 : nullptr, targets, n_targets, t, config,
+                                                         sms, stream);
       });
+    }
   }
   if (!built) return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
 cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
-                   cudaStream_t stream, MatvecConfig config) {
+                   cudaStream_t stream, MatvecConfig config, const Q8Acts* q8) {
   if (t <= 0 || w.rows <= 0) return cudaSuccess;
   const MatvecTarget target{w, out, out_ld};
-  return matvec_multi(x, x_ld, &target, 1, t, stream, config);
+  return matvec_multi(x, x_ld, &target, 1, t, stream, config, q8);
 }
 
 }  // namespace ftp::kernels

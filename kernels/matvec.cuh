@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "weight_view.cuh"
 
 namespace ftp::kernels {
@@ -40,8 +42,25 @@ struct MatvecConfig {
 bool matvec_config_built(MatvecConfig c);
 bool matvec_config_built(MatvecConfig c, WeightDType d);
 
+/// Activations quantized for the block types' integer dots
+/// (quantize_activations_f32's quants and scales): row u's int8 quants at
+/// q + u x q_ld, its blocks' scales at d + u x d_ld (blocks of 32 for
+/// kind q8_0, 256 for q8_k), q 16-byte aligned, q_ld a multiple of 16.
+struct Q8Acts {
+  const std::int8_t* q = nullptr;
+  const float* d = nullptr;
+  int q_ld = 0, d_ld = 0;
+  ActQuant kind = ActQuant::none;
+};
+
+/// Whether the block type d has the integer-dot GEMV (Q4_0 with Q8_0
+/// activations, Q4_K and Q6_K with Q8_K: llama.cpp's vec_dot forms, dp4a
+/// on the device): a quarter of the float path's activation bytes and a
+/// few integer operations per four weights instead of a conversion each.
+bool matvec_int_dots(WeightDType d);
+
 cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
-                   cudaStream_t stream, MatvecConfig config = {});
+                   cudaStream_t stream, MatvecConfig config = {}, const Q8Acts* q8 = nullptr);
 
 /// Most targets of one matvec_multi launch.
 constexpr int kMaxMatvecTargets = 4;
@@ -60,7 +79,12 @@ struct MatvecTarget {
 /// Every target needs the same cols; targets of one dtype whose views allow
 /// vector loads share a launch, others take one launch each. At most
 /// kMaxMatvecTargets. Results equal matvec's for each target.
+///
+/// q8 (optional): the same activations as int8 quants and scales (x being
+/// their values q x d); targets whose type has integer dots
+/// (matvec_int_dots) and whose activation kind is q8->kind read those
+/// instead of x: the same products up to float rounding.
 cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, int n_targets, int t,
-                         cudaStream_t stream, MatvecConfig config = {});
+                         cudaStream_t stream, MatvecConfig config = {}, const Q8Acts* q8 = nullptr);
 
 }  // namespace ftp::kernels

@@ -44,8 +44,9 @@ __device__ __forceinline__ int target_of(const MatvecTargets& ts, std::int64_t g
 /// blocks, x 16-byte aligned with x_ld a multiple of 4); false where c is
 /// not built for them.
 bool matvec_quant_config_built(MatvecConfig c);
+/// q8 non-null (and Q with integer dots, qb::IntDot): the integer path.
 template <qb::QType Q>
-bool matvec_quant(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, MatvecConfig c, int sms,
-                  cudaStream_t stream);
+bool matvec_quant(const float* x, int x_ld, const Q8Acts* q8, const MatvecTarget* targets, int n, int t, MatvecConfig c,
+                  int sms, cudaStream_t stream);
 
 }  // namespace ftp::kernels::detail

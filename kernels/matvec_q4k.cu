@@ -4,7 +4,9 @@
 
 namespace ftp::kernels::detail {
 
-template bool matvec_quant<qb::QType::q4_k>(const float*, int, const MatvecTarget*, int, int, MatvecConfig, int, cudaStream_t);
-template bool matvec_quant<qb::QType::q6_k>(const float*, int, const MatvecTarget*, int, int, MatvecConfig, int, cudaStream_t);
+template bool matvec_quant<qb::QType::q4_k>(const float*, int, const Q8Acts*, const MatvecTarget*, int, int, MatvecConfig, int,
+                                                  cudaStream_t);
+template bool matvec_quant<qb::QType::q6_k>(const float*, int, const Q8Acts*, const MatvecTarget*, int, int, MatvecConfig, int,
+                                                  cudaStream_t);
 
 }  // namespace ftp::kernels::detail

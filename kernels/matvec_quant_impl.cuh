@@ -15,6 +15,15 @@
 // in float4 loads shared by the R rows. Row groups and warps per group as
 // matvec.cu's kernel (MatvecConfig), the sums of one group's warps added in
 // shared memory in warp order.
+//
+// Q4_0, Q4_K and Q6_K also have an integer path (matvec_q8_kernel, taken
+// when the caller passes the activations' int8 quants): each run's quants
+// dotted with 16 activation quants in four dp4a (qb::IntDot, checked on the
+// CPU against run()'s quants), scaled by the run's d (plus m x the sum of
+// the activation quants) and the activation block's scale: llama.cpp's
+// vec_dot forms, the CPU backend's integer kernels up to float rounding.
+// Per four weights a few integer operations and one dp4a, where the float
+// path converts each weight; and 16 bytes of activations a run, not 64.
 #pragma once
 
 #include <cstdint>
@@ -126,21 +135,113 @@ __global__ void __launch_bounds__(kMatvecWarps * 32)
   }
 }
 
+/// The integer path: a row group per block, its four warps over the
+/// columns (as matvec_quant_kernel with S = 4).
 template <qb::QType Q, int R, int T>
-void launch_quant(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, cudaStream_t stream) {
+__global__ void __launch_bounds__(kMatvecWarps * 32) matvec_q8_kernel(Q8Acts a, MatvecTargets ts, int t) {
+  pdl_begin();
+  using B = qb::Block<Q>;
+  using D = qb::IntDot<Q>;
+  static_assert(D::kOn && B::kRunLen == 16, "integer dots: 16 activation quants a run");
+  // The activation blocks are the weight blocks (32 for Q4_0, 256 for the
+  // K-quants): block blk of a view's row has scale blk of the row's.
+  constexpr int W = kMatvecWarps;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const std::int64_t gw = blockIdx.x;
+  const int j = target_of(ts, gw);
+  const WeightView w = ts.t[j].w;
+  const std::int64_t row0 = (gw - ts.first_warp[j]) * R;
+  const int u0 = blockIdx.y * T;
+  const int nt = min(T, t - u0);
+  const std::uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = block_row<Q>(w, row0 + r < w.rows ? row0 + r : row0);
+  float acc[R][T];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int u = 0; u < T; ++u) acc[r][u] = 0.0f;
+  const std::uint8_t* qb0 = reinterpret_cast<const std::uint8_t*>(a.q) + static_cast<std::int64_t>(u0) * a.q_ld;
+  const float* db0 = a.d + static_cast<std::int64_t>(u0) * a.d_ld;
+  const std::int64_t n_chunks = w.cols / B::kElems * B::kChunks;
+#pragma unroll 1
+  for (std::int64_t g = warp * 32 + lane; g < n_chunks; g += W * 32) {
+    const std::int64_t blk = g / B::kChunks;
+    const int c = static_cast<int>(g % B::kChunks);
+    typename B::Raw raw[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r] = B::load(rows[r] + blk * B::kBytes, c);
+    float dx[T];
+#pragma unroll
+    for (int u = 0; u < T; ++u) dx[u] = u < nt ? __ldg(db0 + static_cast<std::int64_t>(u) * a.d_ld + blk) : 0.0f;
+#pragma unroll
+    for (int run = 0; run < B::kRuns; ++run) {
+      float d[R], m[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float q[B::kRunLen];  // unused here: only the scales are kept
+        B::run(raw[r], c, run, q, d[r], m[r]);
+      }
+#pragma unroll
+      for (int u = 0; u < T; ++u) {
+        if (u < nt) {
+          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(qb0 + static_cast<std::int64_t>(u) * a.q_ld +
+                                                                blk * B::kElems + B::start(c) + run * B::kStride));
+          const std::uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
+          const int xsum = qb::sum_q8(xq);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float v = d[r] * static_cast<float>(D::run(raw[r], c, run, xq, xsum));
+            if constexpr (B::kHasMin) v = fmaf(m[r], static_cast<float>(xsum), v);
+            acc[r][u] = fmaf(dx[u], v, acc[r][u]);
+          }
+        }
+      }
+    }
+  }
+  __shared__ float part[W][R * T];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int u = 0; u < T; ++u) {
+      const float s = warp_sum(acc[r][u]);
+      if (lane == 0) part[warp][r * T + u] = s;
+    }
+  __syncthreads();
+  float* __restrict__ out = ts.t[j].out;
+  const int out_ld = ts.t[j].out_ld;
+  for (int i = threadIdx.x; i < R * T; i += W * 32) {
+    const int r = i / T, u = i % T;
+    float s = part[0][i];
+#pragma unroll
+    for (int v = 1; v < W; ++v) s += part[v][i];
+    if (u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
+  }
+}
+
+template <qb::QType Q, int R, int T>
+void launch_quant(const float* x, int x_ld, const Q8Acts* q8, const MatvecTarget* targets, int n, int t,
+                  cudaStream_t stream) {
   const MatvecTargets ts = make_targets(targets, n, R);
   const std::int64_t groups = ts.first_warp[n];
   // One row group per block: the block's four warps split the columns.
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((t + T - 1) / T));
+  if constexpr (qb::IntDot<Q>::kOn) {
+    if (q8) {
+      launch(matvec_q8_kernel<Q, R, T>, grid, kMatvecWarps * 32, 0, stream, *q8, ts, t);
+      return;
+    }
+  }
   launch(matvec_quant_kernel<Q, R, T, kMatvecWarps>, grid, kMatvecWarps * 32, 0, stream, x, x_ld, ts, t);
 }
 
 template <qb::QType Q, int T>
-bool launch_quant_rows(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, int R, cudaStream_t stream) {
+bool launch_quant_rows(const float* x, int x_ld, const Q8Acts* q8, const MatvecTarget* targets, int n, int t, int R,
+                       cudaStream_t stream) {
   switch (R) {
-    case 1: return launch_quant<Q, 1, T>(x, x_ld, targets, n, t, stream), true;
-    case 2: return launch_quant<Q, 2, T>(x, x_ld, targets, n, t, stream), true;
-    case 4: return launch_quant<Q, 4, T>(x, x_ld, targets, n, t, stream), true;
+    case 1: return launch_quant<Q, 1, T>(x, x_ld, q8, targets, n, t, stream), true;
+    case 2: return launch_quant<Q, 2, T>(x, x_ld, q8, targets, n, t, stream), true;
+    case 4: return launch_quant<Q, 4, T>(x, x_ld, q8, targets, n, t, stream), true;
     default: return false;
   }
 }
@@ -150,8 +251,8 @@ bool launch_quant_rows(const float* x, int x_ld, const MatvecTarget* targets, in
 constexpr int quant_tokens_per_pass(int t) { return t == 1 ? 1 : t <= 4 ? 4 : 8; }
 
 template <qb::QType Q>
-bool matvec_quant(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, MatvecConfig c, int sms,
-                  cudaStream_t stream) {
+bool matvec_quant(const float* x, int x_ld, const Q8Acts* q8, const MatvecTarget* targets, int n, int t, MatvecConfig c,
+                  int sms, cudaStream_t stream) {
   if (!matvec_quant_config_built(c)) return false;
   int R = c.rows_per_warp;
   if (R == 0) {
@@ -164,9 +265,9 @@ bool matvec_quant(const float* x, int x_ld, const MatvecTarget* targets, int n, 
     while (R > 1 && rows / R < 2 * static_cast<std::int64_t>(sms)) R /= 2;
   }
   switch (quant_tokens_per_pass(t)) {
-    case 1: return launch_quant_rows<Q, 1>(x, x_ld, targets, n, t, R, stream);
-    case 4: return launch_quant_rows<Q, 4>(x, x_ld, targets, n, t, R, stream);
-    default: return launch_quant_rows<Q, 8>(x, x_ld, targets, n, t, R, stream);
+    case 1: return launch_quant_rows<Q, 1>(x, x_ld, q8, targets, n, t, R, stream);
+    case 4: return launch_quant_rows<Q, 4>(x, x_ld, q8, targets, n, t, R, stream);
+    default: return launch_quant_rows<Q, 8>(x, x_ld, q8, targets, n, t, R, stream);
   }
 }
 

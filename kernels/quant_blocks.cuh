@@ -241,13 +241,18 @@ FTP_QB int byte_of(const std::uint32_t* w, int i) {
 /// 0-3 in the low 6 bits of bytes j (scale) and j + 4 (min); groups 4-7 in
 /// the nibbles of byte j + 4, their high 2 bits in the top bits of bytes
 /// j - 4 (scale) and j (min).
+/// (Byte j & 3 of each of the three words, shifted by a run-time amount:
+/// no word is picked by a run-time index.)
 FTP_QB void scale_min_k4(const std::uint32_t* s, int j, int& sc, int& mn) {
+  const int sh = 8 * (j & 3);
+  const int b0 = static_cast<int>((s[0] >> sh) & 0xffu), b1 = static_cast<int>((s[1] >> sh) & 0xffu),
+            b2 = static_cast<int>((s[2] >> sh) & 0xffu);
   if (j < 4) {
-    sc = byte_of<3>(s, j) & 63;
-    mn = byte_of<3>(s, j + 4) & 63;
+    sc = b0 & 63;
+    mn = b1 & 63;
   } else {
-    sc = (byte_of<3>(s, j + 4) & 0x0f) | ((byte_of<3>(s, j - 4) >> 6) << 4);
-    mn = (byte_of<3>(s, j + 4) >> 4) | ((byte_of<3>(s, j) >> 6) << 4);
+    sc = (b2 & 0x0f) | ((b0 >> 6) << 4);
+    mn = (b2 >> 4) | ((b1 >> 6) << 4);
   }
 }
 
@@ -531,6 +536,81 @@ FTP_QB_UNROLL
   }
 };
 
+// ---------------------------------------------------------------------------
+// Integer dots (the types with kIntDot): a run's quants against 16 int8
+// activation quants (4 words, as the Q8 quantization leaves them), as
+// ggml's vec_dot_q4_0_q8_0, vec_dot_q4_K_q8_K and vec_dot_q6_K_q8_K form
+// them: run_int gives sum_i q[i] x qx[i] with q[i] run()'s quants, exactly
+// (xsum = sum_i qx[i], for the types whose quants carry an offset); the
+// caller scales it by the run's d (and adds m x xsum) and the activation
+// block's scale.
+
+/// sum of the 4 signed byte products of a and b, plus c (__dp4a).
+FTP_QB int dp4a(std::uint32_t a, std::uint32_t b, int c) {
+#if defined(__CUDA_ARCH__)
+  return __dp4a(static_cast<int>(a), static_cast<int>(b), c);
+#else
+  for (int i = 0; i < 4; ++i)
+    c += static_cast<int>(static_cast<std::int8_t>((a >> (8 * i)) & 0xffu)) *
+         static_cast<int>(static_cast<std::int8_t>((b >> (8 * i)) & 0xffu));
+  return c;
+#endif
+}
+
+/// sum of the 16 int8 quants of 4 words.
+FTP_QB int sum_q8(const std::uint32_t* xq) {
+  int s = 0;
+  FTP_QB_UNROLL
+  for (int i = 0; i < 4; ++i) s = dp4a(0x01010101u, xq[i], s);
+  return s;
+}
+
+template <QType T>
+struct IntDot {
+  static constexpr bool kOn = false;
+};
+
+/// Q4_0: nibbles (as bytes 0..15) dotted, less 8 x xsum.
+template <>
+struct IntDot<QType::q4_0> {
+  static constexpr bool kOn = true;
+  FTP_QB static int run(const Block<QType::q4_0>::Raw& raw, int, int r, const std::uint32_t* xq, int xsum) {
+    int s = 0;
+    FTP_QB_UNROLL
+    for (int i = 0; i < 4; ++i) s = dp4a((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu, xq[i], s);
+    return s - 8 * xsum;
+  }
+};
+
+/// Q4_K: the run's nibbles (0..15) dotted.
+template <>
+struct IntDot<QType::q4_k> {
+  static constexpr bool kOn = true;
+  FTP_QB static int run(const Block<QType::q4_k>::Raw& raw, int, int r, const std::uint32_t* xq, int) {
+    int s = 0;
+    FTP_QB_UNROLL
+    for (int i = 0; i < 4; ++i) s = dp4a((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu, xq[i], s);
+    return s;
+  }
+};
+
+/// Q6_K: the 6-bit quants (0..63, positive as signed bytes) dotted, less
+/// 32 x xsum.
+template <>
+struct IntDot<QType::q6_k> {
+  static constexpr bool kOn = true;
+  FTP_QB static int run(const Block<QType::q6_k>::Raw& raw, int c, int r, const std::uint32_t* xq, int xsum) {
+    const int shift = 2 * ((c & 3) >> 1) + 4 * r;
+    int s = 0;
+    FTP_QB_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const std::uint32_t q = ((raw.ql[i] >> (4 * r)) & 0x0f0f0f0fu) | (((raw.qh[i] >> shift) & 0x03030303u) << 4);
+      s = dp4a(q, xq[i], s);
+    }
+    return s - 32 * xsum;
+  }
+};
+
 /// Weight i of a run: d x q (+ m), rounded once as ggml rounds it.
 template <QType T>
 FTP_QB float weight(float d, float q, float m) {
@@ -570,7 +650,10 @@ struct Q8Scale {
 FTP_QB Q8Scale q8_0_scale(float amax) {
   return {round_to_half(amax / 127.0f), amax != 0.0f ? 127.0f / amax : 0.0f, false};
 }
+/// The value q x d of x (from the float quant: -0 stays -0, as the CPU's)
+/// and its quant as an integer (|q| <= 127).
 FTP_QB float q8_0_value(float x, Q8Scale s) { return fmul(rintf(fmul(x, s.id)), s.d); }
+FTP_QB int q8_0_int(float x, Q8Scale s) { return static_cast<int>(rintf(fmul(x, s.id))); }
 
 /// Q8_K of a block whose element of largest magnitude (the first of equal
 /// ones) is `max`: iscale = -127 / max, d = 1 / iscale; max 0: every value 0.
@@ -578,6 +661,13 @@ FTP_QB Q8Scale q8_k_scale(float max) {
   if (max == 0.0f) return {0.0f, 0.0f, true};
   const float iscale = -127.0f / max;
   return {1.0f / iscale, iscale, false};
+}
+/// The quant of x (|q| <= 127: |x / d| <= 127 up to rounding, capped) and
+/// its value q x d (+0 in a block of zeros).
+FTP_QB int q8_k_int(float x, Q8Scale s) {
+  if (s.zero) return 0;
+  const float q = rintf(fmul(s.id, x));
+  return static_cast<int>(q < 127.0f ? q : 127.0f);
 }
 FTP_QB float q8_k_value(float x, Q8Scale s) {
   if (s.zero) return 0.0f;

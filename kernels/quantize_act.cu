@@ -12,7 +12,8 @@ constexpr int kWarps = 4;
 
 /// Blocks of 32 (Q8_0 / Q8_1 values): a lane per element.
 __global__ void __launch_bounds__(kWarps * 32)
-    quantize_q8_0_kernel(const float* __restrict__ x, float* __restrict__ out, int t, int k, int nb) {
+    quantize_q8_0_kernel(const float* __restrict__ x, float* __restrict__ out, int t, int k, int nb,
+                         std::int8_t* __restrict__ quants, float* __restrict__ scales) {
   detail::pdl_begin();
   const int lane = threadIdx.x & 31;
   const std::int64_t wb = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -26,14 +27,19 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const qb::Q8Scale s = qb::q8_0_scale(amax);
-  if (lane < n) out[u * k + j0 + lane] = qb::q8_0_value(v, s);
+  if (lane < n) {
+    out[u * k + j0 + lane] = qb::q8_0_value(v, s);
+    if (quants) quants[u * k + j0 + lane] = static_cast<std::int8_t>(qb::q8_0_int(v, s));
+  }
+  if (scales && lane == 0) scales[wb] = s.d;
 }
 
 /// Blocks of 256 (Q8_K values): 8 elements a lane (element lane + 32 i);
 /// the maximum is the first element of the largest magnitude
 /// (qb::q8_k_beats over (magnitude, index) pairs).
 __global__ void __launch_bounds__(kWarps * 32)
-    quantize_q8_k_kernel(const float* __restrict__ x, float* __restrict__ out, int t, int k, int nb) {
+    quantize_q8_k_kernel(const float* __restrict__ x, float* __restrict__ out, int t, int k, int nb,
+                         std::int8_t* __restrict__ quants, float* __restrict__ scales) {
   detail::pdl_begin();
   const int lane = threadIdx.x & 31;
   const std::int64_t wb = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -70,13 +76,18 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int e = lane + 32 * i;
-    if (e < n) out[u * k + j0 + e] = qb::q8_k_value(v[i], s);
+    if (e < n) {
+      out[u * k + j0 + e] = qb::q8_k_value(v[i], s);
+      if (quants) quants[u * k + j0 + e] = static_cast<std::int8_t>(qb::q8_k_int(v[i], s));
+    }
   }
+  if (scales && lane == 0) scales[wb] = s.d;
 }
 
 }  // namespace
 
-cudaError_t quantize_activations_f32(const float* x, float* out, int t, int k, ActQuant kind, cudaStream_t stream) {
+cudaError_t quantize_activations_f32(const float* x, float* out, int t, int k, ActQuant kind, cudaStream_t stream,
+                                     std::int8_t* quants, float* scales) {
   if (t <= 0 || k <= 0) return cudaSuccess;
   if (kind == ActQuant::none)
     return cudaMemcpyAsync(out, x, static_cast<std::size_t>(t) * k * sizeof(float), cudaMemcpyDeviceToDevice, stream);
@@ -84,8 +95,9 @@ cudaError_t quantize_activations_f32(const float* x, float* out, int t, int k, A
   const int nb = (k + B - 1) / B;
   const std::int64_t warps = static_cast<std::int64_t>(t) * nb;
   const unsigned grid = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
-  if (kind == ActQuant::q8_k) detail::launch(quantize_q8_k_kernel, grid, kWarps * 32, 0, stream, x, out, t, k, nb);
-  else detail::launch(quantize_q8_0_kernel, grid, kWarps * 32, 0, stream, x, out, t, k, nb);
+  if (kind == ActQuant::q8_k)
+    detail::launch(quantize_q8_k_kernel, grid, kWarps * 32, 0, stream, x, out, t, k, nb, quants, scales);
+  else detail::launch(quantize_q8_0_kernel, grid, kWarps * 32, 0, stream, x, out, t, k, nb, quants, scales);
   return cudaGetLastError();
 }
 

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "weight_view.cuh"
 
 namespace ftp::kernels {
@@ -18,7 +20,11 @@ namespace ftp::kernels {
 /// start at each row's start, a row of k not a multiple of the block ends
 /// with a shorter one. A warp per block; the element steps are
 /// quant_blocks.cuh's, which tests/engine/test_quant_blocks.cpp checks on
-/// the CPU. Device pointers; does not synchronise. kind none: a copy.
-cudaError_t quantize_activations_f32(const float* x, float* out, int t, int k, ActQuant kind, cudaStream_t stream);
+/// the CPU. Optionally also the quants as int8 (`quants`: t rows of k) and
+/// each block's scale d (`scales`: t rows of ceil(k / block); 0 for a Q8_K
+/// block of zeros), what the integer-dot GEMV reads (matvec's Q8Acts).
+/// Device pointers; does not synchronise. kind none: a copy of x.
+cudaError_t quantize_activations_f32(const float* x, float* out, int t, int k, ActQuant kind, cudaStream_t stream,
+                                     std::int8_t* quants = nullptr, float* scales = nullptr);
 
 }  // namespace ftp::kernels

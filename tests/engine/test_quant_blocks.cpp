@@ -137,6 +137,45 @@ void check_type(DType t) {
   EXPECT_EQ(checked, static_cast<std::size_t>(n) * B::kElems);
 }
 
+/// IntDot<Q>::run (the integer dots of the GEMV's int8 path) gives
+/// sum_i q[i] x qx[i], q[i] the quants run() gives (checked above against
+/// ggml), exactly, for random blocks and int8 activation quants in
+/// [-127, 127] (their extremes included).
+template <qb::QType Q>
+void check_int_dot(DType t) {
+  using B = qb::Block<Q>;
+  static_assert(qb::IntDot<Q>::kOn);
+  static_assert(B::kRunLen == 16, "16 activation quants a run: 4 words");
+  std::mt19937 g(static_cast<unsigned>(31 + static_cast<int>(t)));
+  const int n = 300;
+  const std::vector<std::uint8_t> blocks = random_blocks(t, n, g);
+  for (int b = 0; b < n; ++b)
+    for (int c = 0; c < B::kChunks; ++c) {
+      const typename B::Raw raw = B::load(blocks.data() + static_cast<std::size_t>(b) * B::kBytes, c);
+      for (int r = 0; r < B::kRuns; ++r) {
+        std::int8_t qx[16];
+        for (int i = 0; i < 16; ++i)
+          qx[i] = static_cast<std::int8_t>(b % 3 == 0 ? (i % 2 ? 127 : -127) : static_cast<int>(g() % 255) - 127);
+        std::uint32_t words[4];
+        std::memcpy(words, qx, 16);
+        float q[B::kRunLen], d, m;
+        B::run(raw, c, r, q, d, m);
+        long long want = 0, xsum = 0;
+        for (int i = 0; i < 16; ++i) {
+          want += static_cast<long long>(q[i]) * qx[i];
+          xsum += qx[i];
+        }
+        ASSERT_EQ(qb::sum_q8(words), xsum);
+        ASSERT_EQ(qb::IntDot<Q>::run(raw, c, r, words, static_cast<int>(xsum)), want)
+            << ftp::model::dtype_name(t) << " block " << b << " chunk " << c << " run " << r;
+      }
+    }
+}
+
+TEST(QuantBlocks, IntegerDotsQ4_0) { check_int_dot<qb::QType::q4_0>(DType::q4_0); }
+TEST(QuantBlocks, IntegerDotsQ4_K) { check_int_dot<qb::QType::q4_k>(DType::q4_k); }
+TEST(QuantBlocks, IntegerDotsQ6_K) { check_int_dot<qb::QType::q6_k>(DType::q6_k); }
+
 TEST(QuantBlocks, Q4_0) { check_type<qb::QType::q4_0>(DType::q4_0); }
 TEST(QuantBlocks, Q4_1) { check_type<qb::QType::q4_1>(DType::q4_1); }
 TEST(QuantBlocks, Q5_0) { check_type<qb::QType::q5_0>(DType::q5_0); }
@@ -205,6 +244,21 @@ TEST(QuantBlocks, ActivationsAsTheCpuQuantizesThem) {
       for (std::size_t i = 0; i < x.size(); ++i)
         ASSERT_EQ(bits(got[i]), bits(want[i])) << (k_quant ? "Q8_K" : "Q8_0") << " k " << k << " element " << i
                                                << ": " << got[i] << ", the CPU " << want[i];
+      // The int8 quants the GEMV's integer path reads: q x d is the value.
+      for (int u = 0; u < t; ++u)
+        for (int j = 0; j < k; j += B) {
+          const float* xb = x.data() + static_cast<std::size_t>(u) * k + j;
+          const int n = std::min(B, k - j);
+          float amax = 0, max = 0;
+          for (int e = 0; e < n; ++e)
+            if (std::fabs(xb[e]) > amax) amax = std::fabs(xb[e]), max = xb[e];
+          const qb::Q8Scale sc = k_quant ? qb::q8_k_scale(max) : qb::q8_0_scale(amax);
+          for (int e = 0; e < n; ++e) {
+            const int q = k_quant ? qb::q8_k_int(xb[e], sc) : qb::q8_0_int(xb[e], sc);
+            ASSERT_LE(std::abs(q), 127);
+            ASSERT_EQ(static_cast<float>(q) * sc.d, want[static_cast<std::size_t>(u) * k + j + e]);  // +0 for -0
+          }
+        }
     }
   }
 }

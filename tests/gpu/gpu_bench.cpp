@@ -290,15 +290,36 @@ nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<i
     return kernels::WeightView{w + model::dtype_bytes(mdt, off), kdt, mats[m].cols, 0, mats[m].rows, 0, mats[m].cols};
   };
   // One layer as the engine runs it: q, k, v in one launch; o; gate, up in one; down.
+  // The block types with integer dots read int8 activation quants and
+  // block scales (zeros here: the timing does not depend on the values),
+  // as the engine's path does (FTP_CUDA_INT8_DOTS).
+  std::int8_t* xq8 = nullptr;
+  float* xd = nullptr;
+  const bool int8 = block && kernels::matvec_int_dots(kdt);
+  if (int8) {
+    cuda_ok(cudaMalloc(&xq8, static_cast<std::size_t>(max_t) * F), "cudaMalloc (x int8)");
+    cuda_ok(cudaMemset(xq8, 0, static_cast<std::size_t>(max_t) * F), "cudaMemset");
+    cuda_ok(cudaMalloc(&xd, static_cast<std::size_t>(max_t) * F / 32 * 4), "cudaMalloc (x scales)");
+    cuda_ok(cudaMemset(xd, 0, static_cast<std::size_t>(max_t) * F / 32 * 4), "cudaMemset");
+  }
+  auto q8_of = [&](std::int64_t k, kernels::Q8Acts& a) -> const kernels::Q8Acts* {
+    if (!int8) return nullptr;
+    const int b = kernels::block_elems(kdt);
+    a = kernels::Q8Acts{xq8, xd, static_cast<int>(k), static_cast<int>(k / b), kernels::act_quant_of(kdt)};
+    return &a;
+  };
   auto gemv_layer = [&](int L, int t, kernels::MatvecConfig c) {
+    kernels::Q8Acts qe, qf;
+    const kernels::Q8Acts* ae = q8_of(E, qe);
+    const kernels::Q8Acts* af = q8_of(F, qf);
     const kernels::MatvecTarget qkv[3] = {{view(L, 0), out, static_cast<int>(E)},
                                           {view(L, 1), out + t * E, static_cast<int>(KV)},
                                           {view(L, 2), out + t * (E + KV), static_cast<int>(KV)}};
-    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), qkv, 3, t, nullptr, c), "matvec_multi (qkv)");
-    cuda_ok(kernels::matvec(x, static_cast<int>(E), view(L, 3), out, static_cast<int>(E), t, nullptr, c), "matvec (o)");
+    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), qkv, 3, t, nullptr, c, ae), "matvec_multi (qkv)");
+    cuda_ok(kernels::matvec(x, static_cast<int>(E), view(L, 3), out, static_cast<int>(E), t, nullptr, c, ae), "matvec (o)");
     const kernels::MatvecTarget gu[2] = {{view(L, 4), out, static_cast<int>(F)}, {view(L, 5), out + t * F, static_cast<int>(F)}};
-    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), gu, 2, t, nullptr, c), "matvec_multi (gate, up)");
-    cuda_ok(kernels::matvec(x, static_cast<int>(F), view(L, 6), out, static_cast<int>(E), t, nullptr, c), "matvec (down)");
+    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), gu, 2, t, nullptr, c, ae), "matvec_multi (gate, up)");
+    cuda_ok(kernels::matvec(x, static_cast<int>(F), view(L, 6), out, static_cast<int>(E), t, nullptr, c, af), "matvec (down)");
   };
   auto cublas_layer = [&](int L, int t) {
     const float one = 1.0f, zero = 0.0f;
@@ -386,6 +407,8 @@ nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<i
   cublasDestroy(h);
   cudaFree(out);
   cudaFree(xh);
+  cudaFree(xq8);
+  cudaFree(xd);
   cudaFree(x);
   cudaFree(w);
   return {{"layer_bytes", layer_bytes}, {"layers", rows}, {"logits_download", dl}};

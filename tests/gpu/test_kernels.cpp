@@ -768,6 +768,52 @@ void test_matvec_blocks() {
   report("matvec_multi Q4_K, Q4_K, Q6_K (q, k, v of Q4_K_M) t=1,3", worst, 1e-6);
 }
 
+/// The integer-dot GEMV (Q4_0, Q4_K, Q6_K with the activations' int8
+/// quants and scales from quantize_activations_f32) against a float64
+/// product of the CPU's quantized activations (ops::quantize_activations)
+/// and its dequantized weights, NMSE <= 1e-6: whole matrices, a row-parallel
+/// view from block 1 (its activations quantized from the view's first
+/// column, as the backend does), batches 1-13, every built configuration.
+void test_matvec_int_dots() {
+  int sms = 0;
+  cu(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "multiprocessor count");
+  const std::int64_t R = 8 * static_cast<std::int64_t>(sms) + 45;
+  for (DType dt : {DType::q4_k, DType::q6_k, DType::q4_0}) {
+    report_exact(std::string("matvec_int_dots(") + ftp::model::dtype_name(dt) + ")", k::matvec_int_dots(kdt(dt)) ? 0 : 1, 1);
+    const std::int64_t B = ftp::model::dtype_block(dt), C = B == 256 ? 1280 : 544;
+    const k::ActQuant kind = k::act_quant_of(kdt(dt));
+    Tensor w = make_tensor(dt, R, C);
+    Dev<std::uint8_t> dw(w.bytes);
+    for (const std::int64_t c0 : {std::int64_t{0}, B}) {
+      const std::int64_t cols = C - c0;
+      const std::vector<float> wf = dequantized(w, 0, R, c0, cols);
+      for (const k::MatvecConfig cfg : {k::MatvecConfig{0, 0}, k::MatvecConfig{1, 4}, k::MatvecConfig{2, 4}, k::MatvecConfig{4, 4}}) {
+        double worst = 0;
+        for (int t : {1, 2, 3, 5, 8, 13}) {
+          const std::vector<float> x = randn(static_cast<std::size_t>(t) * cols);
+          std::vector<float> xq(x.size());
+          ftp::engine::ops::quantize_activations(dt, x.data(), t, static_cast<int>(cols), xq.data());
+          const int blocks = static_cast<int>(cols / B);
+          Dev<float> dx(x), dvals(x.size()), dscales(static_cast<std::size_t>(t) * blocks), dout(static_cast<std::size_t>(t) * R);
+          Dev<std::int8_t> dquants(x.size());
+          done(k::quantize_activations_f32(dx.p(), dvals.p(), t, static_cast<int>(cols), kind, nullptr, dquants.p(),
+                                           dscales.p()),
+               "quantize_activations_f32 (quants, scales)");
+          const k::Q8Acts q8{dquants.p(), dscales.p(), static_cast<int>(cols), blocks, kind};
+          cu(cudaMemset(dout.p(), 0xff, static_cast<std::size_t>(t) * R * sizeof(float)), "memset");
+          done(k::matvec(dvals.p(), static_cast<int>(cols), k::WeightView{dw.p(), kdt(dt), C, 0, R, c0, cols}, dout.p(),
+                         static_cast<int>(R), t, nullptr, cfg, &q8),
+               "matvec (int8 dots)");
+          worst = std::max(worst, nmse(dout.get(), gemv_ref(xq, wf, t, R, cols)));
+        }
+        report(std::string("matvec int8 dots ") + ftp::model::dtype_name(dt) + (c0 ? " cols from block 1" : " full") +
+                   " config " + std::to_string(cfg.rows_per_warp) + "x" + std::to_string(cfg.warps_per_row) + " t=1..13",
+               worst, 1e-6);
+      }
+    }
+  }
+}
+
 void test_argmax_and_sampling() {
   const int t = 6, n = 32000;
   std::vector<float> x = randn(static_cast<std::size_t>(t) * n, 2.0f);
@@ -1253,6 +1299,7 @@ int main() {
     test_dequant_blocks();
     test_quantize_activations();
     test_matvec_blocks();
+    test_matvec_int_dots();
     test_argmax_and_sampling();
     test_sampling_by_hand();
     test_logprobs();

@@ -78,6 +78,8 @@ CudaBackendOptions CudaBackendOptions::from_env() {
   const char* g = std::getenv("FTP_CUDA_GRAPHS");
   o.graph_batches = parse_graph_batches(g && *g ? g : "1-32");
   if (const char* f = std::getenv("FTP_CUDA_FUSE"); f && *f) o.fuse = std::string(f) != "0" && std::string(f) != "off";
+  if (const char* f = std::getenv("FTP_CUDA_INT8_DOTS"); f && *f)
+    o.int8_dots = std::string(f) != "0" && std::string(f) != "off";
   if (const char* f = std::getenv("FTP_CUDA_STEP_TIMING"); f && *f)
     o.step_timing = std::string(f) != "0" && std::string(f) != "off";
   if (const char* f = std::getenv("FTP_CUDA_PDL"); f && *f)
@@ -218,6 +220,7 @@ class CudaRank final : public RankBackend {
     gemv_max_rows_ = opts.gemv_max_rows;
     gemv_config_ = {opts.gemv_rows_per_warp, opts.gemv_warps_per_row};
     fuse_ = opts.fuse;
+    int8_dots_ = opts.int8_dots;
     timing_ = opts.step_timing;
     cuda::DeviceGuard guard(device, where_);
     try {
@@ -462,8 +465,10 @@ class CudaRank final : public RankBackend {
       for (int j = 0; joins && j < pending_.n; ++j) joins = pending_.t[j].out != out;
       if (!joins) flush();
       const float* xin = joins ? pending_.x : quantized(x, rows, v.cols, aq);
+      const kernels::Q8Acts* q8 = aq != kernels::ActQuant::none && int8_dots_ ? &q8_ : nullptr;
       if (!fuse_) {
-        check(kernels::matvec(xin, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_, gemv_config_),
+        check(kernels::matvec(xin, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_, gemv_config_,
+                              q8),
               "matvec",
               where_);
         return;
@@ -672,8 +677,9 @@ class CudaRank final : public RankBackend {
     if (pending_.n > 0) {
       const int n = pending_.n;
       pending_.n = 0;
+      const kernels::Q8Acts* q8 = pending_.act != kernels::ActQuant::none && int8_dots_ ? &q8_ : nullptr;
       check(kernels::matvec_multi(pending_.x, static_cast<int>(pending_.t[0].w.cols), pending_.t, n, pending_.rows,
-                                  stream_, gemv_config_),
+                                  stream_, gemv_config_, q8),
             "matvec", where_);
     }
     if (add_.x) {
@@ -818,13 +824,25 @@ class CudaRank final : public RankBackend {
 
   /// x itself where the weights take float activations (ActQuant::none);
   /// else x (rows of cols floats) quantized as the CPU backend quantizes
-  /// it, into act_buf_ (the caller has flushed what read it before).
+  /// it: the values into act_buf_ (returned), and the int8 quants and block
+  /// scales after them, described by q8_ (the integer-dot GEMV's input).
+  /// The caller has flushed what read act_buf_ before.
   const float* quantized(const float* x, int rows, std::int64_t cols, kernels::ActQuant aq) {
     if (aq == kernels::ActQuant::none) return x;
     const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
-    auto* xq = static_cast<float*>(grow(act_buf_, n * sizeof(float), "quantized activations"));
-    check(kernels::quantize_activations_f32(x, xq, rows, static_cast<int>(cols), aq, stream_), "quantize_activations_f32",
-          where_);
+    const int block = aq == kernels::ActQuant::q8_k ? 256 : 32;
+    const int blocks = static_cast<int>((cols + block - 1) / block);
+    // floats | int8 quants | float scales, each part 16-byte aligned.
+    const std::size_t quants_at = (n * sizeof(float) + 15) / 16 * 16;
+    const std::size_t scales_at = (quants_at + n + 15) / 16 * 16;
+    auto* base = static_cast<std::byte*>(
+        grow(act_buf_, scales_at + static_cast<std::size_t>(rows) * blocks * sizeof(float), "quantized activations"));
+    auto* xq = reinterpret_cast<float*>(base);
+    auto* quants = reinterpret_cast<std::int8_t*>(base + quants_at);
+    auto* scales = reinterpret_cast<float*>(base + scales_at);
+    check(kernels::quantize_activations_f32(x, xq, rows, static_cast<int>(cols), aq, stream_, quants, scales),
+          "quantize_activations_f32", where_);
+    q8_ = kernels::Q8Acts{quants, scales, static_cast<int>(cols), blocks, aq};
     return xq;
   }
 
@@ -904,6 +922,7 @@ class CudaRank final : public RankBackend {
   std::array<DevBuf, static_cast<std::size_t>(Buf::count)> bufs_{};
   DevBuf layout_buf_, half_buf_, tile_buf_, choice_buf_;
   DevBuf act_buf_;  // activations quantized for the block types (quantized())
+  kernels::Q8Acts q8_{};  // their int8 quants and scales in act_buf_
   std::vector<float> host_choices_;  // temperature, top_p, draw of each row
   DevBuf logprob_buf_;                // choose_tokens' log-probabilities on the device
   std::vector<float> host_logprobs_;  // and on the host (the ids as their bits)
@@ -931,6 +950,7 @@ class CudaRank final : public RankBackend {
   } pending_;
 
   bool fuse_ = true;
+  bool int8_dots_ = true;  // CudaBackendOptions::int8_dots
   struct Add {
     float* x = nullptr;
     const float* y = nullptr;
