@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -190,8 +191,12 @@ void stories260k_domain(Backend& cuda) {
 /// run the block-type kernels with the activations quantized as the CPU
 /// backend quantizes them, so they are held to the Q8_0 bound; their
 /// shapes are 512 wide so that TP 2 splits the K-quants' rows of 256 on
-/// whole blocks.
+/// whole blocks. They run twice: with the integer-dot GEMV (the default)
+/// at TP 1 and TP 2, and with the float one (FTP_CUDA_INT8_DOTS=0) at TP 1.
 void synthetic_logits(Backend& cuda, const std::filesystem::path& dir) {
+  CudaBackendOptions float_opts = CudaBackendOptions::from_env();
+  float_opts.int8_dots = false;
+  const std::unique_ptr<Backend> float_dots = make_cuda_backend(float_opts);
   struct Kind {
     DType dt;
     bool q4_k_m;
@@ -218,10 +223,15 @@ void synthetic_logits(Backend& cuda, const std::filesystem::path& dir) {
     ftp::model::Model m = ftp::model::load_model(file);
     WeightStore store(m);
     const double limit = dt == DType::f32 ? 1e-6 : 1e-3;
-    for (auto gpus : {std::vector<int>{0}, std::vector<int>{0, 0}}) {
+    const bool block = dt != DType::q8_0 && ftp::model::dtype_block(dt) > 1;
+    for (auto gpus : {std::vector<int>{0}, std::vector<int>{0, 0}, std::vector<int>{}}) {
+      // {}: TP 1 again on the float-dot backend (block types only).
+      const bool float_path = gpus.empty();
+      if (float_path && !block) continue;
+      if (float_path) gpus = {0};
       const int tp = static_cast<int>(gpus.size());
       Executor cpu(store, {stage(s.n_layer, tp, {})}, 64, 16, nullptr, 64);
-      Executor gpu(store, {stage(s.n_layer, tp, gpus)}, 64, 16, &cuda, 64);
+      Executor gpu(store, {stage(s.n_layer, tp, gpus)}, 64, 16, float_path ? float_dots.get() : &cuda, 64);
       std::vector<std::vector<int>> blocks = {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}};
       std::vector<SeqChunk> chunks = {{&blocks[0], 0, {1, 5, 9, 13, 17, 21, 25, 29}, true},
                                       {&blocks[1], 0, {2, 4, 6}, true},
@@ -236,8 +246,8 @@ void synthetic_logits(Backend& cuda, const std::filesystem::path& dir) {
         }
       }
       char line[256];
-      std::snprintf(line, sizeof(line), "synthetic %s TP %zu on cuda:0: logits vs CPU, prefill 21 rows + 5 decode steps of 3: nmse %.3g (limit %.0e)",
-                    kind.name, gpus.size(), worst, limit);
+      std::snprintf(line, sizeof(line), "synthetic %s TP %zu on cuda:0%s: logits vs CPU, prefill 21 rows + 5 decode steps of 3: nmse %.3g (limit %.0e)",
+                    kind.name, gpus.size(), float_path ? " (float dots)" : "", worst, limit);
       check(worst <= limit, line);
       // Tokens chosen on the GPU (argmax; top-p with draws exact in float)
       // against choose_token over the same step's logits from the GPU.

@@ -467,8 +467,8 @@ class CudaRank final : public RankBackend {
       const float* xin = joins ? pending_.x : quantized(x, rows, v.cols, aq);
       const kernels::Q8Acts* q8 = aq != kernels::ActQuant::none && int8_dots_ ? &q8_ : nullptr;
       if (!fuse_) {
-        check(kernels::matvec(xin, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_, gemv_config_,
-                              q8),
+        check(kernels::matvec(xin, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_,
+                              gemv_config(v.dtype), q8),
               "matvec",
               where_);
         return;
@@ -679,7 +679,7 @@ class CudaRank final : public RankBackend {
       pending_.n = 0;
       const kernels::Q8Acts* q8 = pending_.act != kernels::ActQuant::none && int8_dots_ ? &q8_ : nullptr;
       check(kernels::matvec_multi(pending_.x, static_cast<int>(pending_.t[0].w.cols), pending_.t, n, pending_.rows,
-                                  stream_, gemv_config_, q8),
+                                  stream_, gemv_config(pending_.t[0].w.dtype), q8),
             "matvec", where_);
     }
     if (add_.x) {
@@ -844,6 +844,13 @@ class CudaRank final : public RankBackend {
           "quantize_activations_f32", where_);
     q8_ = kernels::Q8Acts{quants, scales, static_cast<int>(cols), blocks, aq};
     return xq;
+  }
+
+  /// The GEMV configuration asked (FTP_GEMV_CONFIG) where it is built for
+  /// weights of type dt, else the automatic one (the block types build
+  /// fewer: kernels::matvec_config_built).
+  kernels::MatvecConfig gemv_config(kernels::WeightDType dt) const {
+    return kernels::matvec_config_built(gemv_config_, dt) ? gemv_config_ : kernels::MatvecConfig{};
   }
 
   /// Largest batch that takes the GEMV kernels (CudaBackendOptions::gemv_max_rows).
