@@ -6,15 +6,21 @@
 namespace ftp::kernels {
 namespace {
 
+/// The view row of the block's token (blockIdx.x), or -1 after writing
+/// zeros over its output row o (a token outside the view's rows).
+__device__ __forceinline__ std::int64_t token_row(const WeightView& w, const int* __restrict__ tokens, int first_token,
+                                                  float* o) {
+  const std::int64_t local = static_cast<std::int64_t>(tokens[blockIdx.x]) - first_token;
+  if (local >= 0 && local < w.rows) return local;
+  for (std::int64_t j = threadIdx.x; j < w.cols; j += blockDim.x) o[j] = 0.0f;
+  return -1;
+}
+
 __global__ void embed_kernel(WeightView w, const int* __restrict__ tokens, float* __restrict__ out, int first_token) {
   detail::pdl_begin();
-  const int i = blockIdx.x;
-  const std::int64_t local = static_cast<std::int64_t>(tokens[i]) - first_token;
-  float* o = out + static_cast<std::int64_t>(i) * w.cols;
-  if (local < 0 || local >= w.rows) {
-    for (std::int64_t j = threadIdx.x; j < w.cols; j += blockDim.x) o[j] = 0.0f;
-    return;
-  }
+  float* o = out + static_cast<std::int64_t>(blockIdx.x) * w.cols;
+  const std::int64_t local = token_row(w, tokens, first_token, o);
+  if (local < 0) return;
   const std::int64_t first = (w.r0 + local) * w.ld + w.c0;
   for (std::int64_t j = threadIdx.x; j < w.cols; j += blockDim.x) o[j] = detail::load_weight(w.data, w.dtype, first + j);
 }
@@ -26,13 +32,9 @@ __global__ void embed_block_kernel(WeightView w, const int* __restrict__ tokens,
                                    int first_token) {
   detail::pdl_begin();
   using B = qb::Block<Q>;
-  const int i = blockIdx.x;
-  const std::int64_t local = static_cast<std::int64_t>(tokens[i]) - first_token;
-  float* o = out + static_cast<std::int64_t>(i) * w.cols;
-  if (local < 0 || local >= w.rows) {
-    for (std::int64_t j = threadIdx.x; j < w.cols; j += blockDim.x) o[j] = 0.0f;
-    return;
-  }
+  float* o = out + static_cast<std::int64_t>(blockIdx.x) * w.cols;
+  const std::int64_t local = token_row(w, tokens, first_token, o);
+  if (local < 0) return;
   const std::uint8_t* row = detail::block_row<Q>(w, local);
   const std::int64_t n_chunks = w.cols / B::kElems * B::kChunks;
   for (std::int64_t g = threadIdx.x; g < n_chunks; g += blockDim.x) {

@@ -124,34 +124,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __rest
       }
     }
   }
-  float* __restrict__ out = ts.t[j].out;
-  const int out_ld = ts.t[j].out_ld;
-  if constexpr (S == 1) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < T; ++u) {
-        const float s = detail::warp_sum(acc[r][u]);
-        if (lane == 0 && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
-      }
-  } else {
-    __shared__ float part[kWarps][R * T];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < T; ++u) {
-        const float s = detail::warp_sum(acc[r][u]);
-        if (lane == 0) part[warp][r * T + u] = s;
-      }
-    __syncthreads();
-    for (int i = threadIdx.x; i < R * T; i += kWarps * 32) {
-      const int r = i / T, u = i % T;
-      float s = part[0][i];
-#pragma unroll
-      for (int v = 1; v < kWarps; ++v) s += part[v][i];
-      if (live && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
-    }
-  }
+  detail::store_group_sums<R, T, S>(acc, live, nt, row0, w.rows, ts.t[j].out, ts.t[j].out_ld, u0);
 }
 
 /// Any alignment, any dtype: one warp per row, lanes over single elements.

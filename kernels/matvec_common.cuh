@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "common.cuh"
 #include "matvec.cuh"
 #include "quant_blocks.cuh"
 
@@ -37,6 +38,44 @@ __device__ __forceinline__ int target_of(const MatvecTargets& ts, std::int64_t g
   int j = 0;
   while (j + 1 < ts.n && g >= ts.first_warp[j + 1]) ++j;
   return j;
+}
+
+/// The sums of a row group of R rows x T tokens: each lane's acc summed
+/// over the group's S warps (S = 1: the warp; S = kMatvecWarps: the
+/// block's warps, in warp order, through shared memory) into
+/// out[(u0 + u) x out_ld + row0 + r] for u < nt and row0 + r < rows;
+/// nothing stored where !live (S = kMatvecWarps: every thread must call).
+template <int R, int T, int S>
+__device__ __forceinline__ void store_group_sums(float (&acc)[R][T], bool live, int nt, std::int64_t row0,
+                                                 std::int64_t rows, float* __restrict__ out, int out_ld, int u0) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if constexpr (S == 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < T; ++u) {
+        const float s = warp_sum(acc[r][u]);
+        if (live && lane == 0 && u < nt && row0 + r < rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
+      }
+  } else {
+    static_assert(S == kMatvecWarps, "a row group is one warp or the whole block");
+    __shared__ float part[kMatvecWarps][R * T];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < T; ++u) {
+        const float s = warp_sum(acc[r][u]);
+        if (lane == 0) part[warp][r * T + u] = s;
+      }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * T; i += kMatvecWarps * 32) {
+      const int r = i / T, u = i % T;
+      float s = part[0][i];
+#pragma unroll
+      for (int v = 1; v < kMatvecWarps; ++v) s += part[v][i];
+      if (live && u < nt && row0 + r < rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
+    }
+  }
 }
 
 /// Block types (matvec_quant*.cu): whether configuration c is built, and

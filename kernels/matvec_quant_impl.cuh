@@ -105,34 +105,7 @@ __global__ void __launch_bounds__(kMatvecWarps * 32)
       }
     }
   }
-  float* __restrict__ out = ts.t[j].out;
-  const int out_ld = ts.t[j].out_ld;
-  if constexpr (S == 1) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < T; ++u) {
-        const float s = warp_sum(acc[r][u]);
-        if (lane == 0 && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
-      }
-  } else {
-    __shared__ float part[W][R * T];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < T; ++u) {
-        const float s = warp_sum(acc[r][u]);
-        if (lane == 0) part[warp][r * T + u] = s;
-      }
-    __syncthreads();
-    for (int i = threadIdx.x; i < R * T; i += W * 32) {
-      const int r = i / T, u = i % T;
-      float s = part[0][i];
-#pragma unroll
-      for (int v = 1; v < W; ++v) s += part[v][i];
-      if (live && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
-    }
-  }
+  store_group_sums<R, T, S>(acc, live, nt, row0, w.rows, ts.t[j].out, ts.t[j].out_ld, u0);
 }
 
 /// The integer path: a row group per block, its four warps over the
@@ -199,24 +172,7 @@ __global__ void __launch_bounds__(kMatvecWarps * 32) matvec_q8_kernel(Q8Acts a, 
       }
     }
   }
-  __shared__ float part[W][R * T];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int u = 0; u < T; ++u) {
-      const float s = warp_sum(acc[r][u]);
-      if (lane == 0) part[warp][r * T + u] = s;
-    }
-  __syncthreads();
-  float* __restrict__ out = ts.t[j].out;
-  const int out_ld = ts.t[j].out_ld;
-  for (int i = threadIdx.x; i < R * T; i += W * 32) {
-    const int r = i / T, u = i % T;
-    float s = part[0][i];
-#pragma unroll
-    for (int v = 1; v < W; ++v) s += part[v][i];
-    if (u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
-  }
+  store_group_sums<R, T, W>(acc, true, nt, row0, w.rows, ts.t[j].out, ts.t[j].out_ld, u0);
 }
 
 template <qb::QType Q, int R, int T>

@@ -10,16 +10,27 @@ namespace {
 
 constexpr int kWarps = 4;
 
+/// The activation block of this warp (B elements): its row u, first
+/// element j0 and length n; false past the last block.
+template <int B>
+__device__ __forceinline__ bool warp_block(int t, int k, int nb, std::int64_t& wb, std::int64_t& u, int& j0, int& n) {
+  wb = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (wb >= static_cast<std::int64_t>(t) * nb) return false;
+  u = wb / nb;
+  j0 = static_cast<int>(wb % nb) * B;
+  n = min(B, k - j0);
+  return true;
+}
+
 /// Blocks of 32 (Q8_0 / Q8_1 values): a lane per element.
 __global__ void __launch_bounds__(kWarps * 32)
     quantize_q8_0_kernel(const float* __restrict__ x, float* __restrict__ out, int t, int k, int nb,
                          std::int8_t* __restrict__ quants, float* __restrict__ scales) {
   detail::pdl_begin();
   const int lane = threadIdx.x & 31;
-  const std::int64_t wb = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (wb >= static_cast<std::int64_t>(t) * nb) return;
-  const std::int64_t u = wb / nb;
-  const int j0 = static_cast<int>(wb % nb) * 32, n = min(32, k - j0);
+  std::int64_t wb, u;
+  int j0, n;
+  if (!warp_block<32>(t, k, nb, wb, u, j0, n)) return;
   const float* xr = x + u * k + j0;
   const float v = lane < n ? xr[lane] : 0.0f;
   // fmaxf ignores a NaN, as the CPU's std::max(amax, |x|) does.
@@ -42,10 +53,9 @@ __global__ void __launch_bounds__(kWarps * 32)
                          std::int8_t* __restrict__ quants, float* __restrict__ scales) {
   detail::pdl_begin();
   const int lane = threadIdx.x & 31;
-  const std::int64_t wb = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (wb >= static_cast<std::int64_t>(t) * nb) return;
-  const std::int64_t u = wb / nb;
-  const int j0 = static_cast<int>(wb % nb) * 256, n = min(256, k - j0);
+  std::int64_t wb, u;
+  int j0, n;
+  if (!warp_block<256>(t, k, nb, wb, u, j0, n)) return;
   const float* xr = x + u * k + j0;
   float v[8];
   float best = 0.0f, best_v = 0.0f;
