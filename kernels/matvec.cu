@@ -76,21 +76,15 @@ __device__ __forceinline__ const void* row_base(const WeightView& w, std::int64_
 template <WeightDType D, int R, int T, int S>
 __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, MatvecTargets ts, int t) {
   detail::pdl_begin();
-  static_assert(S == 1 || S == kWarps, "a row group is one warp or the whole block");
   constexpr int E = lane_elems<D>();
-  constexpr int G = kWarps / S;  // row groups per block
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int sub = warp % S;  // this warp's share of the columns
-  const std::int64_t gw = static_cast<std::int64_t>(blockIdx.x) * G + warp / S;
-  const bool live = gw < ts.first_warp[ts.n];
+  const detail::RowGroup grp = detail::row_group<R, T, S>(ts, t);
   if constexpr (S == 1) {
-    if (!live) return;
+    if (!grp.live) return;
   }
-  const int j = live ? target_of(ts, gw) : 0;
-  const WeightView w = ts.t[j].w;
-  const std::int64_t row0 = live ? (gw - ts.first_warp[j]) * R : 0;
-  const int u0 = blockIdx.y * T;
-  const int nt = min(T, t - u0);
+  const int lane = grp.lane, sub = grp.sub, u0 = grp.u0, nt = grp.nt;  // sub: this warp's share of the columns
+  const bool live = grp.live;
+  const std::int64_t row0 = grp.row0;
+  const WeightView& w = grp.w;
   const void* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = row_base<D>(w, row0 + r < w.rows ? row0 + r : row0);
@@ -124,7 +118,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __rest
       }
     }
   }
-  detail::store_group_sums<R, T, S>(acc, live, nt, row0, w.rows, ts.t[j].out, ts.t[j].out_ld, u0);
+  detail::store_group_sums<R, T, S>(acc, live, nt, row0, w.rows, ts.t[grp.j].out, ts.t[grp.j].out_ld, u0);
 }
 
 /// Any alignment, any dtype: one warp per row, lanes over single elements.

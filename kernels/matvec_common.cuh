@@ -40,6 +40,34 @@ __device__ __forceinline__ int target_of(const MatvecTargets& ts, std::int64_t g
   return j;
 }
 
+/// This thread's row group: of R rows (from row0 of target j's view w) x
+/// up to T tokens (nt of them from u0), computed by S warps (1, or all
+/// kMatvecWarps of the block: sub is this warp's share of the columns);
+/// live false for the groups past the last (a block's spare warps).
+struct RowGroup {
+  int lane, sub, j, u0, nt;
+  bool live;
+  std::int64_t row0;
+  WeightView w;
+};
+template <int R, int T, int S>
+__device__ __forceinline__ RowGroup row_group(const MatvecTargets& ts, int t) {
+  static_assert(S == 1 || S == kMatvecWarps, "a row group is one warp or the whole block");
+  constexpr int G = kMatvecWarps / S;  // row groups per block
+  RowGroup g;
+  const int warp = threadIdx.x >> 5;
+  g.lane = threadIdx.x & 31;
+  g.sub = warp % S;
+  const std::int64_t gw = static_cast<std::int64_t>(blockIdx.x) * G + warp / S;
+  g.live = gw < ts.first_warp[ts.n];
+  g.j = g.live ? target_of(ts, gw) : 0;
+  g.w = ts.t[g.j].w;
+  g.row0 = g.live ? (gw - ts.first_warp[g.j]) * R : 0;
+  g.u0 = blockIdx.y * T;
+  g.nt = min(T, t - g.u0);
+  return g;
+}
+
 /// The sums of a row group of R rows x T tokens: each lane's acc summed
 /// over the group's S warps (S = 1: the warp; S = kMatvecWarps: the
 /// block's warps, in warp order, through shared memory) into

@@ -39,21 +39,14 @@ __global__ void __launch_bounds__(kMatvecWarps * 32)
     matvec_quant_kernel(const float* __restrict__ x, int x_ld, MatvecTargets ts, int t) {
   pdl_begin();
   using B = qb::Block<Q>;
-  constexpr int W = kMatvecWarps;
-  static_assert(S == 1 || S == W, "a row group is one warp or the whole block");
-  constexpr int G = W / S;  // row groups per block
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int sub = warp % S;
-  const std::int64_t gw = static_cast<std::int64_t>(blockIdx.x) * G + warp / S;
-  const bool live = gw < ts.first_warp[ts.n];
+  const RowGroup grp = row_group<R, T, S>(ts, t);
   if constexpr (S == 1) {
-    if (!live) return;
+    if (!grp.live) return;
   }
-  const int j = live ? target_of(ts, gw) : 0;
-  const WeightView w = ts.t[j].w;
-  const std::int64_t row0 = live ? (gw - ts.first_warp[j]) * R : 0;
-  const int u0 = blockIdx.y * T;
-  const int nt = min(T, t - u0);
+  const int lane = grp.lane, sub = grp.sub, u0 = grp.u0, nt = grp.nt;
+  const bool live = grp.live;
+  const std::int64_t row0 = grp.row0;
+  const WeightView& w = grp.w;
   const std::uint8_t* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = block_row<Q>(w, row0 + r < w.rows ? row0 + r : row0);
@@ -105,7 +98,7 @@ __global__ void __launch_bounds__(kMatvecWarps * 32)
       }
     }
   }
-  store_group_sums<R, T, S>(acc, live, nt, row0, w.rows, ts.t[j].out, ts.t[j].out_ld, u0);
+  store_group_sums<R, T, S>(acc, live, nt, row0, w.rows, ts.t[grp.j].out, ts.t[grp.j].out_ld, u0);
 }
 
 /// The integer path: a row group per block, its four warps over the
@@ -119,13 +112,10 @@ __global__ void __launch_bounds__(kMatvecWarps * 32) matvec_q8_kernel(Q8Acts a, 
   // The activation blocks are the weight blocks (32 for Q4_0, 256 for the
   // K-quants): block blk of a view's row has scale blk of the row's.
   constexpr int W = kMatvecWarps;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const std::int64_t gw = blockIdx.x;
-  const int j = target_of(ts, gw);
-  const WeightView w = ts.t[j].w;
-  const std::int64_t row0 = (gw - ts.first_warp[j]) * R;
-  const int u0 = blockIdx.y * T;
-  const int nt = min(T, t - u0);
+  const RowGroup grp = row_group<R, T, W>(ts, t);  // one group a block: live
+  const int lane = grp.lane, warp = grp.sub, u0 = grp.u0, nt = grp.nt;
+  const std::int64_t row0 = grp.row0;
+  const WeightView& w = grp.w;
   const std::uint8_t* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = block_row<Q>(w, row0 + r < w.rows ? row0 + r : row0);
@@ -172,7 +162,7 @@ __global__ void __launch_bounds__(kMatvecWarps * 32) matvec_q8_kernel(Q8Acts a, 
       }
     }
   }
-  store_group_sums<R, T, W>(acc, true, nt, row0, w.rows, ts.t[j].out, ts.t[j].out_ld, u0);
+  store_group_sums<R, T, W>(acc, true, nt, row0, w.rows, ts.t[grp.j].out, ts.t[grp.j].out_ld, u0);
 }
 
 template <qb::QType Q, int R, int T>
