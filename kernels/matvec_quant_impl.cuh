@@ -16,7 +16,7 @@
 // matvec.cu's kernel (MatvecConfig), the sums of one group's warps added in
 // shared memory in warp order.
 //
-// Q4_0, Q4_K and Q6_K also have an integer path (matvec_q8_kernel, taken
+// Q4_0, Q4_K and Q6_K also have an integer path (chunk_int, taken
 // when the caller passes the activations' int8 quants): each run's quants
 // dotted with 16 activation quants in four dp4a (qb::IntDot, checked on the
 // CPU against run()'s quants), scaled by the run's d (plus m x the sum of
@@ -34,135 +34,125 @@
 
 namespace ftp::kernels::detail {
 
-template <qb::QType Q, int R, int T, int S>
+/// The float path's share of chunk c of block blk for R rows: each run's
+/// quants dotted with the float activations (xc: the chunk's first
+/// activation of token 0, rows of x_ld), scaled once.
+template <qb::QType Q, int R, int T>
+__device__ __forceinline__ void chunk_float(const typename qb::Block<Q>::Raw (&raw)[R], int c, const float* xc, int x_ld,
+                                            int nt, float (&acc)[R][T]) {
+  using B = qb::Block<Q>;
+#pragma unroll
+  for (int run = 0; run < B::kRuns; ++run) {
+    float q[R][B::kRunLen], d[R], m[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) B::run(raw[r], c, run, q[r], d[r], m[r]);
+#pragma unroll
+    for (int u = 0; u < T; ++u) {
+      if (u < nt) {
+        const float4* xp = reinterpret_cast<const float4*>(xc + static_cast<std::int64_t>(u) * x_ld + run * B::kStride);
+        float s[R], sx = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[r] = 0.0f;
+#pragma unroll
+        for (int v = 0; v < B::kRunLen / 4; ++v) {
+          const float4 xv = __ldg(xp + v);
+          if constexpr (B::kHasMin) sx += (xv.x + xv.y) + (xv.z + xv.w);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            s[r] = fmaf(q[r][4 * v], xv.x, s[r]);
+            s[r] = fmaf(q[r][4 * v + 1], xv.y, s[r]);
+            s[r] = fmaf(q[r][4 * v + 2], xv.z, s[r]);
+            s[r] = fmaf(q[r][4 * v + 3], xv.w, s[r]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          acc[r][u] = fmaf(d[r], s[r], acc[r][u]);
+          if constexpr (B::kHasMin) acc[r][u] = fmaf(m[r], sx, acc[r][u]);
+        }
+      }
+    }
+  }
+}
+
+/// The integer path's share of chunk c of block blk: each run's quants
+/// dotted with 16 activation quants (xq: the chunk's first quant of token
+/// 0, rows of a.q_ld bytes), times the run's d (+ m x their sum), times the
+/// activation block's scale (the activation blocks are the weight blocks:
+/// 32 for Q4_0, 256 for the K-quants; dx: token 0's scale of block blk).
+template <qb::QType Q, int R, int T>
+__device__ __forceinline__ void chunk_int(const typename qb::Block<Q>::Raw (&raw)[R], int c, const std::uint8_t* xq0,
+                                          const float* dx0, const Q8Acts& a, int nt, float (&acc)[R][T]) {
+  using B = qb::Block<Q>;
+  using D = qb::IntDot<Q>;
+  static_assert(D::kOn && B::kRunLen == 16, "integer dots: 16 activation quants a run");
+  float dx[T];
+#pragma unroll
+  for (int u = 0; u < T; ++u) dx[u] = u < nt ? __ldg(dx0 + static_cast<std::int64_t>(u) * a.d_ld) : 0.0f;
+#pragma unroll
+  for (int run = 0; run < B::kRuns; ++run) {
+    float d[R], m[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float q[B::kRunLen];  // unused here: only the scales are kept
+      B::run(raw[r], c, run, q, d[r], m[r]);
+    }
+#pragma unroll
+    for (int u = 0; u < T; ++u) {
+      if (u < nt) {
+        const uint4 xv =
+            __ldg(reinterpret_cast<const uint4*>(xq0 + static_cast<std::int64_t>(u) * a.q_ld + run * B::kStride));
+        const std::uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
+        const int xsum = qb::sum_q8(xq);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float v = d[r] * static_cast<float>(D::run(raw[r], c, run, xq, xsum));
+          if constexpr (B::kHasMin) v = fmaf(m[r], static_cast<float>(xsum), v);
+          acc[r][u] = fmaf(dx[u], v, acc[r][u]);
+        }
+      }
+    }
+  }
+}
+
+/// A row group of R rows x up to T tokens over S warps (matvec.cu's
+/// scheme); Int: the integer path (activations from a), else the float
+/// one (from x).
+template <qb::QType Q, int R, int T, int S, bool Int>
 __global__ void __launch_bounds__(kMatvecWarps * 32)
-    matvec_quant_kernel(const float* __restrict__ x, int x_ld, MatvecTargets ts, int t) {
+    matvec_quant_kernel(const float* __restrict__ x, int x_ld, Q8Acts a, MatvecTargets ts, int t) {
   pdl_begin();
   using B = qb::Block<Q>;
   const RowGroup grp = row_group<R, T, S>(ts, t);
   if constexpr (S == 1) {
     if (!grp.live) return;
   }
-  const int lane = grp.lane, sub = grp.sub, u0 = grp.u0, nt = grp.nt;
-  const bool live = grp.live;
-  const std::int64_t row0 = grp.row0;
   const WeightView& w = grp.w;
   const std::uint8_t* rows[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = block_row<Q>(w, row0 + r < w.rows ? row0 + r : row0);
+  for (int r = 0; r < R; ++r) rows[r] = block_row<Q>(w, grp.row0 + r < w.rows ? grp.row0 + r : grp.row0);
   float acc[R][T];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int u = 0; u < T; ++u) acc[r][u] = 0.0f;
-  const float* xb = x + static_cast<std::int64_t>(u0) * x_ld;
-  const std::int64_t n_chunks = live ? w.cols / B::kElems * B::kChunks : 0;
+  const std::int64_t n_chunks = grp.live ? w.cols / B::kElems * B::kChunks : 0;
 #pragma unroll 1
-  for (std::int64_t g = sub * 32 + lane; g < n_chunks; g += S * 32) {
+  for (std::int64_t g = grp.sub * 32 + grp.lane; g < n_chunks; g += S * 32) {
     const std::int64_t blk = g / B::kChunks;
     const int c = static_cast<int>(g % B::kChunks);
     typename B::Raw raw[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) raw[r] = B::load(rows[r] + blk * B::kBytes, c);
-    const float* xc = xb + blk * B::kElems + B::start(c);
-#pragma unroll
-    for (int run = 0; run < B::kRuns; ++run) {
-      float q[R][B::kRunLen], d[R], m[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) B::run(raw[r], c, run, q[r], d[r], m[r]);
-#pragma unroll
-      for (int u = 0; u < T; ++u) {
-        if (u < nt) {
-          const float4* xp = reinterpret_cast<const float4*>(xc + static_cast<std::int64_t>(u) * x_ld + run * B::kStride);
-          float s[R], sx = 0.0f;
-#pragma unroll
-          for (int r = 0; r < R; ++r) s[r] = 0.0f;
-#pragma unroll
-          for (int v = 0; v < B::kRunLen / 4; ++v) {
-            const float4 xv = __ldg(xp + v);
-            if constexpr (B::kHasMin) sx += (xv.x + xv.y) + (xv.z + xv.w);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-              s[r] = fmaf(q[r][4 * v], xv.x, s[r]);
-              s[r] = fmaf(q[r][4 * v + 1], xv.y, s[r]);
-              s[r] = fmaf(q[r][4 * v + 2], xv.z, s[r]);
-              s[r] = fmaf(q[r][4 * v + 3], xv.w, s[r]);
-            }
-          }
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            acc[r][u] = fmaf(d[r], s[r], acc[r][u]);
-            if constexpr (B::kHasMin) acc[r][u] = fmaf(m[r], sx, acc[r][u]);
-          }
-        }
-      }
+    const std::int64_t e = blk * B::kElems + B::start(c);  // the chunk's first activation
+    if constexpr (Int) {
+      const auto* xq0 = reinterpret_cast<const std::uint8_t*>(a.q) + static_cast<std::int64_t>(grp.u0) * a.q_ld + e;
+      chunk_int<Q, R, T>(raw, c, xq0, a.d + static_cast<std::int64_t>(grp.u0) * a.d_ld + blk, a, grp.nt, acc);
+    } else {
+      chunk_float<Q, R, T>(raw, c, x + static_cast<std::int64_t>(grp.u0) * x_ld + e, x_ld, grp.nt, acc);
     }
   }
-  store_group_sums<R, T, S>(acc, live, nt, row0, w.rows, ts.t[grp.j].out, ts.t[grp.j].out_ld, u0);
-}
-
-/// The integer path: a row group per block, its four warps over the
-/// columns (as matvec_quant_kernel with S = 4).
-template <qb::QType Q, int R, int T>
-__global__ void __launch_bounds__(kMatvecWarps * 32) matvec_q8_kernel(Q8Acts a, MatvecTargets ts, int t) {
-  pdl_begin();
-  using B = qb::Block<Q>;
-  using D = qb::IntDot<Q>;
-  static_assert(D::kOn && B::kRunLen == 16, "integer dots: 16 activation quants a run");
-  // The activation blocks are the weight blocks (32 for Q4_0, 256 for the
-  // K-quants): block blk of a view's row has scale blk of the row's.
-  constexpr int W = kMatvecWarps;
-  const RowGroup grp = row_group<R, T, W>(ts, t);  // one group a block: live
-  const int lane = grp.lane, warp = grp.sub, u0 = grp.u0, nt = grp.nt;
-  const std::int64_t row0 = grp.row0;
-  const WeightView& w = grp.w;
-  const std::uint8_t* rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = block_row<Q>(w, row0 + r < w.rows ? row0 + r : row0);
-  float acc[R][T];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int u = 0; u < T; ++u) acc[r][u] = 0.0f;
-  const std::uint8_t* qb0 = reinterpret_cast<const std::uint8_t*>(a.q) + static_cast<std::int64_t>(u0) * a.q_ld;
-  const float* db0 = a.d + static_cast<std::int64_t>(u0) * a.d_ld;
-  const std::int64_t n_chunks = w.cols / B::kElems * B::kChunks;
-#pragma unroll 1
-  for (std::int64_t g = warp * 32 + lane; g < n_chunks; g += W * 32) {
-    const std::int64_t blk = g / B::kChunks;
-    const int c = static_cast<int>(g % B::kChunks);
-    typename B::Raw raw[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) raw[r] = B::load(rows[r] + blk * B::kBytes, c);
-    float dx[T];
-#pragma unroll
-    for (int u = 0; u < T; ++u) dx[u] = u < nt ? __ldg(db0 + static_cast<std::int64_t>(u) * a.d_ld + blk) : 0.0f;
-#pragma unroll
-    for (int run = 0; run < B::kRuns; ++run) {
-      float d[R], m[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float q[B::kRunLen];  // unused here: only the scales are kept
-        B::run(raw[r], c, run, q, d[r], m[r]);
-      }
-#pragma unroll
-      for (int u = 0; u < T; ++u) {
-        if (u < nt) {
-          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(qb0 + static_cast<std::int64_t>(u) * a.q_ld +
-                                                                blk * B::kElems + B::start(c) + run * B::kStride));
-          const std::uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
-          const int xsum = qb::sum_q8(xq);
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            float v = d[r] * static_cast<float>(D::run(raw[r], c, run, xq, xsum));
-            if constexpr (B::kHasMin) v = fmaf(m[r], static_cast<float>(xsum), v);
-            acc[r][u] = fmaf(dx[u], v, acc[r][u]);
-          }
-        }
-      }
-    }
-  }
-  store_group_sums<R, T, W>(acc, true, nt, row0, w.rows, ts.t[grp.j].out, ts.t[grp.j].out_ld, u0);
+  store_group_sums<R, T, S>(acc, grp.live, grp.nt, grp.row0, w.rows, ts.t[grp.j].out, ts.t[grp.j].out_ld, grp.u0);
 }
 
 template <qb::QType Q, int R, int T>
@@ -174,11 +164,11 @@ void launch_quant(const float* x, int x_ld, const Q8Acts* q8, const MatvecTarget
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((t + T - 1) / T));
   if constexpr (qb::IntDot<Q>::kOn) {
     if (q8) {
-      launch(matvec_q8_kernel<Q, R, T>, grid, kMatvecWarps * 32, 0, stream, *q8, ts, t);
+      launch(matvec_quant_kernel<Q, R, T, kMatvecWarps, true>, grid, kMatvecWarps * 32, 0, stream, x, x_ld, *q8, ts, t);
       return;
     }
   }
-  launch(matvec_quant_kernel<Q, R, T, kMatvecWarps>, grid, kMatvecWarps * 32, 0, stream, x, x_ld, ts, t);
+  launch(matvec_quant_kernel<Q, R, T, kMatvecWarps, false>, grid, kMatvecWarps * 32, 0, stream, x, x_ld, Q8Acts{}, ts, t);
 }
 
 template <qb::QType Q, int T>
