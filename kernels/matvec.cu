@@ -229,11 +229,7 @@ bool matvec_quant_config_built(MatvecConfig c) {
 }
 }  // namespace detail
 
-bool matvec_int_dots(WeightDType d) {
-  bool on = false;
-  detail::visit_block_quant(d, [&](auto q) { on = qb::IntDot<decltype(q)::value>::kOn; });
-  return on;
-}
+bool matvec_int_dots(WeightDType d) { return is_block_quant(d); }
 
 bool matvec_config_built(MatvecConfig c, WeightDType d) {
   return is_block_quant(d) ? detail::matvec_quant_config_built(c) : matvec_config_built(c);

@@ -53,10 +53,11 @@ struct Q8Acts {
   ActQuant kind = ActQuant::none;
 };
 
-/// Whether the block type d has the integer-dot GEMV (Q4_0 with Q8_0
-/// activations, Q4_K and Q6_K with Q8_K: llama.cpp's vec_dot forms, dp4a
-/// on the device): a quarter of the float path's activation bytes and a
-/// few integer operations per four weights instead of a conversion each.
+/// Whether d has the integer-dot GEMV: every block type (Q4_0 .. Q6_K;
+/// the legacy types with Q8_0 activations, the K-quants with Q8_K:
+/// llama.cpp's vec_dot forms, dp4a on the device): a quarter of the float
+/// path's activation bytes and a few integer operations per four weights
+/// instead of a conversion each.
 bool matvec_int_dots(WeightDType d);
 
 cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,

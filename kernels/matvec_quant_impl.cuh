@@ -16,14 +16,14 @@
 // matvec.cu's kernel (MatvecConfig), the sums of one group's warps added in
 // shared memory in warp order.
 //
-// Q4_0, Q4_K and Q6_K also have an integer path (chunk_int, taken
-// when the caller passes the activations' int8 quants): each run's quants
-// dotted with 16 activation quants in four dp4a (qb::IntDot, checked on the
-// CPU against run()'s quants), scaled by the run's d (plus m x the sum of
-// the activation quants) and the activation block's scale: llama.cpp's
-// vec_dot forms, the CPU backend's integer kernels up to float rounding.
-// Per four weights a few integer operations and one dp4a, where the float
-// path converts each weight; and 16 bytes of activations a run, not 64.
+// Every type also has an integer path (chunk_int, taken when the caller
+// passes the activations' int8 quants): each run's quants dotted with its
+// activation quants in dp4a (qb::IntDot, checked on the CPU against
+// run()'s quants), scaled by the run's d (plus m x the sum of the
+// activation quants) and the activation block's scale: llama.cpp's vec_dot
+// forms, the CPU backend's integer kernels up to float rounding. Per four
+// weights a few integer operations and one dp4a, where the float path
+// converts each weight; and a quarter of the activation bytes.
 #pragma once
 
 #include <cstdint>
@@ -76,16 +76,18 @@ __device__ __forceinline__ void chunk_float(const typename qb::Block<Q>::Raw (&r
 }
 
 /// The integer path's share of chunk c of block blk: each run's quants
-/// dotted with 16 activation quants (xq: the chunk's first quant of token
-/// 0, rows of a.q_ld bytes), times the run's d (+ m x their sum), times the
-/// activation block's scale (the activation blocks are the weight blocks:
-/// 32 for Q4_0, 256 for the K-quants; dx: token 0's scale of block blk).
+/// dotted with its kRunLen activation quants (xq0: the chunk's first quant
+/// of token 0, rows of a.q_ld bytes; one 16- or 8-byte load a run), times
+/// the run's d (+ m x their sum), times the activation block's scale (the
+/// activation blocks are the weight blocks: 32 for the legacy types, 256
+/// for the K-quants; dx0: token 0's scale of block blk).
 template <qb::QType Q, int R, int T>
 __device__ __forceinline__ void chunk_int(const typename qb::Block<Q>::Raw (&raw)[R], int c, const std::uint8_t* xq0,
                                           const float* dx0, const Q8Acts& a, int nt, float (&acc)[R][T]) {
   using B = qb::Block<Q>;
   using D = qb::IntDot<Q>;
-  static_assert(D::kOn && B::kRunLen == 16, "integer dots: 16 activation quants a run");
+  constexpr int N = B::kRunLen / 4;  // words of activation quants a run
+  static_assert(N == 4 || N == 2, "runs of 16 or 8 weights");
   float dx[T];
 #pragma unroll
   for (int u = 0; u < T; ++u) dx[u] = u < nt ? __ldg(dx0 + static_cast<std::int64_t>(u) * a.d_ld) : 0.0f;
@@ -100,10 +102,14 @@ __device__ __forceinline__ void chunk_int(const typename qb::Block<Q>::Raw (&raw
 #pragma unroll
     for (int u = 0; u < T; ++u) {
       if (u < nt) {
-        const uint4 xv =
-            __ldg(reinterpret_cast<const uint4*>(xq0 + static_cast<std::int64_t>(u) * a.q_ld + run * B::kStride));
-        const std::uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
-        const int xsum = qb::sum_q8(xq);
+        const std::uint8_t* p = xq0 + static_cast<std::int64_t>(u) * a.q_ld + run * B::kStride;
+        std::uint32_t xq[N];
+        if constexpr (N == 4) {
+          qb::ld_words_16(p, xq);
+        } else {
+          qb::ld_words_8(p, xq);
+        }
+        const int xsum = qb::sum_q8<N>(xq);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           float v = d[r] * static_cast<float>(D::run(raw[r], c, run, xq, xsum));
@@ -162,11 +168,9 @@ void launch_quant(const float* x, int x_ld, const Q8Acts* q8, const MatvecTarget
   const std::int64_t groups = ts.first_warp[n];
   // One row group per block: the block's four warps split the columns.
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((t + T - 1) / T));
-  if constexpr (qb::IntDot<Q>::kOn) {
-    if (q8) {
-      launch(matvec_quant_kernel<Q, R, T, kMatvecWarps, true>, grid, kMatvecWarps * 32, 0, stream, x, x_ld, *q8, ts, t);
-      return;
-    }
+  if (q8) {
+    launch(matvec_quant_kernel<Q, R, T, kMatvecWarps, true>, grid, kMatvecWarps * 32, 0, stream, x, x_ld, *q8, ts, t);
+    return;
   }
   launch(matvec_quant_kernel<Q, R, T, kMatvecWarps, false>, grid, kMatvecWarps * 32, 0, stream, x, x_ld, Q8Acts{}, ts, t);
 }

@@ -537,13 +537,14 @@ FTP_QB_UNROLL
 };
 
 // ---------------------------------------------------------------------------
-// Integer dots (the types with kIntDot): a run's quants against 16 int8
-// activation quants (4 words, as the Q8 quantization leaves them), as
-// ggml's vec_dot_q4_0_q8_0, vec_dot_q4_K_q8_K and vec_dot_q6_K_q8_K form
-// them: run_int gives sum_i q[i] x qx[i] with q[i] run()'s quants, exactly
-// (xsum = sum_i qx[i], for the types whose quants carry an offset); the
-// caller scales it by the run's d (and adds m x xsum) and the activation
-// block's scale.
+// Integer dots (IntDot<T>::run, every type): a run's quants against its
+// kRunLen int8 activation quants (kRunLen / 4 words, as the Q8
+// quantization leaves them), as ggml's vec_dot_<type>_q8_0/q8_1/q8_K
+// kernels form them: sum_i q[i] x qx[i] with q[i] run()'s quants, exactly
+// (xsum = sum_i qx[i], for the quants that carry an offset); the caller
+// scales it by the run's d (and adds m x xsum) and the activation block's
+// scale. Each builds the quants as bytes (0..63, positive as signed
+// bytes), four to a word, and subtracts the offset once.
 
 /// sum of the 4 signed byte products of a and b, plus c (__dp4a).
 FTP_QB int dp4a(std::uint32_t a, std::uint32_t b, int c) {
@@ -557,23 +558,27 @@ FTP_QB int dp4a(std::uint32_t a, std::uint32_t b, int c) {
 #endif
 }
 
-/// sum of the 16 int8 quants of 4 words.
+/// sum of the 4 N int8 quants of N words.
+template <int N>
 FTP_QB int sum_q8(const std::uint32_t* xq) {
   int s = 0;
   FTP_QB_UNROLL
-  for (int i = 0; i < 4; ++i) s = dp4a(0x01010101u, xq[i], s);
+  for (int i = 0; i < N; ++i) s = dp4a(0x01010101u, xq[i], s);
   return s;
 }
 
+/// Bits b, b + 1, b + 2, b + 3 of v as bit 0 of four bytes.
+FTP_QB std::uint32_t spread4(std::uint32_t v, int b) {
+  const std::uint32_t n = (v >> b) & 0xfu;
+  return (n & 1u) | ((n & 2u) << 7) | ((n & 4u) << 14) | ((n & 8u) << 21);
+}
+
 template <QType T>
-struct IntDot {
-  static constexpr bool kOn = false;
-};
+struct IntDot;
 
 /// Q4_0: nibbles (as bytes 0..15) dotted, less 8 x xsum.
 template <>
 struct IntDot<QType::q4_0> {
-  static constexpr bool kOn = true;
   FTP_QB static int run(const Block<QType::q4_0>::Raw& raw, int, int r, const std::uint32_t* xq, int xsum) {
     int s = 0;
     FTP_QB_UNROLL
@@ -582,10 +587,69 @@ struct IntDot<QType::q4_0> {
   }
 };
 
+/// Q4_1: nibbles dotted (its min goes with xsum, in the caller).
+template <>
+struct IntDot<QType::q4_1> {
+  FTP_QB static int run(const Block<QType::q4_1>::Raw& raw, int, int r, const std::uint32_t* xq, int) {
+    int s = 0;
+    FTP_QB_UNROLL
+    for (int i = 0; i < 4; ++i) s = dp4a((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu, xq[i], s);
+    return s;
+  }
+};
+
+/// Q5_0 and Q5_1: nibbles with qh's bit (i + 16 r) as their fifth bit;
+/// Q5_0 less 16 x xsum.
+template <>
+struct IntDot<QType::q5_0> {
+  FTP_QB static int run(const Block<QType::q5_0>::Raw& raw, int, int r, const std::uint32_t* xq, int xsum) {
+    int s = 0;
+    FTP_QB_UNROLL
+    for (int i = 0; i < 4; ++i)
+      s = dp4a(((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu) | (spread4(raw.qh, 16 * r + 4 * i) << 4), xq[i], s);
+    return s - 16 * xsum;
+  }
+};
+
+template <>
+struct IntDot<QType::q5_1> {
+  FTP_QB static int run(const Block<QType::q5_1>::Raw& raw, int, int r, const std::uint32_t* xq, int) {
+    int s = 0;
+    FTP_QB_UNROLL
+    for (int i = 0; i < 4; ++i)
+      s = dp4a(((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu) | (spread4(raw.qh, 16 * r + 4 * i) << 4), xq[i], s);
+    return s;
+  }
+};
+
+/// Q2_K: run s's 2-bit quants (bits 2s of the chunk's 8 qs bytes).
+template <>
+struct IntDot<QType::q2_k> {
+  FTP_QB static int run(const Block<QType::q2_k>::Raw& raw, int, int s, const std::uint32_t* xq, int) {
+    int sum = 0;
+    FTP_QB_UNROLL
+    for (int i = 0; i < 2; ++i) sum = dp4a((raw.qs[i] >> (2 * s)) & 0x03030303u, xq[i], sum);
+    return sum;
+  }
+};
+
+/// Q3_K: the 2 low bits and hmask's bit (4h + s) as bit 2: q + 4 (0..7),
+/// less 4 x xsum.
+template <>
+struct IntDot<QType::q3_k> {
+  FTP_QB static int run(const Block<QType::q3_k>::Raw& raw, int c, int s, const std::uint32_t* xq, int xsum) {
+    const int bit = 4 * (c >> 2) + s;
+    int sum = 0;
+    FTP_QB_UNROLL
+    for (int i = 0; i < 2; ++i)
+      sum = dp4a(((raw.qs[i] >> (2 * s)) & 0x03030303u) | (((raw.hm[i] >> bit) & 0x01010101u) << 2), xq[i], sum);
+    return sum - 4 * xsum;
+  }
+};
+
 /// Q4_K: the run's nibbles (0..15) dotted.
 template <>
 struct IntDot<QType::q4_k> {
-  static constexpr bool kOn = true;
   FTP_QB static int run(const Block<QType::q4_k>::Raw& raw, int, int r, const std::uint32_t* xq, int) {
     int s = 0;
     FTP_QB_UNROLL
@@ -594,11 +658,23 @@ struct IntDot<QType::q4_k> {
   }
 };
 
+/// Q5_K: nibbles with qh's bit g (the run's group) as their fifth bit.
+template <>
+struct IntDot<QType::q5_k> {
+  FTP_QB static int run(const Block<QType::q5_k>::Raw& raw, int c, int r, const std::uint32_t* xq, int) {
+    const int g = 2 * (c >> 1) + r;
+    int s = 0;
+    FTP_QB_UNROLL
+    for (int i = 0; i < 4; ++i)
+      s = dp4a(((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu) | (((raw.qh[i] >> g) & 0x01010101u) << 4), xq[i], s);
+    return s;
+  }
+};
+
 /// Q6_K: the 6-bit quants (0..63, positive as signed bytes) dotted, less
 /// 32 x xsum.
 template <>
 struct IntDot<QType::q6_k> {
-  static constexpr bool kOn = true;
   FTP_QB static int run(const Block<QType::q6_k>::Raw& raw, int c, int r, const std::uint32_t* xq, int xsum) {
     const int shift = 2 * ((c & 3) >> 1) + 4 * r;
     int s = 0;

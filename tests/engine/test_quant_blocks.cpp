@@ -138,14 +138,13 @@ void check_type(DType t) {
 }
 
 /// IntDot<Q>::run (the integer dots of the GEMV's int8 path) gives
-/// sum_i q[i] x qx[i], q[i] the quants run() gives (checked above against
+/// sum_i q[i] x qx[i], q[i] the quants run() gives (checked below against
 /// ggml), exactly, for random blocks and int8 activation quants in
 /// [-127, 127] (their extremes included).
 template <qb::QType Q>
 void check_int_dot(DType t) {
   using B = qb::Block<Q>;
-  static_assert(qb::IntDot<Q>::kOn);
-  static_assert(B::kRunLen == 16, "16 activation quants a run: 4 words");
+  constexpr int L = B::kRunLen, N = L / 4;
   std::mt19937 g(static_cast<unsigned>(31 + static_cast<int>(t)));
   const int n = 300;
   const std::vector<std::uint8_t> blocks = random_blocks(t, n, g);
@@ -153,19 +152,19 @@ void check_int_dot(DType t) {
     for (int c = 0; c < B::kChunks; ++c) {
       const typename B::Raw raw = B::load(blocks.data() + static_cast<std::size_t>(b) * B::kBytes, c);
       for (int r = 0; r < B::kRuns; ++r) {
-        std::int8_t qx[16];
-        for (int i = 0; i < 16; ++i)
+        std::int8_t qx[L];
+        for (int i = 0; i < L; ++i)
           qx[i] = static_cast<std::int8_t>(b % 3 == 0 ? (i % 2 ? 127 : -127) : static_cast<int>(g() % 255) - 127);
-        std::uint32_t words[4];
-        std::memcpy(words, qx, 16);
-        float q[B::kRunLen], d, m;
+        std::uint32_t words[N];
+        std::memcpy(words, qx, L);
+        float q[L], d, m;
         B::run(raw, c, r, q, d, m);
         long long want = 0, xsum = 0;
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < L; ++i) {
           want += static_cast<long long>(q[i]) * qx[i];
           xsum += qx[i];
         }
-        ASSERT_EQ(qb::sum_q8(words), xsum);
+        ASSERT_EQ(qb::sum_q8<N>(words), xsum);
         ASSERT_EQ(qb::IntDot<Q>::run(raw, c, r, words, static_cast<int>(xsum)), want)
             << ftp::model::dtype_name(t) << " block " << b << " chunk " << c << " run " << r;
       }
@@ -173,7 +172,13 @@ void check_int_dot(DType t) {
 }
 
 TEST(QuantBlocks, IntegerDotsQ4_0) { check_int_dot<qb::QType::q4_0>(DType::q4_0); }
+TEST(QuantBlocks, IntegerDotsQ4_1) { check_int_dot<qb::QType::q4_1>(DType::q4_1); }
+TEST(QuantBlocks, IntegerDotsQ5_0) { check_int_dot<qb::QType::q5_0>(DType::q5_0); }
+TEST(QuantBlocks, IntegerDotsQ5_1) { check_int_dot<qb::QType::q5_1>(DType::q5_1); }
+TEST(QuantBlocks, IntegerDotsQ2_K) { check_int_dot<qb::QType::q2_k>(DType::q2_k); }
+TEST(QuantBlocks, IntegerDotsQ3_K) { check_int_dot<qb::QType::q3_k>(DType::q3_k); }
 TEST(QuantBlocks, IntegerDotsQ4_K) { check_int_dot<qb::QType::q4_k>(DType::q4_k); }
+TEST(QuantBlocks, IntegerDotsQ5_K) { check_int_dot<qb::QType::q5_k>(DType::q5_k); }
 TEST(QuantBlocks, IntegerDotsQ6_K) { check_int_dot<qb::QType::q6_k>(DType::q6_k); }
 
 TEST(QuantBlocks, Q4_0) { check_type<qb::QType::q4_0>(DType::q4_0); }

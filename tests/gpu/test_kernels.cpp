@@ -768,7 +768,7 @@ void test_matvec_blocks() {
   report("matvec_multi Q4_K, Q4_K, Q6_K (q, k, v of Q4_K_M) t=1,3", worst, 1e-6);
 }
 
-/// The integer-dot GEMV (Q4_0, Q4_K, Q6_K with the activations' int8
+/// The integer-dot GEMV (every block type, with the activations' int8
 /// quants and scales from quantize_activations_f32) against a float64
 /// product of the CPU's quantized activations (ops::quantize_activations)
 /// and its dequantized weights, NMSE <= 1e-6: whole matrices, a row-parallel
@@ -778,8 +778,7 @@ void test_matvec_int_dots() {
   int sms = 0;
   cu(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "multiprocessor count");
   const std::int64_t R = 8 * static_cast<std::int64_t>(sms) + 45;
-  for (DType dt : {DType::q4_k, DType::q6_k, DType::q4_0}) {
-    report_exact(std::string("matvec_int_dots(") + ftp::model::dtype_name(dt) + ")", k::matvec_int_dots(kdt(dt)) ? 0 : 1, 1);
+  for (DType dt : kBlockTypes) {
     const std::int64_t B = ftp::model::dtype_block(dt), C = B == 256 ? 1280 : 544;
     const k::ActQuant kind = k::act_quant_of(kdt(dt));
     Tensor w = make_tensor(dt, R, C);
@@ -1201,8 +1200,8 @@ void test_attention_16bit(int hd, k::KvElem elem) {
 
 /// GEMV bandwidth at batch 1 on a BF16 matrix of 8192 x 8192 (128 MiB,
 /// several times the L2), and on Q4_K and Q6_K matrices of 32768 and 16384
-/// x 8192 (151 and 110 MB; activations as given, not quantized), against
-/// the triad bandwidth of the same run. Printed, not asserted (timings are
+/// x 8192 (151 and 110 MB; the float path and the integer path, with
+/// activation quants of zero), against the triad bandwidth of the same run. Printed, not asserted (timings are
 /// not a unit test's business).
 void report_matvec_bandwidth() {
   const auto triad = ftp::backend::measure_gpu_triad_gbs(0, true);
@@ -1219,25 +1218,35 @@ void report_matvec_bandwidth() {
     Dev<std::uint8_t> w(bytes);
     // 0x3c bytes: BF16 1.17; as block-type halves 0x3c3c = 1.06, finite.
     cu(cudaMemset(w.p(), 0x3c, bytes), "memset");
-    Dev<float> x(C), out(R);
+    Dev<float> x(C), out(R), xd(C / 32);
+    Dev<std::int8_t> xq(C);
     cu(cudaMemset(x.p(), 0, C * 4), "memset");
+    cu(cudaMemset(xq.p(), 0, C), "memset");
+    cu(cudaMemset(xd.p(), 0, C / 32 * 4), "memset");
+    const k::Q8Acts q8{xq.p(), xd.p(), static_cast<int>(C), static_cast<int>(C / k::block_elems(sh.dt)),
+                       k::act_quant_of(sh.dt)};
     k::WeightView v{w.p(), sh.dt, C, 0, R, 0, C};
-    cudaEvent_t e0, e1;
-    cu(cudaEventCreate(&e0), "event");
-    cu(cudaEventCreate(&e1), "event");
-    for (int i = 0; i < 3; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr), "matvec");
-    const int reps = 20;
-    cu(cudaEventRecord(e0), "event");
-    for (int i = 0; i < reps; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr), "matvec");
-    cu(cudaEventRecord(e1), "event");
-    cu(cudaEventSynchronize(e1), "event");
-    float ms = 0;
-    cu(cudaEventElapsedTime(&ms, e0, e1), "event");
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    const double gbs = static_cast<double>(bytes) * reps / (ms / 1e3) / 1e9;
-    std::printf("info matvec %s %lldx%lld t=1: %.0f GB/s = %.2f of triad %.0f GB/s\n", ftp::model::dtype_name(sh.model),
-                static_cast<long long>(R), static_cast<long long>(C), gbs, gbs / triad.value, triad.value);
+    for (const bool int8 : {false, true}) {
+      if (int8 && !k::matvec_int_dots(sh.dt)) continue;
+      const k::Q8Acts* a = int8 ? &q8 : nullptr;
+      cudaEvent_t e0, e1;
+      cu(cudaEventCreate(&e0), "event");
+      cu(cudaEventCreate(&e1), "event");
+      for (int i = 0; i < 3; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr, {}, a), "matvec");
+      const int reps = 20;
+      cu(cudaEventRecord(e0), "event");
+      for (int i = 0; i < reps; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr, {}, a), "matvec");
+      cu(cudaEventRecord(e1), "event");
+      cu(cudaEventSynchronize(e1), "event");
+      float ms = 0;
+      cu(cudaEventElapsedTime(&ms, e0, e1), "event");
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      const double gbs = static_cast<double>(bytes) * reps / (ms / 1e3) / 1e9;
+      std::printf("info matvec %s%s %lldx%lld t=1: %.0f GB/s = %.2f of triad %.0f GB/s\n", ftp::model::dtype_name(sh.model),
+                  int8 ? " (int8 dots)" : "", static_cast<long long>(R), static_cast<long long>(C), gbs, gbs / triad.value,
+                  triad.value);
+    }
   }
 }
 

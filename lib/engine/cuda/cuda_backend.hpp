@@ -63,7 +63,7 @@ struct CudaBackendOptions {
   /// RMSNorm that reads its sum, the RoPE of q and k with the KV write.
   /// FTP_CUDA_FUSE=0 turns it off (for A/B runs).
   bool fuse = true;
-  /// The GEMV of Q4_0, Q4_K and Q6_K weights with integer dots over the
+  /// The GEMV of the block types (Q4_0 .. Q6_K) with integer dots over the
   /// activations' int8 quants (kernels::matvec_int_dots: llama.cpp's
   /// vec_dot forms) instead of float dots over their values; the same
   /// products up to float rounding. FTP_CUDA_INT8_DOTS=0 turns it off (for
