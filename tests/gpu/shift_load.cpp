@@ -337,7 +337,9 @@ int cmd_report(const Args& a) {
   int committed = 0, well_formed = 0, comm_zero = 0, comm_present = 0;
   double comm_ms = 0;
   std::vector<double> accept_ms;
-  std::vector<std::string> copies;
+  std::vector<std::string> copies;  // "BYTES bytes in MS ms (GEAR)", one per reserve record that copied
+  long long copied = 0;
+  double copy_ms_max = 0;
   long long released = 0;
   int retires_releasing = 0;
   std::string bad;
@@ -354,9 +356,14 @@ int cmd_report(const Args& a) {
       if (!has_kind_fields) ok_order = false;
       if (ph == "reserve") {
         t_accept = e.value("t_ms", 0.0) - e.value("phase_ms", 0.0);
-        if (e.contains("weights_copied_bytes"))
-          copies.push_back(std::to_string(e["weights_copied_bytes"].get<long long>()) + " bytes in " +
-                           num(e.value("weights_copy_ms", -1.0)) + " ms (" + e.value("to", std::string()) + ")");
+        if (e.contains("weights_copied_bytes")) {
+          const long long b = e["weights_copied_bytes"].get<long long>();
+          const double ms = e.value("weights_copy_ms", -1.0);
+          copies.push_back(std::to_string(b) + " bytes in " + num(ms) + " ms (" + e.value("to", std::string()) + ")");
+          copied += b;
+          copy_ms_max = std::max(copy_ms_max, ms);
+          if (b <= 0 || ms < 0) copies.back() += " [not > 0 bytes, >= 0 ms]";
+        }
       }
       if (ph == "retire" && e.contains("weights_released_bytes")) {
         released += e["weights_released_bytes"].get<long long>();
@@ -411,10 +418,18 @@ int cmd_report(const Args& a) {
   }
 
   if (!copies.empty()) {
-    std::string all;
-    for (const auto& c : copies) all += (all.empty() ? "" : "; ") + c;
-    t.check(release == "copy", "release-mode reserve weights_copied_bytes / weights_copy_ms: " + all + " (retire records: " +
-                                   std::to_string(released) + " bytes released in " + std::to_string(retires_releasing) + ")");
+    std::string first, bad_copy;
+    for (std::size_t i = 0; i < copies.size(); ++i) {
+      if (i < 3) first += (first.empty() ? "" : "; ") + copies[i];
+      if (copies[i].find("[not") != std::string::npos && bad_copy.empty()) bad_copy = copies[i];
+    }
+    // A device copies back at most what it had released.
+    t.check(release == "copy" && bad_copy.empty() && copied <= released,
+            "release-mode reserve weights_copied_bytes / weights_copy_ms: " + std::to_string(copies.size()) +
+                " reserves copied " + std::to_string(copied) + " bytes, the longest in " + num(copy_ms_max) + " ms (" + first +
+                (copies.size() > 3 ? "; ..." : "") + "); retire records: " + std::to_string(released) + " bytes released in " +
+                std::to_string(retires_releasing) + (copied <= released ? "" : ", less than copied") +
+                (bad_copy.empty() ? "" : "; bad: " + bad_copy));
   } else if (release == "copy") {
     t.line("FAIL", "release-mode reserve weights_copied_bytes / weights_copy_ms: no reserve record carries them (retire records: " +
                        std::to_string(released) + " bytes released in " + std::to_string(retires_releasing) + ")");
