@@ -81,6 +81,8 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+# Killed by an outer time limit: still stop the daemon (it holds the GPU).
+trap 'exit 124' TERM INT
 t_start=$SECONDS
 left() { echo $((limit - (SECONDS - t_start))); }
 # within SECONDS CMD...: CMD under a time limit of SECONDS, cut to what --limit leaves.
@@ -168,7 +170,10 @@ if [ -n "$golden" ]; then
 fi
 
 # The load, steady, SHIFTS shifts with steady gaps, steady again.
-within $(( $(left) )) "$load_tool" run --url "$url" --clients "$clients" --prompt "$prompt" --max-tokens "$max_tokens" \
+[ "$(left)" -gt 0 ] || { verdict 1 "load: --limit $limit s spent before it"; finish; }
+# timeout itself in the background (not a function's subshell), so that
+# $load is the process that a kill reaches.
+timeout "$(left)" "$load_tool" run --url "$url" --clients "$clients" --prompt "$prompt" --max-tokens "$max_tokens" \
   --stop-file "$tmp/stop" --out "$out/samples.jsonl" --max-seconds "$(left)" &
 load=$!
 sleep "$(awk -v m="$steady_ms" 'BEGIN {print m / 1000}')"

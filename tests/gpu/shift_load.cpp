@@ -188,9 +188,13 @@ int cmd_run(const Args& a) {
         s.client = c;
         const Json j{{"client", s.client}, {"sent_ms", s.sent_ms}, {"ok", s.ok},       {"status", s.status},
                      {"error", s.error},   {"ttft_ms", s.ttft_ms}, {"e2e_ms", s.e2e_ms}, {"text", s.text}};
-        std::lock_guard lk(mu);
-        f << j.dump(-1, ' ', false, Json::error_handler_t::replace) << '\n';
-        f.flush();
+        {
+          std::lock_guard lk(mu);
+          f << j.dump(-1, ' ', false, Json::error_handler_t::replace) << '\n';
+          f.flush();
+        }
+        // No answer at all (the daemon gone): do not spin.
+        if (s.status == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     });
   for (auto& t : th) t.join();
