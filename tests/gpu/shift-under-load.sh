@@ -18,9 +18,11 @@
 #     ramp record's t_ms less the reserve record's t_ms - phase_ms, less
 #     one --step-interval per ramp record below 100 %), goal <= 1 s,
 #     stretch 100 ms; P99 TTFT of the requests whose wait for a first token
-#     overlaps an ftp-shift call over that of the others (steady), goal
-#     <= 1.1; with --timings info (the CPU rehearsal) both are printed as
-#     INFO, not asserted;
+#     overlaps an ftp-shift call over that of the others (steady), the
+#     steady ones gear-matched as in shift-bench (each gear's weighted by
+#     its share of the shifting ones; the pooled ratio and each gear's
+#     steady P99 are printed too), goal <= 1.1; with --timings info (the
+#     CPU rehearsal) both are printed as INFO, not asserted;
 #   - performance is a release-mode gear: the reserve records'
 #     weights_copied_bytes / weights_copy_ms where a device had freed its
 #     weights (CPU --device-memory); on one GPU every gear keeps gpu0, which
@@ -178,6 +180,8 @@ timeout "$(left)" "$load_tool" run --url "$url" --clients "$clients" --prompt "$
 load=$!
 sleep "$(awk -v m="$steady_ms" 'BEGIN {print m / 1000}')"
 cycle=(economy standard performance standard economy performance)
+gears=performance  # the gear in effect before the first shift, then after each (for the report)
+committed=0
 : >"$out/windows.txt"; : >"$out/shifts.jsonl"
 for s in $(seq 0 $((shifts - 1))); do
   g=${cycle[$((s % ${#cycle[@]}))]}
@@ -185,6 +189,10 @@ for s in $(seq 0 $((shifts - 1))); do
   within 60 "$shift_tool" --to "$g" --step-interval "$step" --follow --json=short >>"$out/shifts.jsonl" 2>>"$out/shift.err"
   rc=$?
   echo "$t0 $(ms)" >>"$out/windows.txt"
+  # A shift that did not commit leaves the gear as it was.
+  now_committed=$(grep -c '"outcome":"committed"' "$out/shifts.jsonl")
+  if [ "$now_committed" -gt "$committed" ]; then gears=$gears,$g; else gears=$gears,${gears##*,}; fi
+  committed=$now_committed
   [ $rc -eq 124 ] && { verdict 1 "shift $((s + 1)) to $g: timed out"; break; }
   sleep "$(awk -v m="$gap_ms" 'BEGIN {print m / 1000}')"
 done
@@ -203,7 +211,7 @@ fi
 
 within 60 "$load_tool" report --samples "$out/samples.jsonl" --shifts "$out/shifts.jsonl" --windows "$out/windows.txt" \
   "${refs[@]}" --expect-shifts "$shifts" --step-interval "$step" --timings "$timings" --outputs "$outputs" --release-expect "$release" \
-  --release-why "$release_why" | tee "$out/report.txt"
+  --release-why "$release_why" --gears "$gears" | tee "$out/report.txt"
 rc=${PIPESTATUS[0]}
 pass=$((pass + $(grep -c '^PASS:' "$out/report.txt"))); failn=$((failn + $(grep -c '^FAIL:' "$out/report.txt")))
 [ $rc -eq 0 ] || [ $rc -eq 6 ] || verdict 1 "shift-load report: exit $rc"

@@ -12,7 +12,7 @@
 //       status, error, ttft_ms, e2e_ms, text.
 //   shift-load report --samples FILE --shifts FILE --windows FILE --reference FILE [--reference FILE ...]
 //                     --expect-shifts N --step-interval MS [--timings assert|info] [--outputs assert|info]
-//                     [--release-expect copy|none [--release-why TEXT]]
+//                     [--release-expect copy|none [--release-why TEXT]] [--gears G0,G1,..]
 //       prints one PASS / FAIL / INFO / N/A line per check and a summary
 //       line; exits 6 when a check failed.
 //
@@ -20,7 +20,14 @@
 // (ftp.shift-event/v1, one a line); --windows has one line "START_MS END_MS"
 // per shift, the wall-clock span of its ftp-shift call as the script saw it.
 // A request whose wait for its first token (sent .. sent + TTFT) overlaps a
-// window counts as "during shifts", every other as steady.
+// window counts as "during shifts", every other as steady. With --gears
+// G0,G1,..,GN (the gear before the first shift, then after each) the
+// steady baseline is gear-matched, as shift-bench's headline ratio: each
+// steady request counts for the gear in effect when it was sent, each
+// shifting one half for its shift's old gear and half for its new one, and
+// the steady requests of each gear weigh that gear's share of the
+// shifting ones (the gears of a table differ in speed, and a plain pool
+// would compare a different mix of them); the pooled ratio is printed too.
 #include <httplib.h>
 
 #include <algorithm>
@@ -241,6 +248,36 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (r - static_cast<double>(lo));
 }
 
+/// Percentile p of values with weights (the smallest value whose
+/// cumulative weight reaches p % of the total); 0 when empty.
+double weighted_percentile(std::vector<std::pair<double, double>> vw, double p) {
+  double total = 0;
+  for (const auto& [x, w] : vw) total += w;
+  if (vw.empty() || total <= 0) return 0;
+  std::sort(vw.begin(), vw.end());
+  double cum = 0;
+  for (const auto& [x, w] : vw) {
+    cum += w;
+    if (cum >= p / 100.0 * total - 1e-12) return x;
+  }
+  return vw.back().first;
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : text) {
+    if (c == ',') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
 struct Tally {
   int pass = 0, fail = 0, info = 0, na = 0;
   void line(const char* verdict, const std::string& what) {
@@ -286,6 +323,14 @@ int cmd_report(const Args& a) {
   for (const auto& r : a.all("reference")) refs.push_back(slurp(r));
   if (refs.empty()) usage("report needs --reference");
 
+  // The gear in effect before the first window and after each; empty: no matching.
+  const std::vector<std::string> gears = split_commas(a.get("gears"));
+  if (!gears.empty() && gears.size() != windows.size() + 1)
+    usage("--gears: expected " + std::to_string(windows.size() + 1) + " gears (one before the first shift, one after each), got " +
+          std::to_string(gears.size()));
+  std::map<std::string, std::vector<double>> steady_by_gear;
+  std::map<std::string, double> shifting_by_gear;  // requests, half to each gear of their shift
+
   int n = 0, failed = 0, wrong = 0;
   std::string first_error, first_wrong;
   std::vector<double> ttft_steady, ttft_shift;
@@ -302,10 +347,21 @@ int cmd_report(const Args& a) {
       if (first_wrong.empty()) first_wrong = text.substr(0, 60);
     }
     const double sent = s.value("sent_ms", 0.0), ttft = s.value("ttft_ms", 0.0);
-    bool shifting = false;
-    for (const auto& [ws, we] : windows)
-      if (sent <= we && sent + ttft >= ws) shifting = true;
-    (shifting ? ttft_shift : ttft_steady).push_back(ttft);
+    int window = -1;  // the first shift this request's wait overlaps
+    std::size_t before = 0;  // windows ended before it was sent
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      if (window < 0 && sent <= windows[w].second && sent + ttft >= windows[w].first) window = static_cast<int>(w);
+      if (windows[w].second < sent) before = w + 1;
+    }
+    (window >= 0 ? ttft_shift : ttft_steady).push_back(ttft);
+    if (!gears.empty()) {
+      if (window >= 0) {
+        shifting_by_gear[gears[static_cast<std::size_t>(window)]] += 0.5;
+        shifting_by_gear[gears[static_cast<std::size_t>(window) + 1]] += 0.5;
+      } else {
+        steady_by_gear[gears[before]].push_back(ttft);
+      }
+    }
   }
   t.check(n > 0 && failed == 0, "requests: " + std::to_string(n) + " streamed, " + std::to_string(failed) + " failed" +
                                     (first_error.empty() ? "" : " (first: " + first_error + ")"));
@@ -407,12 +463,28 @@ int cmd_report(const Args& a) {
   const std::string acc = "accept-to-100 % minus ramp waits: median " + num(acc_med) + " ms, max " + num(acc_max) +
                           " ms over " + std::to_string(accept_ms.size()) + " shifts (goal <= 1000 ms, stretch <= 100 ms: " +
                           (acc_max <= 100 ? "stretch met" : acc_max <= 1000 ? "goal met, stretch not" : "goal not met") + ")";
-  const double p99_steady = percentile(ttft_steady, 99), p99_shift = percentile(ttft_shift, 99);
+  const double p99_pooled = percentile(ttft_steady, 99), p99_shift = percentile(ttft_shift, 99);
+  // The gear-matched steady P99 (see the head of the file); a gear that
+  // served shifts but has no steady request weighs on the pool instead.
+  double p99_steady = p99_pooled;
+  std::string by_gear;
+  if (!gears.empty()) {
+    std::vector<std::pair<double, double>> vw;
+    for (const auto& [g, share] : shifting_by_gear) {
+      auto it = steady_by_gear.find(g);
+      const std::vector<double>& base = it == steady_by_gear.end() || it->second.empty() ? ttft_steady : it->second;
+      for (double x : base) vw.emplace_back(x, share / static_cast<double>(base.size()));
+    }
+    if (!vw.empty()) p99_steady = weighted_percentile(vw, 99);
+    for (const auto& [g, v] : steady_by_gear)
+      by_gear += (by_gear.empty() ? "" : ", ") + g + " " + num(percentile(v, 99)) + " ms (n " + std::to_string(v.size()) + ")";
+  }
   const double ratio = p99_steady > 0 ? p99_shift / p99_steady : 0;
-  const std::string ttft = "P99 TTFT during shifts / steady: " + num(p99_shift) + " ms (n " +
-                           std::to_string(ttft_shift.size()) + ") / " + num(p99_steady) + " ms (n " +
-                           std::to_string(ttft_steady.size()) + ") = " + num(ratio, 2) +
-                           " (goal <= 1.1; P50 " + num(percentile(ttft_shift, 50)) + " / " + num(percentile(ttft_steady, 50)) + " ms)";
+  const std::string ttft = "P99 TTFT during shifts / steady" + std::string(gears.empty() ? "" : " (gear-matched)") + ": " +
+                           num(p99_shift) + " ms (n " + std::to_string(ttft_shift.size()) + ") / " + num(p99_steady) +
+                           " ms (n " + std::to_string(ttft_steady.size()) + ") = " + num(ratio, 2) + " (goal <= 1.1; pooled steady " +
+                           num(p99_pooled) + " ms: " + num(p99_pooled > 0 ? p99_shift / p99_pooled : 0, 2) + "; P50 " +
+                           num(percentile(ttft_shift, 50)) + " / " + num(percentile(ttft_steady, 50)) + " ms)";
   if (assert_timings) {
     t.check(!accept_ms.empty() && acc_max <= 1000, acc);
     t.check(!ttft_shift.empty() && !ttft_steady.empty() && ratio <= 1.1, ttft);
@@ -420,6 +492,7 @@ int cmd_report(const Args& a) {
     t.line("INFO", acc + " [timing: not asserted here]");
     t.line("INFO", ttft + " [timing: not asserted here]");
   }
+  if (!by_gear.empty()) t.line("INFO", "steady P99 TTFT by gear: " + by_gear);
 
   if (!copies.empty()) {
     std::string first, bad_copy;
