@@ -69,7 +69,9 @@ else
 fi
 m8b=/tmp/ftp-bench/synthetic-8b-bf16.gguf
 lim=$(left); [ "$lim" -gt 150 ] && lim=150
-if [ -f "$m8b" ] && [ "$lim" -ge 60 ]; then
+# Only a file the 8 B benchmark finished writing (it says so in its log).
+written=0; grep -q "^model $m8b: written in" "$log_dir/gpu-bench-8b.log" 2>/dev/null && written=1
+if [ -f "$m8b" ] && [ $written -eq 1 ] && [ "$lim" -ge 60 ]; then
   echo "=== daemon-8b (limit $lim s)"
   timeout $((lim + 10)) "$here/shift-under-load.sh" --bin "$work/bin" --backend cuda --shape llama3-8b --model "$m8b" \
     --prompt "Once upon a time" --max-tokens 32 --outputs info \
@@ -77,7 +79,7 @@ if [ -f "$m8b" ] && [ "$lim" -ge 60 ]; then
     --out "$log_dir/daemon-8b" 2>&1 | tee "$log_dir/daemon-8b.log"
   r=${PIPESTATUS[0]}; echo "=== daemon-8b: exit $r"; [ "$r" -eq 0 ] || daemon_rc=1
 else
-  echo "=== daemon-8b: not run ($m8b $([ -f "$m8b" ] && echo present || echo absent), $(left) s of FTP_ISSUE17_BUDGET left)"
+  echo "=== daemon-8b: not run ($m8b $([ $written -eq 1 ] && echo written || echo "not written whole") by gpu-bench-8b, $(left) s of FTP_ISSUE17_BUDGET left)"
 fi
 
 echo "=== issue 17 summary ($((SECONDS - t_start)) s)"
