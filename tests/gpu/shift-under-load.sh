@@ -197,7 +197,7 @@ for s in $(seq 0 $((shifts - 1))); do
   sleep "$(awk -v m="$gap_ms" 'BEGIN {print m / 1000}')"
 done
 sleep "$(awk -v m="$steady_ms" 'BEGIN {print m / 1000}')"
-touch "$tmp/stop"
+: >"$tmp/stop"
 # The clients end their requests in flight; a hung one is ended after 30 s
 # (its request then counts as missing, not as failed: the count below says).
 for _ in $(seq 1 300); do kill -0 "$load" 2>/dev/null || break; sleep 0.1; done
