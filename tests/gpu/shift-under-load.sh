@@ -213,7 +213,8 @@ within 60 "$load_tool" report --samples "$out/samples.jsonl" --shifts "$out/shif
   "${refs[@]}" --expect-shifts "$shifts" --step-interval "$step" --timings "$timings" --outputs "$outputs" --release-expect "$release" \
   --release-why "$release_why" --gears "$gears" | tee "$out/report.txt"
 rc=${PIPESTATUS[0]}
-pass=$((pass + $(grep -c '^PASS:' "$out/report.txt"))); failn=$((failn + $(grep -c '^FAIL:' "$out/report.txt")))
+n_pass=$(grep -c '^PASS:' "$out/report.txt" 2>/dev/null); n_fail=$(grep -c '^FAIL:' "$out/report.txt" 2>/dev/null)
+pass=$((pass + ${n_pass:-0})); failn=$((failn + ${n_fail:-0}))
 [ $rc -eq 0 ] || [ $rc -eq 6 ] || verdict 1 "shift-load report: exit $rc"
 
 kill -TERM "$daemon"; rc=0
