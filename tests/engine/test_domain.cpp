@@ -20,12 +20,22 @@ namespace {
 
 /// An engine that runs no model: it checks nothing and picks token 7 for
 /// every row that wants one. Test-only (the scheduler's view of an engine).
+/// With `shapes`, it records each forward's (sequences, rows); it throws
+/// from the forward after `fail_after` of them (-1: never).
 struct CountingEngine final : Engine {
-  explicit CountingEngine(const ftp::model::HParams& hp) : hp_(hp) {}
+  explicit CountingEngine(const ftp::model::HParams& hp, std::shared_ptr<std::vector<std::pair<int, int>>> shapes = {},
+                          int fail_after = -1)
+      : hp_(hp), shapes_(std::move(shapes)), fail_after_(fail_after) {}
   const ftp::model::HParams& hparams() const override { return hp_; }
   int block_tokens() const override { return 16; }
   std::uint64_t kv_bytes() const override { return 0; }
   std::vector<std::vector<float>> forward(const std::vector<SeqChunk>& chunks, int) override {
+    if (shapes_) {
+      if (fail_after_ >= 0 && static_cast<int>(shapes_->size()) >= fail_after_) throw ftp::BackendError("device lost");
+      int n = 0;
+      for (const auto& c : chunks) n += static_cast<int>(c.tokens.size());
+      shapes_->emplace_back(static_cast<int>(chunks.size()), n);
+    }
     std::vector<std::vector<float>> rows;
     for (const auto& c : chunks)
       if (c.want_logits) {
@@ -36,6 +46,8 @@ struct CountingEngine final : Engine {
   }
   const std::vector<double>& stage_busy_s() const override { return busy_; }
   ftp::model::HParams hp_;
+  std::shared_ptr<std::vector<std::pair<int, int>>> shapes_;
+  int fail_after_;
   std::vector<double> busy_;
 };
 
@@ -231,34 +243,6 @@ TEST(DomainWithdraw, NothingIsGivenBackUnasked) {
 
 namespace {
 
-/// Records the shape of every forward: (sequences, rows). Throws from the
-/// forward after `fail_after` of them (-1: never).
-struct RecordingEngine final : Engine {
-  RecordingEngine(const ftp::model::HParams& hp, std::shared_ptr<std::vector<std::pair<int, int>>> shapes, int fail_after)
-      : hp_(hp), shapes_(std::move(shapes)), fail_after_(fail_after) {}
-  const ftp::model::HParams& hparams() const override { return hp_; }
-  int block_tokens() const override { return 16; }
-  std::uint64_t kv_bytes() const override { return 0; }
-  std::vector<std::vector<float>> forward(const std::vector<SeqChunk>& chunks, int) override {
-    if (fail_after_ >= 0 && static_cast<int>(shapes_->size()) >= fail_after_) throw ftp::BackendError("device lost");
-    int rows = 0;
-    for (const auto& c : chunks) rows += static_cast<int>(c.tokens.size());
-    shapes_->emplace_back(static_cast<int>(chunks.size()), rows);
-    std::vector<std::vector<float>> out;
-    for (const auto& c : chunks)
-      if (c.want_logits) {
-        out.emplace_back(static_cast<std::size_t>(hp_.n_vocab), 0.0f);
-        out.back()[7] = 1.0f;
-      }
-    return out;
-  }
-  const std::vector<double>& stage_busy_s() const override { return busy_; }
-  ftp::model::HParams hp_;
-  std::shared_ptr<std::vector<std::pair<int, int>>> shapes_;
-  int fail_after_;
-  std::vector<double> busy_;
-};
-
 std::unique_ptr<Domain> recorded_domain(int kv_blocks, int max_running, int max_batched_tokens,
                                         std::shared_ptr<std::vector<std::pair<int, int>>> shapes, int fail_after = -1) {
   DomainConfig c;
@@ -267,7 +251,7 @@ std::unique_ptr<Domain> recorded_domain(int kv_blocks, int max_running, int max_
   c.max_batched_tokens = max_batched_tokens;
   c.max_running = max_running;
   return std::make_unique<Domain>(hparams(), c, [shapes, fail_after](const DomainConfig&) {
-    return std::make_unique<RecordingEngine>(hparams(), shapes, fail_after);
+    return std::make_unique<CountingEngine>(hparams(), shapes, fail_after);
   });
 }
 

@@ -480,6 +480,19 @@ void release_and_pool_on_device(Backend& cuda, const std::filesystem::path& dir,
         "communicator pool: stages prepared ahead make " + std::to_string(after.created - before.created) +
             " communicators when built (" + std::to_string(n_gpus) + " GPU(s); pool made " + std::to_string(after.created) +
             " in " + std::to_string(after.create_ms) + " ms)");
+  // The root spans the table's GPUs only (0 and 1 here, whatever the host
+  // has), none with one GPU; a table without a multi-GPU stage drops it.
+  auto names = [](const std::vector<std::string>& v) {
+    std::string t;
+    for (const auto& d : v) t += (t.empty() ? "" : ",") + d;
+    return "[" + t + "]";
+  };
+  const std::vector<std::string> spanned = cuda.communicator_devices();
+  check(n_gpus > 1 ? spanned == std::vector<std::string>{"cuda:0", "cuda:1"} : spanned.empty(),
+        "communicator pool: the NCCL root spans the table's GPUs " + names(spanned) + " of " + std::to_string(n_gpus));
+  cuda.prepare_communicators({{spec(0, 2, 0), spec(1, 2, 0)}});
+  check(cuda.communicator_devices().empty(),
+        "communicator pool: a reload without a multi-GPU stage leaves no root: " + names(cuda.communicator_devices()));
   cuda.release_device(store, 0);
 }
 
@@ -540,7 +553,8 @@ int main() {
       std::vector<int> all;
       for (const auto& g : gpus) all.push_back(g.index);
       ftp::comm::NcclPool& pool = ftp::comm::NcclPool::instance();
-      std::printf("info nccl pool over %d GPUs: created in %.1f ms\n", pool.n_devices(), pool.create_ms());
+      const double ms = pool.span(all);
+      std::printf("info nccl pool: root over %d GPUs created in %.1f ms\n", pool.n_devices(), ms);
     }
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
