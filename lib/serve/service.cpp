@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <future>
 #include <sstream>
 
 #include "engine/rank_backend.hpp"
