@@ -7,7 +7,10 @@
 #   - shard unions on the GPU (test-cuda-engine shard_union_on_device);
 #   - release mode on the GPU: a union freed and uploaded back, the same
 #     bytes, timed; stages whose communicators the pool made ahead build
-#     without making another (test-cuda-engine release_and_pool_on_device);
+#     without making another, the NCCL root on the table's GPUs only
+#     (test-cuda-engine release_and_pool_on_device);
+#   - graphs captured at warm-up, none new in the decodes after it
+#     (test-cuda-engine graphs_at_warm_up);
 #   - 8 B BF16 at TP 1, 2, 4 as ranks on the one GPU: rank 0's weight bytes
 #     = weights / TP within 1 % (gpu-bench --memory-check, rank_weights);
 #   - the KV pool in BF16 holds twice the tokens of float32 (kv_check);
@@ -83,7 +86,7 @@ else
 fi
 
 echo "=== issue 17 summary ($((SECONDS - t_start)) s)"
-grep -h -E "shard union|TP 1 after TP 4|release mode|the table's union|uploads 0 bytes|communicator pool" "$log_dir/gpu-engine.log" 2>/dev/null
+grep -h -E "shard union|TP 1 after TP 4|release mode|the table's union|uploads 0 bytes|communicator pool|warm-up on" "$log_dir/gpu-engine.log" 2>/dev/null
 grep -h -E "stories260K golden 256 greedy tokens" "$log_dir/gpu-engine.log" 2>/dev/null
 grep -h -E "^rank 0 of TP|^kv check" "$log_dir/gpu-bench-8b.log" 2>/dev/null
 grep -h -E "^decode batch +(1|8|64):" "$log_dir/gpu-bench-8b.log" 2>/dev/null
