@@ -573,6 +573,21 @@ FTP_QB std::uint32_t spread4(std::uint32_t v, int b) {
   return (n & 1u) | ((n & 2u) << 7) | ((n & 4u) << 14) | ((n & 8u) << 21);
 }
 
+/// The low (r = 0) or high (r = 1) nibbles of 16 bytes (4 words) dotted
+/// with 16 activation quants; hi5: bits of the 32-bit qh at b, b + 1, ...
+/// as their fifth bits (Q5_0, Q5_1; null for none).
+FTP_QB int nibble_dot(const std::uint32_t* qs, int r, const std::uint32_t* xq, const std::uint32_t* hi5 = nullptr,
+                      int b = 0) {
+  int s = 0;
+  FTP_QB_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    std::uint32_t q = (qs[i] >> (4 * r)) & 0x0f0f0f0fu;
+    if (hi5) q |= spread4(*hi5, b + 4 * i) << 4;
+    s = dp4a(q, xq[i], s);
+  }
+  return s;
+}
+
 template <QType T>
 struct IntDot;
 
@@ -580,10 +595,7 @@ struct IntDot;
 template <>
 struct IntDot<QType::q4_0> {
   FTP_QB static int run(const Block<QType::q4_0>::Raw& raw, int, int r, const std::uint32_t* xq, int xsum) {
-    int s = 0;
-    FTP_QB_UNROLL
-    for (int i = 0; i < 4; ++i) s = dp4a((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu, xq[i], s);
-    return s - 8 * xsum;
+    return nibble_dot(raw.qs, r, xq) - 8 * xsum;
   }
 };
 
@@ -591,10 +603,7 @@ struct IntDot<QType::q4_0> {
 template <>
 struct IntDot<QType::q4_1> {
   FTP_QB static int run(const Block<QType::q4_1>::Raw& raw, int, int r, const std::uint32_t* xq, int) {
-    int s = 0;
-    FTP_QB_UNROLL
-    for (int i = 0; i < 4; ++i) s = dp4a((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu, xq[i], s);
-    return s;
+    return nibble_dot(raw.qs, r, xq);
   }
 };
 
@@ -603,22 +612,14 @@ struct IntDot<QType::q4_1> {
 template <>
 struct IntDot<QType::q5_0> {
   FTP_QB static int run(const Block<QType::q5_0>::Raw& raw, int, int r, const std::uint32_t* xq, int xsum) {
-    int s = 0;
-    FTP_QB_UNROLL
-    for (int i = 0; i < 4; ++i)
-      s = dp4a(((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu) | (spread4(raw.qh, 16 * r + 4 * i) << 4), xq[i], s);
-    return s - 16 * xsum;
+    return nibble_dot(raw.qs, r, xq, &raw.qh, 16 * r) - 16 * xsum;
   }
 };
 
 template <>
 struct IntDot<QType::q5_1> {
   FTP_QB static int run(const Block<QType::q5_1>::Raw& raw, int, int r, const std::uint32_t* xq, int) {
-    int s = 0;
-    FTP_QB_UNROLL
-    for (int i = 0; i < 4; ++i)
-      s = dp4a(((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu) | (spread4(raw.qh, 16 * r + 4 * i) << 4), xq[i], s);
-    return s;
+    return nibble_dot(raw.qs, r, xq, &raw.qh, 16 * r);
   }
 };
 
@@ -651,10 +652,7 @@ struct IntDot<QType::q3_k> {
 template <>
 struct IntDot<QType::q4_k> {
   FTP_QB static int run(const Block<QType::q4_k>::Raw& raw, int, int r, const std::uint32_t* xq, int) {
-    int s = 0;
-    FTP_QB_UNROLL
-    for (int i = 0; i < 4; ++i) s = dp4a((raw.qs[i] >> (4 * r)) & 0x0f0f0f0fu, xq[i], s);
-    return s;
+    return nibble_dot(raw.qs, r, xq);
   }
 };
 
