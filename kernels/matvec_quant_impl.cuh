@@ -16,7 +16,7 @@
 // matvec.cu's kernel (MatvecConfig), the sums of one group's warps added in
 // shared memory in warp order.
 //
-// Every type also has an integer path (chunk_int, taken when the caller
+// Every type also has an integer path (qb::chunk_int, taken when the caller
 // passes the activations' int8 quants): each run's quants dotted with its
 // activation quants in dp4a (qb::IntDot, checked on the CPU against
 // run()'s quants), scaled by the run's d (plus m x the sum of the
@@ -33,93 +33,6 @@
 #include "quant_dispatch.cuh"
 
 namespace ftp::kernels::detail {
-
-/// The float path's share of chunk c of block blk for R rows: each run's
-/// quants dotted with the float activations (xc: the chunk's first
-/// activation of token 0, rows of x_ld), scaled once.
-template <qb::QType Q, int R, int T>
-__device__ __forceinline__ void chunk_float(const typename qb::Block<Q>::Raw (&raw)[R], int c, const float* xc, int x_ld,
-                                            int nt, float (&acc)[R][T]) {
-  using B = qb::Block<Q>;
-#pragma unroll
-  for (int run = 0; run < B::kRuns; ++run) {
-    float q[R][B::kRunLen], d[R], m[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) B::run(raw[r], c, run, q[r], d[r], m[r]);
-#pragma unroll
-    for (int u = 0; u < T; ++u) {
-      if (u < nt) {
-        const float4* xp = reinterpret_cast<const float4*>(xc + static_cast<std::int64_t>(u) * x_ld + run * B::kStride);
-        float s[R], sx = 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; ++r) s[r] = 0.0f;
-#pragma unroll
-        for (int v = 0; v < B::kRunLen / 4; ++v) {
-          const float4 xv = __ldg(xp + v);
-          if constexpr (B::kHasMin) sx += (xv.x + xv.y) + (xv.z + xv.w);
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            s[r] = fmaf(q[r][4 * v], xv.x, s[r]);
-            s[r] = fmaf(q[r][4 * v + 1], xv.y, s[r]);
-            s[r] = fmaf(q[r][4 * v + 2], xv.z, s[r]);
-            s[r] = fmaf(q[r][4 * v + 3], xv.w, s[r]);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          acc[r][u] = fmaf(d[r], s[r], acc[r][u]);
-          if constexpr (B::kHasMin) acc[r][u] = fmaf(m[r], sx, acc[r][u]);
-        }
-      }
-    }
-  }
-}
-
-/// The integer path's share of chunk c of block blk: each run's quants
-/// dotted with its kRunLen activation quants (xq0: the chunk's first quant
-/// of token 0, rows of a.q_ld bytes; one 16- or 8-byte load a run), times
-/// the run's d (+ m x their sum), times the activation block's scale (the
-/// activation blocks are the weight blocks: 32 for the legacy types, 256
-/// for the K-quants; dx0: token 0's scale of block blk).
-template <qb::QType Q, int R, int T>
-__device__ __forceinline__ void chunk_int(const typename qb::Block<Q>::Raw (&raw)[R], int c, const std::uint8_t* xq0,
-                                          const float* dx0, const Q8Acts& a, int nt, float (&acc)[R][T]) {
-  using B = qb::Block<Q>;
-  using D = qb::IntDot<Q>;
-  constexpr int N = B::kRunLen / 4;  // words of activation quants a run
-  static_assert(N == 4 || N == 2, "runs of 16 or 8 weights");
-  float dx[T];
-#pragma unroll
-  for (int u = 0; u < T; ++u) dx[u] = u < nt ? __ldg(dx0 + static_cast<std::int64_t>(u) * a.d_ld) : 0.0f;
-#pragma unroll
-  for (int run = 0; run < B::kRuns; ++run) {
-    float d[R], m[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float q[B::kRunLen];  // unused here: only the scales are kept
-      B::run(raw[r], c, run, q, d[r], m[r]);
-    }
-#pragma unroll
-    for (int u = 0; u < T; ++u) {
-      if (u < nt) {
-        const std::uint8_t* p = xq0 + static_cast<std::int64_t>(u) * a.q_ld + run * B::kStride;
-        std::uint32_t xq[N];
-        if constexpr (N == 4) {
-          qb::ld_words_16(p, xq);
-        } else {
-          qb::ld_words_8(p, xq);
-        }
-        const int xsum = qb::sum_q8<N>(xq);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float v = d[r] * static_cast<float>(D::run(raw[r], c, run, xq, xsum));
-          if constexpr (B::kHasMin) v = fmaf(m[r], static_cast<float>(xsum), v);
-          acc[r][u] = fmaf(dx[u], v, acc[r][u]);
-        }
-      }
-    }
-  }
-}
 
 /// A row group of R rows x up to T tokens over S warps (matvec.cu's
 /// scheme); Int: the integer path (activations from a), else the float
@@ -153,9 +66,10 @@ __global__ void __launch_bounds__(kMatvecWarps * 32)
     const std::int64_t e = blk * B::kElems + B::start(c);  // the chunk's first activation
     if constexpr (Int) {
       const auto* xq0 = reinterpret_cast<const std::uint8_t*>(a.q) + static_cast<std::int64_t>(grp.u0) * a.q_ld + e;
-      chunk_int<Q, R, T>(raw, c, xq0, a.d + static_cast<std::int64_t>(grp.u0) * a.d_ld + blk, a, grp.nt, acc);
+      qb::chunk_int<Q, R, T>(raw, c, xq0, a.q_ld, a.d + static_cast<std::int64_t>(grp.u0) * a.d_ld + blk, a.d_ld, grp.nt,
+                             acc);
     } else {
-      chunk_float<Q, R, T>(raw, c, x + static_cast<std::int64_t>(grp.u0) * x_ld + e, x_ld, grp.nt, acc);
+      qb::chunk_float<Q, R, T>(raw, c, x + static_cast<std::int64_t>(grp.u0) * x_ld + e, x_ld, grp.nt, acc);
     }
   }
   store_group_sums<R, T, S>(acc, grp.live, grp.nt, grp.row0, w.rows, ts.t[grp.j].out, ts.t[grp.j].out_ld, grp.u0);

@@ -709,6 +709,116 @@ FTP_QB_UNROLL
 }
 
 // ---------------------------------------------------------------------------
+// One lane's step of the block-type GEMV (kernels/matvec_quant_impl.cuh):
+// chunk c of one block for R rows (raw[r]: each row's bytes of the chunk)
+// and up to T tokens (nt of them), added into acc[r][u]. Here so that the
+// CPU test runs the kernel's arithmetic (tests/engine/test_quant_blocks.cpp).
+
+/// Four floats from a 16-byte aligned address.
+FTP_QB void ld_floats_4(const float* p, float* v) {
+#if defined(__CUDA_ARCH__)
+  const float4 f = __ldg(reinterpret_cast<const float4*>(p));
+  v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+#else
+  std::memcpy(v, p, 16);
+#endif
+}
+
+FTP_QB float ld_float(const float* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+/// The float path: each run's quants dotted with the float activations
+/// (xc: the chunk's first activation of token 0, 16-byte aligned; tokens
+/// x_ld floats apart), the sum scaled once by the run's d (+ m x the sum of
+/// the activations).
+template <QType Q, int R, int T>
+FTP_QB void chunk_float(const typename Block<Q>::Raw (&raw)[R], int c, const float* xc, int x_ld, int nt,
+                        float (&acc)[R][T]) {
+  using B = Block<Q>;
+  FTP_QB_UNROLL
+  for (int run = 0; run < B::kRuns; ++run) {
+    float q[R][B::kRunLen], d[R], m[R];
+    FTP_QB_UNROLL
+    for (int r = 0; r < R; ++r) B::run(raw[r], c, run, q[r], d[r], m[r]);
+    FTP_QB_UNROLL
+    for (int u = 0; u < T; ++u) {
+      if (u < nt) {
+        const float* xp = xc + static_cast<std::int64_t>(u) * x_ld + run * B::kStride;
+        float s[R], sx = 0.0f;
+        FTP_QB_UNROLL
+        for (int r = 0; r < R; ++r) s[r] = 0.0f;
+        FTP_QB_UNROLL
+        for (int v = 0; v < B::kRunLen / 4; ++v) {
+          float xv[4];
+          ld_floats_4(xp + 4 * v, xv);
+          if constexpr (B::kHasMin) sx += (xv[0] + xv[1]) + (xv[2] + xv[3]);
+          FTP_QB_UNROLL
+          for (int r = 0; r < R; ++r)
+            FTP_QB_UNROLL
+            for (int i = 0; i < 4; ++i) s[r] = fmaf(q[r][4 * v + i], xv[i], s[r]);
+        }
+        FTP_QB_UNROLL
+        for (int r = 0; r < R; ++r) {
+          acc[r][u] = fmaf(d[r], s[r], acc[r][u]);
+          if constexpr (B::kHasMin) acc[r][u] = fmaf(m[r], sx, acc[r][u]);
+        }
+      }
+    }
+  }
+}
+
+/// The integer path: each run's quants dotted with its kRunLen activation
+/// quants (xq0: the chunk's first quant of token 0, aligned to the run's
+/// bytes; tokens q_ld bytes apart) in dp4a, times the run's d (+ m x their
+/// sum), times the activation block's scale (dx0: token 0's scale of the
+/// block; tokens d_ld floats apart; the activation blocks are the weight
+/// blocks: 32 for the legacy types, 256 for the K-quants).
+template <QType Q, int R, int T>
+FTP_QB void chunk_int(const typename Block<Q>::Raw (&raw)[R], int c, const std::uint8_t* xq0, int q_ld,
+                      const float* dx0, int d_ld, int nt, float (&acc)[R][T]) {
+  using B = Block<Q>;
+  using D = IntDot<Q>;
+  constexpr int N = B::kRunLen / 4;  // words of activation quants a run
+  static_assert(N == 4 || N == 2, "runs of 16 or 8 weights");
+  float dx[T];
+  FTP_QB_UNROLL
+  for (int u = 0; u < T; ++u) dx[u] = u < nt ? ld_float(dx0 + static_cast<std::int64_t>(u) * d_ld) : 0.0f;
+  FTP_QB_UNROLL
+  for (int run = 0; run < B::kRuns; ++run) {
+    float d[R], m[R];
+    FTP_QB_UNROLL
+    for (int r = 0; r < R; ++r) {
+      float q[B::kRunLen];  // unused here: only the scales are kept
+      B::run(raw[r], c, run, q, d[r], m[r]);
+    }
+    FTP_QB_UNROLL
+    for (int u = 0; u < T; ++u) {
+      if (u < nt) {
+        const std::uint8_t* p = xq0 + static_cast<std::int64_t>(u) * q_ld + run * B::kStride;
+        std::uint32_t xq[N];
+        if constexpr (N == 4) {
+          ld_words_16(p, xq);
+        } else {
+          ld_words_8(p, xq);
+        }
+        const int xsum = sum_q8<N>(xq);
+        FTP_QB_UNROLL
+        for (int r = 0; r < R; ++r) {
+          float v = d[r] * static_cast<float>(D::run(raw[r], c, run, xq, xsum));
+          if constexpr (B::kHasMin) v = fmaf(m[r], static_cast<float>(xsum), v);
+          acc[r][u] = fmaf(dx[u], v, acc[r][u]);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Activations quantized as llama.cpp's CPU backend quantizes them before
 // its dots (engine::ops::quantize_activations), given back as the floats
 // q x d: blocks of 32 as Q8_0/Q8_1 for the legacy types, of 256 as Q8_K

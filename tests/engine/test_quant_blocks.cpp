@@ -6,7 +6,9 @@
 // with ordinary and extreme f16 scales and mins (the largest half, the
 // smallest subnormal, zero, minus zero, infinities, NaN). And the
 // activation quantization's element steps against
-// engine::ops::quantize_activations, exactly.
+// engine::ops::quantize_activations, exactly; the integer dots against the
+// decoded quants, exactly; and the GEMV's per-chunk arithmetic, in the
+// kernel's loop, against a float64 product.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -170,6 +172,111 @@ void check_int_dot(DType t) {
       }
     }
 }
+
+/// Activations quantized as the device does it for the integer path (the
+/// quants and each block's scale) with their values q x d.
+struct QuantizedActs {
+  std::vector<float> values, scales;
+  std::vector<std::int8_t> quants;
+};
+QuantizedActs quantize_acts(bool k_quant, const std::vector<float>& x, int t, int k) {
+  const int B = k_quant ? 256 : 32;
+  QuantizedActs a;
+  a.values.resize(x.size());
+  a.quants.resize(x.size());
+  for (int u = 0; u < t; ++u)
+    for (int j = 0; j < k; j += B) {
+      const float* xb = x.data() + static_cast<std::size_t>(u) * k + j;
+      float amax = 0, max = 0;
+      for (int e = 0; e < B; ++e)
+        if (std::fabs(xb[e]) > amax) amax = std::fabs(xb[e]), max = xb[e];
+      const qb::Q8Scale sc = k_quant ? qb::q8_k_scale(max) : qb::q8_0_scale(amax);
+      a.scales.push_back(sc.d);
+      for (int e = 0; e < B; ++e) {
+        const std::size_t i = static_cast<std::size_t>(u) * k + j + e;
+        a.values[i] = k_quant ? qb::q8_k_value(xb[e], sc) : qb::q8_0_value(xb[e], sc);
+        a.quants[i] = static_cast<std::int8_t>(k_quant ? qb::q8_k_int(xb[e], sc) : qb::q8_0_int(xb[e], sc));
+      }
+    }
+  return a;
+}
+
+/// The block-type GEMV's arithmetic on the CPU: the kernel's loop over a
+/// row group's chunks (matvec_quant_kernel: 2 rows x 3 tokens a group, the
+/// chunk's first activation at blk x kElems + start(c), its activation
+/// block's scale at blk) calling the same qb::chunk_int / chunk_float,
+/// against a float64 product of the dequantized weights and the quantized
+/// activations' values: every type, both paths, a row count and a token
+/// count that leave partial groups.
+template <qb::QType Q>
+void check_gemv(DType t) {
+  using B = qb::Block<Q>;
+  constexpr int R = 2, T = 3;
+  const int rows = 5, nt_all = 4, K = 3 * B::kElems, blocks = K / B::kElems;
+  std::mt19937 g(static_cast<unsigned>(41 + static_cast<int>(t)));
+  std::vector<std::uint8_t> w;
+  for (int r = 0; r < rows; ++r) {
+    // Ordinary scales only: the extremes would make the sums inf or NaN.
+    std::vector<std::uint8_t> row = random_blocks(t, 2 * blocks, g);
+    for (int b = 0; b < blocks; ++b)
+      w.insert(w.end(), row.begin() + 2 * b * B::kBytes, row.begin() + (2 * b + 1) * B::kBytes);
+  }
+  std::vector<float> wf(static_cast<std::size_t>(rows) * K);
+  quant::dequantize(t, w.data(), rows * blocks, wf.data());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(nt_all) * K);
+  for (auto& v : x) v = nd(g);
+  const QuantizedActs a = quantize_acts(B::kElems == 256, x, nt_all, K);
+  for (const bool integer : {false, true}) {
+    std::vector<float> out(static_cast<std::size_t>(nt_all) * rows, NAN);
+    for (int row0 = 0; row0 < rows; row0 += R)
+      for (int u0 = 0; u0 < nt_all; u0 += T) {
+        const int nt = std::min(T, nt_all - u0);
+        float acc[R][T] = {};
+        for (int gc = 0; gc < blocks * B::kChunks; ++gc) {
+          const int blk = gc / B::kChunks, c = gc % B::kChunks;
+          typename B::Raw raw[R];
+          for (int r = 0; r < R; ++r) {
+            const int row = row0 + r < rows ? row0 + r : row0;
+            raw[r] = B::load(w.data() + (static_cast<std::size_t>(row) * blocks + blk) * B::kBytes, c);
+          }
+          const int e = blk * B::kElems + B::start(c);
+          if (integer) {
+            const auto* xq0 = reinterpret_cast<const std::uint8_t*>(a.quants.data()) + static_cast<std::size_t>(u0) * K + e;
+            qb::chunk_int<Q, R, T>(raw, c, xq0, K, a.scales.data() + static_cast<std::size_t>(u0) * blocks + blk, blocks, nt,
+                                   acc);
+          } else {
+            qb::chunk_float<Q, R, T>(raw, c, a.values.data() + static_cast<std::size_t>(u0) * K + e, K, nt, acc);
+          }
+        }
+        for (int r = 0; r < R; ++r)
+          for (int u = 0; u < nt; ++u)
+            if (row0 + r < rows) out[static_cast<std::size_t>(u0 + u) * rows + row0 + r] = acc[r][u];
+      }
+    double num = 0, den = 0;
+    for (int u = 0; u < nt_all; ++u)
+      for (int r = 0; r < rows; ++r) {
+        double want = 0;
+        for (int j = 0; j < K; ++j)
+          want += static_cast<double>(wf[static_cast<std::size_t>(r) * K + j]) * a.values[static_cast<std::size_t>(u) * K + j];
+        const double got = out[static_cast<std::size_t>(u) * rows + r];
+        ASSERT_TRUE(std::isfinite(got)) << "output " << u << "," << r << " not written";
+        num += (got - want) * (got - want);
+        den += want * want;
+      }
+    EXPECT_LE(num / den, 1e-10) << ftp::model::dtype_name(t) << (integer ? " integer" : " float") << " path";
+  }
+}
+
+TEST(QuantBlocks, GemvQ4_0) { check_gemv<qb::QType::q4_0>(DType::q4_0); }
+TEST(QuantBlocks, GemvQ4_1) { check_gemv<qb::QType::q4_1>(DType::q4_1); }
+TEST(QuantBlocks, GemvQ5_0) { check_gemv<qb::QType::q5_0>(DType::q5_0); }
+TEST(QuantBlocks, GemvQ5_1) { check_gemv<qb::QType::q5_1>(DType::q5_1); }
+TEST(QuantBlocks, GemvQ2_K) { check_gemv<qb::QType::q2_k>(DType::q2_k); }
+TEST(QuantBlocks, GemvQ3_K) { check_gemv<qb::QType::q3_k>(DType::q3_k); }
+TEST(QuantBlocks, GemvQ4_K) { check_gemv<qb::QType::q4_k>(DType::q4_k); }
+TEST(QuantBlocks, GemvQ5_K) { check_gemv<qb::QType::q5_k>(DType::q5_k); }
+TEST(QuantBlocks, GemvQ6_K) { check_gemv<qb::QType::q6_k>(DType::q6_k); }
 
 TEST(QuantBlocks, IntegerDotsQ4_0) { check_int_dot<qb::QType::q4_0>(DType::q4_0); }
 TEST(QuantBlocks, IntegerDotsQ4_1) { check_int_dot<qb::QType::q4_1>(DType::q4_1); }
