@@ -12,10 +12,12 @@
 #   - the KV pool in BF16 holds twice the tokens of float32 (kv_check);
 #   - decode at batch 1 as a fraction of the triad, tok/s at batch 1, 8, 64;
 #   - the vocabulary-parallel embedding and head on the GPU (embed_rows with
-#     a rank's first token, the logits' slices placed by cudaMemcpy2DAsync
-#     and all-reduced): the stories260K goldens at TP 2 of test-cuda-engine
-#     run that path, and rank 0's bytes = weights / TP now include the
-#     embedding and the head (1/TP of their rows each).
+#     a rank's first token; the logits' slices gathered into rank 0's rows:
+#     copies on rank 0's stream on one GPU, ncclSend/ncclRecv across GPUs):
+#     test-cuda-engine's vocab_head_on_device (a vocabulary of 701 at TP 2
+#     and 4) and the stories260K goldens at TP 2 run that path, and rank
+#     0's bytes = weights / TP now include the embedding and the head (1/TP
+#     of their rows each).
 # Not scripted here (the pack carries no ftp-serve or ftp-shift yet): 20
 # shifts among TP 1/2/4 under 16 streaming clients, accept-to-100 % minus
 # the ramp waits, P99 TTFT during shifts against steady state; they are
@@ -30,7 +32,7 @@ export OUT=$log_dir
 "$here/run-on-device.sh" "$pack" --batches 1,8,64
 rc=$?
 echo "=== issue 17 summary"
-grep -h -E "shard union|TP 1 after TP 4|release mode|the table's union|uploads 0 bytes|communicator pool" "$log_dir/gpu-engine.log" 2>/dev/null
+grep -h -E "shard union|TP 1 after TP 4|release mode|the table's union|uploads 0 bytes|communicator pool|vocab-parallel head" "$log_dir/gpu-engine.log" 2>/dev/null
 grep -h -E "stories260K golden 256 greedy tokens" "$log_dir/gpu-engine.log" 2>/dev/null
 grep -h -E "^rank 0 of TP|^kv check" "$log_dir/gpu-bench-8b.log" 2>/dev/null
 grep -h -E "^decode batch +(1|8|64):" "$log_dir/gpu-bench-8b.log" 2>/dev/null
