@@ -119,37 +119,102 @@ NcclPool& NcclPool::instance() {
 }
 
 NcclPool::NcclPool() {
+  // Counting devices makes no context; the root waits for span() or group().
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
     cudaGetLastError();
     throw BackendError("nccl pool: no CUDA device visible");
   }
-  for (int d = 0; d < count; ++d) devices_.push_back(d);
-  std::vector<ncclComm_t> comms(static_cast<std::size_t>(count), nullptr);
-  auto t0 = std::chrono::steady_clock::now();
-  pool_check(ncclCommInitAll(comms.data(), count, devices_.data()), "ncclCommInitAll", set_name(devices_));
-  create_ms_ = ms_since(t0);
-  for (auto c : comms) roots_.push_back(c);
+  visible_ = count;
 }
 
-NcclPool::~NcclPool() {
-  // At process exit: the driver may already be gone; errors are ignored.
-  for (auto& [set, comms] : groups_)
-    for (void* c : comms) ncclCommDestroy(static_cast<ncclComm_t>(c));
-  for (void* c : roots_) ncclCommDestroy(static_cast<ncclComm_t>(c));
+namespace {
+
+void destroy_all(std::vector<void*>& comms) noexcept {
+  for (void* c : comms)
+    if (c) ncclCommDestroy(static_cast<ncclComm_t>(c));
+  comms.clear();
 }
 
-std::vector<void*> NcclPool::split_locked(const std::vector<int>& devices) {
-  if (devices == devices_) return roots_;
-  if (auto it = groups_.find(devices); it != groups_.end()) return it->second;
+/// Checks a device set: distinct ordinals of visible GPUs.
+void check_set(const std::vector<int>& devices, int visible, const char* what) {
   std::vector<int> sorted = devices;
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-    throw InputError("nccl pool: devices " + set_name(devices) + " repeat a GPU (ranks on one GPU use the same-GPU communicator)");
+    throw InputError("nccl pool: " + std::string(what) + " " + set_name(devices) +
+                     " repeat a GPU (ranks on one GPU use the same-GPU communicator)");
   for (int d : devices)
-    if (d < 0 || d >= static_cast<int>(devices_.size()))
-      throw InputError("nccl pool: device " + std::to_string(d) + " of " + set_name(devices) + " is not one of the " +
-                       std::to_string(devices_.size()) + " visible GPUs");
+    if (d < 0 || d >= visible)
+      throw InputError("nccl pool: device " + std::to_string(d) + " of " + what + " " + set_name(devices) +
+                       " is not one of the " + std::to_string(visible) + " visible GPUs");
+}
+
+}  // namespace
+
+NcclPool::~NcclPool() {
+  // At process exit: the driver may already be gone; errors are ignored.
+  for (auto& [set, g] : groups_) destroy_all(g.comms);
+  destroy_all(roots_);
+}
+
+int NcclPool::n_devices() const {
+  std::lock_guard lk(mu_);
+  return static_cast<int>(devices_.size());
+}
+
+std::vector<int> NcclPool::devices() const {
+  std::lock_guard lk(mu_);
+  return devices_;
+}
+
+double NcclPool::create_ms() const {
+  std::lock_guard lk(mu_);
+  return create_ms_;
+}
+
+double NcclPool::span(const std::vector<int>& devices) {
+  std::lock_guard lk(mu_);
+  return span_locked(devices);
+}
+
+double NcclPool::span_locked(const std::vector<int>& want) {
+  check_set(want, visible_, "the root's devices");
+  std::vector<int> set = want;
+  std::sort(set.begin(), set.end());
+  if (set == devices_) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<ncclComm_t> comms(set.size(), nullptr);
+  if (!set.empty()) pool_check(ncclCommInitAll(comms.data(), static_cast<int>(set.size()), set.data()), "ncclCommInitAll", set_name(set));
+  // The new root is there: the old one goes (its splits do not need it).
+  destroy_all(roots_);
+  for (auto c : comms) roots_.push_back(c);
+  devices_ = set;
+  create_ms_ = ms_since(t0);
+  made_ += set.size();
+  made_ms_ += create_ms_;
+  // Sets outside the new root that no stage holds go now; held ones when let go.
+  auto inside = [this](const std::vector<int>& s) {
+    return std::all_of(s.begin(), s.end(), [this](int d) { return std::binary_search(devices_.begin(), devices_.end(), d); });
+  };
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    if (it->second.holders == 0 && !inside(it->first)) {
+      destroy_all(it->second.comms);
+      it = groups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return create_ms_;
+}
+
+std::vector<void*> NcclPool::split_locked(const std::vector<int>& devices) {
+  if (auto it = groups_.find(devices); it != groups_.end()) return it->second.comms;
+  check_set(devices, visible_, "devices");
+  // A set outside the root (a stage built without prepare): the root widens.
+  std::vector<int> want = devices_;
+  for (int d : devices)
+    if (!std::binary_search(devices_.begin(), devices_.end(), d)) want.push_back(d);
+  if (want.size() != devices_.size()) span_locked(want);
   // Every root communicator takes part; those outside the set get no
   // communicator (NCCL_SPLIT_NOCOLOR). Key = rank in the set.
   std::vector<ncclComm_t> out(roots_.size(), nullptr);
@@ -171,26 +236,41 @@ std::vector<void*> NcclPool::split_locked(const std::vector<int>& devices) {
     auto pos = std::find(devices.begin(), devices.end(), devices_[i]);
     if (pos != devices.end()) comms[static_cast<std::size_t>(pos - devices.begin())] = out[i];
   }
-  groups_[devices] = comms;
-  splits_ += devices.size();
-  split_ms_ += ms_since(t0);
+  groups_[devices].comms = comms;
+  made_ += devices.size();
+  made_ms_ += ms_since(t0);
   return comms;
 }
 
 std::uint64_t NcclPool::communicators_made() const {
   std::lock_guard lk(mu_);
-  return roots_.size() + splits_;
+  return made_;
 }
 
 double NcclPool::made_ms() const {
   std::lock_guard lk(mu_);
-  return create_ms_ + split_ms_;
+  return made_ms_;
 }
 
 std::vector<void*> NcclPool::group(const std::vector<int>& devices) {
   if (devices.empty()) throw InputError("nccl pool: an empty device set");
   std::lock_guard lk(mu_);
-  return split_locked(devices);
+  std::vector<void*> comms = split_locked(devices);
+  ++groups_[devices].holders;
+  return comms;
+}
+
+void NcclPool::release(const std::vector<int>& devices) noexcept {
+  std::lock_guard lk(mu_);
+  auto it = groups_.find(devices);
+  if (it == groups_.end() || --it->second.holders > 0) return;
+  // Let go by its last stage: kept while the root spans it, for the next one.
+  const bool inside = std::all_of(devices.begin(), devices.end(), [this](int d) {
+    return std::binary_search(devices_.begin(), devices_.end(), d);
+  });
+  if (inside) return;
+  destroy_all(it->second.comms);
+  groups_.erase(it);
 }
 
 double NcclPool::prepare(const std::vector<std::vector<int>>& sets) {
@@ -205,7 +285,7 @@ void NcclPool::drop(const std::vector<int>& devices) noexcept {
   std::lock_guard lk(mu_);
   auto it = groups_.find(devices);
   if (it == groups_.end()) return;  // root communicators stay (they serve every split)
-  for (void* c : it->second)
+  for (void* c : it->second.comms)
     if (c) ncclCommAbort(static_cast<ncclComm_t>(c));
   groups_.erase(it);
 }

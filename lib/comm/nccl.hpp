@@ -27,36 +27,55 @@ bool nccl_available() noexcept;
 AllReduceMeasurement measure_nccl_allreduce(const std::vector<int>& devices, std::size_t bytes, bool quick);
 
 /// The NCCL communicator pool of this process (ARCHITECTURE.md, "Resource
-/// pool"): one communicator per local GPU over all of them, made once
-/// (ncclCommInitAll over every visible device, timed), and for each device
-/// set a gear's stage uses, sub-communicators split from it
-/// (ncclCommSplit, all root communicators taking part from one thread in
-/// one group), made on first request or ahead with prepare(), and reused.
-/// Communicators are opaque here (ncclComm_t as void*) so that this header
-/// needs no NCCL. Thread-safe. Builds without CUDA throw ftp::BackendError.
+/// pool"): a root communicator over exactly the GPUs the gear table uses
+/// (ncclCommInitAll over them, timed; span()), so that NCCL's CUDA contexts
+/// and buffers live on those devices only, and for each device set a gear's
+/// stage uses, sub-communicators split from it (ncclCommSplit, all root
+/// communicators taking part from one thread in one group), made ahead with
+/// prepare() or on first request, and reused. A stage holds its set from
+/// group() to release(). Communicators are opaque here (ncclComm_t as void*)
+/// so that this header needs no NCCL. Thread-safe. Builds without CUDA
+/// throw ftp::BackendError.
 class NcclPool {
  public:
-  /// The process's pool, created on first use and kept until the process ends.
+  /// The process's pool, created on first use and kept until the process
+  /// ends. Creating it makes no communicator and no CUDA context.
   static NcclPool& instance();
   ~NcclPool();
   NcclPool(const NcclPool&) = delete;
   NcclPool& operator=(const NcclPool&) = delete;
 
-  /// Devices of the root communicator (all visible GPUs).
-  int n_devices() const noexcept { return static_cast<int>(roots_.size()); }
-  /// Milliseconds ncclCommInitAll took to make the root communicators.
-  double create_ms() const noexcept { return create_ms_; }
+  /// GPUs of the root communicator now (0 before the first span or group).
+  int n_devices() const;
+  /// The root communicator's GPUs (CUDA ordinals, ascending).
+  std::vector<int> devices() const;
+  /// Milliseconds ncclCommInitAll took to make the root communicators now
+  /// in use (0 before the first).
+  double create_ms() const;
+  /// Makes the root communicator span exactly `devices` (distinct CUDA
+  /// ordinals, any order; the union of the gear table's GPUs): nothing when
+  /// it does already; else the root on other devices is destroyed and one
+  /// made over these. The device sets split before that lie inside
+  /// `devices` stay (a split communicator outlives its parent); the others
+  /// are destroyed once no stage holds them. Empty: no root (and no
+  /// communicator on any GPU once their stages are gone). Returns the
+  /// milliseconds it took. Throws ftp::InputError for an ordinal that is
+  /// not visible, ftp::BackendError for NCCL failures.
+  double span(const std::vector<int>& devices);
   /// Communicators of `devices` (distinct CUDA ordinals, rank order): element
-  /// r is rank r's, on devices[r]. The root ones when the set is every device
-  /// in order. Throws ftp::InputError for repeated or unknown ordinals,
+  /// r is rank r's, on devices[r]; the caller holds them until release().
+  /// A set with a GPU outside the root widens the root first (the root then
+  /// spans both). Throws ftp::InputError for repeated or unknown ordinals,
   /// ftp::BackendError for NCCL failures.
   std::vector<void*> group(const std::vector<int>& devices);
+  /// Lets go of a hold that group() gave.
+  void release(const std::vector<int>& devices) noexcept;
   /// Makes the sub-communicators of these device sets now (a gear table's
   /// stages), so that a shift never waits on communicator creation.
   /// Returns the milliseconds the splits took.
   double prepare(const std::vector<std::vector<int>>& sets);
-  /// Communicators made so far (the root ones and every split), and the
-  /// wall time spent making them, ms.
+  /// Communicators made so far (every root and every split), and the wall
+  /// time spent making them, ms.
   std::uint64_t communicators_made() const;
   double made_ms() const;
   /// Aborts and forgets the communicators of a device set (after a failure
@@ -65,14 +84,21 @@ class NcclPool {
 
  private:
   NcclPool();
+  /// A device set's communicators and how many stages hold them.
+  struct Group {
+    std::vector<void*> comms;
+    int holders = 0;
+  };
   std::vector<void*> split_locked(const std::vector<int>& devices);
+  double span_locked(const std::vector<int>& devices);
   mutable std::mutex mu_;
-  std::vector<int> devices_;
+  int visible_ = 0;                 // cudaGetDeviceCount
+  std::vector<int> devices_;        // the root's, ascending
   std::vector<void*> roots_;
-  std::map<std::vector<int>, std::vector<void*>> groups_;
-  double create_ms_ = 0;
-  std::uint64_t splits_ = 0;  // communicators made by ncclCommSplit
-  double split_ms_ = 0;
+  std::map<std::vector<int>, Group> groups_;
+  double create_ms_ = 0;            // the root in use
+  std::uint64_t made_ = 0;          // every root and split communicator
+  double made_ms_ = 0;
 };
 
 /// In-place float32 sum over a communicator of the pool, on a CUDA stream

@@ -17,12 +17,18 @@ NcclPool& NcclPool::instance() {
 }
 NcclPool::NcclPool() = default;
 NcclPool::~NcclPool() = default;
+int NcclPool::n_devices() const { return 0; }
+std::vector<int> NcclPool::devices() const { return {}; }
+double NcclPool::create_ms() const { return 0.0; }
+double NcclPool::span(const std::vector<int>&) { return 0.0; }
 std::vector<void*> NcclPool::group(const std::vector<int>&) { return {}; }
+void NcclPool::release(const std::vector<int>&) noexcept {}
 double NcclPool::prepare(const std::vector<std::vector<int>>&) { return 0.0; }
 std::uint64_t NcclPool::communicators_made() const { return 0; }
 double NcclPool::made_ms() const { return 0.0; }
 void NcclPool::drop(const std::vector<int>&) noexcept {}
 std::vector<void*> NcclPool::split_locked(const std::vector<int>&) { return {}; }
+double NcclPool::span_locked(const std::vector<int>&) { return 0.0; }
 void nccl_all_reduce_sum(void*, float*, std::size_t, void*, int) {
   throw BackendError("nccl all-reduce: flextp was built without CUDA");
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "comm/pool.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -16,6 +17,15 @@ struct InprocPool::State {
   std::map<Key, int> made;  // per key, leased or idle
   std::uint64_t created = 0;
   double create_ms = 0;
+  bool spanned = false;              // span() was called
+  std::vector<std::string> devices;  // span()'s, sorted
+
+  /// Whether the pool keeps communicators of `key` (mu held).
+  bool keeps(const Key& key) const {
+    if (!spanned) return true;
+    return std::all_of(key.begin(), key.end(),
+                       [this](const std::string& d) { return std::binary_search(devices.begin(), devices.end(), d); });
+  }
 
   /// One more communicator of `key` (mu held).
   std::unique_ptr<InprocCommunicator> make(const Key& key) {
@@ -30,6 +40,28 @@ struct InprocPool::State {
 
 InprocPool::InprocPool() : s_(std::make_shared<State>()) {}
 InprocPool::~InprocPool() = default;
+
+void InprocPool::span(const std::vector<std::string>& devices) {
+  std::vector<std::string> sorted = devices;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  std::lock_guard lk(s_->mu);
+  s_->spanned = true;
+  s_->devices = std::move(sorted);
+  for (auto it = s_->idle.begin(); it != s_->idle.end();) {
+    if (s_->keeps(it->first)) {
+      ++it;
+      continue;
+    }
+    s_->made[it->first] -= static_cast<int>(it->second.size());
+    it = s_->idle.erase(it);
+  }
+}
+
+std::vector<std::string> InprocPool::devices() const {
+  std::lock_guard lk(s_->mu);
+  return s_->devices;
+}
 
 void InprocPool::prepare(const Key& key, int count) {
   if (key.empty()) throw InputError("communicator pool: a device set of no device");
@@ -58,7 +90,7 @@ std::shared_ptr<Collective> InprocPool::acquire(const Key& key) {
     // An aborted one (a failed step) is reset, or dropped where it cannot be.
     const bool usable = !back->aborted() || back->reset();
     std::lock_guard lk(s->mu);
-    if (usable)
+    if (usable && s->keeps(key))
       s->idle[key].push_back(std::move(back));
     else
       --s->made[key];

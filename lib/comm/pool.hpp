@@ -30,6 +30,14 @@ class InprocPool {
   InprocPool(const InprocPool&) = delete;
   InprocPool& operator=(const InprocPool&) = delete;
 
+  /// The devices of the gear table in force (names, any order): from now
+  /// on the pool keeps communicators of device sets inside them only. An
+  /// idle one of a set with another device is dropped now, a leased one
+  /// when it is given back; sets inside stay. Until the first call every
+  /// set is kept.
+  void span(const std::vector<std::string>& devices);
+  /// span()'s devices, sorted (empty before the first call).
+  std::vector<std::string> devices() const;
   /// Makes communicators of `key` now until `count` exist (leased or idle).
   void prepare(const Key& key, int count);
   /// A communicator of `key`: an idle one of the pool, else one made now

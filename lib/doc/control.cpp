@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "doc/control.hpp"
 
+#include <limits>
+
 #include "core/error.hpp"
 #include "doc/kinds.hpp"
 
@@ -215,6 +217,9 @@ Json to_json(const ShiftEvent& e) {
   if (e.weights_released_bytes) o["weights_released_bytes"] = *e.weights_released_bytes;
   if (e.communicators_created) o["communicators_created"] = *e.communicators_created;
   if (e.communicator_ms) o["communicator_ms"] = *e.communicator_ms;
+  if (e.warm_batch_sizes) o["warm_batch_sizes"] = *e.warm_batch_sizes;
+  if (e.graphs_captured) o["graphs_captured"] = *e.graphs_captured;
+  if (e.warmup_ms) o["warmup_ms"] = *e.warmup_ms;
   return o;
 }
 
@@ -247,6 +252,18 @@ ShiftEvent shift_event_from_json(const Json& j) {
   e.communicators_created = bytes("communicators_created");
   if (r.has("weights_copy_ms")) e.weights_copy_ms = nonneg_or_zero(r, "weights_copy_ms");
   if (r.has("communicator_ms")) e.communicator_ms = nonneg_or_zero(r, "communicator_ms");
+  if (auto sizes = r.find("warm_batch_sizes")) {
+    e.warm_batch_sizes.emplace();
+    for (const auto& n : sizes->items()) {
+      const std::int64_t b = n.integer();
+      if (b < 1 || b > std::numeric_limits<int>::max())
+        n.fail("a batch size must be between 1 and " + std::to_string(std::numeric_limits<int>::max()) + ", got " +
+               std::to_string(b));
+      e.warm_batch_sizes->push_back(static_cast<int>(b));
+    }
+  }
+  e.graphs_captured = bytes("graphs_captured");
+  if (r.has("warmup_ms")) e.warmup_ms = nonneg_or_zero(r, "warmup_ms");
   return e;
 }
 

@@ -141,6 +141,12 @@ struct ShiftEvent {
   /// made them ahead) and the time spent creating them, ms.
   std::optional<std::uint64_t> communicators_created;
   std::optional<double> communicator_ms;
+  /// warm: the decode batch sizes (rows) the new domains' warm-up ran with
+  /// dummy requests, ascending; the CUDA graphs captured meanwhile (0 on
+  /// CPU); the warm-up's wall time, ms.
+  std::optional<std::vector<int>> warm_batch_sizes;
+  std::optional<std::uint64_t> graphs_captured;
+  std::optional<double> warmup_ms;
 };
 
 json::Json to_json(const Observation& o);

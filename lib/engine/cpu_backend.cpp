@@ -249,12 +249,21 @@ class CpuBackend final : public Backend {
     return make_stage_ranks(weights, specs, pool_.acquire(pool_key(specs)));
   }
   void prepare_communicators(const std::vector<std::vector<RankSpec>>& stages) override {
+    // The pool keeps communicators of the table's devices only (as the NCCL
+    // root spans the table's GPUs only), then makes the table's sets.
     std::map<comm::InprocPool::Key, int> count;
+    std::vector<std::string> devices;
     for (const auto& st : stages)
-      if (!st.empty()) ++count[pool_key(st)];
+      if (!st.empty()) {
+        const comm::InprocPool::Key key = pool_key(st);
+        ++count[key];
+        devices.insert(devices.end(), key.begin(), key.end());
+      }
+    pool_.span(devices);
     for (const auto& [key, n] : count) pool_.prepare(key, n);
   }
   CommunicatorStats communicator_stats() const override { return {pool_.created(), pool_.create_ms()}; }
+  std::vector<std::string> communicator_devices() const override { return pool_.devices(); }
   std::vector<std::unique_ptr<RankBackend>> make_stage_ranks(const WeightStore& weights, const std::vector<RankSpec>& specs,
                                                              std::shared_ptr<comm::Collective> comm) override {
     if (specs.empty()) throw InputError("cpu backend: a stage has at least one rank here");

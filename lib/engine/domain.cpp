@@ -2,6 +2,7 @@
 #include "engine/domain.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -284,6 +285,82 @@ void Domain::finish(Seq& s, FinishReason reason, const std::string& error, Event
     stats_.failed += static_cast<std::uint64_t>(ends);
   else if (reason != FinishReason::withdrawn)
     stats_.finished += static_cast<std::uint64_t>(ends);
+}
+
+WarmUpResult Domain::warm_up(const WarmUpPlan& plan) {
+  const std::string who = "domain " + cfg_.id + ": warm-up: ";
+  if (!idle()) throw WarmUpError(who + "the domain has requests already; it warms up before it serves");
+  if (plan.token < 0 || plan.token >= hp_.n_vocab)
+    throw WarmUpError(who + "token id " + std::to_string(plan.token) + " outside the vocabulary (0.." +
+                      std::to_string(hp_.n_vocab - 1) + ")");
+  const auto t0 = std::chrono::steady_clock::now();
+  const DomainStats before = stats();
+  WarmUpResult out;
+  std::string failed;
+  int pending = 0;
+  auto dummy = [&](const std::string& id, int prompt_tokens, int max_tokens) {
+    GenerationRequest r;
+    r.id = "warmup-" + cfg_.id + "-" + id;
+    r.group = "warmup";  // one group: alone, it may fill the running batch
+    r.prompt.assign(static_cast<std::size_t>(prompt_tokens), plan.token);
+    r.max_tokens = max_tokens;  // no eos: each runs exactly its steps
+    r.on_event = [&failed, &pending](const GenerationEvent& e) {
+      if (!e.finished) return;
+      --pending;
+      if (e.finish_reason == FinishReason::error && failed.empty()) failed = e.error;
+    };
+    submit(std::move(r));
+    ++pending;
+  };
+  auto run = [&] {
+    // Every dummy fits at once, so each step computes something until they end.
+    while (pending > 0)
+      if (step() == 0 && pending > 0)
+        throw WarmUpError(who + std::to_string(pending) + " dummy request(s) could not be scheduled");
+    if (!failed.empty()) throw WarmUpError(who + failed);
+  };
+  const int bt = cfg_.block_tokens;
+  // The batch sizes the domain holds at once: one page or so each.
+  const int pages_each = kv_pages(peak_kv_tokens(1, 2, cfg_.max_context), bt);
+  std::vector<int> sizes;
+  for (int b : plan.batch_sizes)
+    if (b >= 1 && b <= cfg_.max_running && b <= cfg_.max_batched_tokens &&
+        static_cast<std::int64_t>(b) * pages_each <= cfg_.kv_blocks)
+      sizes.push_back(b);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  // The largest step first, over as many sequences as the largest batch
+  // (at least two tokens each: not a decode's shape), so that activation
+  // and logits buffers have their largest sizes before any graph is
+  // captured: a buffer that grows later drops the graphs.
+  const int prefill = std::min({plan.prefill_tokens, cfg_.max_batched_tokens, cfg_.max_context - 1, cfg_.kv_blocks * bt});
+  if (prefill > 0) {
+    int n = std::max(1, std::min(sizes.empty() ? 1 : sizes.back(), prefill / 2));
+    auto pages = [&](int seqs) {
+      const int each = prefill / seqs;
+      return static_cast<std::int64_t>(seqs - 1) * kv_pages(each, bt) + kv_pages(each + prefill % seqs, bt);
+    };
+    while (n > 1 && pages(n) > cfg_.kv_blocks) --n;
+    for (int i = 0; i < n; ++i) dummy("prefill-" + std::to_string(i), prefill / n + (i == 0 ? prefill % n : 0), 1);
+    run();
+    out.prefill_tokens = prefill;
+  }
+  for (int b : sizes) {
+    // Queued before the step: the first step prefills all b at once (one row
+    // each, a decode's shape) and the second decodes all b.
+    for (int i = 0; i < b; ++i) dummy(std::to_string(b) + "-" + std::to_string(i), 1, 2);
+    run();
+    out.batch_sizes.push_back(b);
+  }
+  if (blocks_.free_blocks() != blocks_.total_blocks())
+    throw WarmUpError(who + std::to_string(blocks_.total_blocks() - blocks_.free_blocks()) +
+                      " KV page(s) still held after the dummy requests ended");
+  {
+    std::lock_guard lk(mu_);
+    stats_ = before;  // the dummies are no traffic
+  }
+  out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return out;
 }
 
 void Domain::limit_running(int cap, int steps) {

@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "engine/executor.hpp"
 #include "engine/sampler.hpp"
@@ -118,6 +119,39 @@ struct DomainStats {
   std::uint64_t failed = 0;
 };
 
+/// The dummy requests a domain runs before it serves (Domain::warm_up), so
+/// that its first real requests find buffers sized, helper threads woken
+/// and, on the CUDA backend, the graphs of their decode batch sizes
+/// captured.
+struct WarmUpPlan {
+  /// Decode batch sizes (rows; Backend::warm_batch_sizes): at each, that
+  /// many one-token prompts are prefilled in one step and decoded once in
+  /// the next, as a decode of that batch size runs (a CUDA graph captured at
+  /// the first, replayed at the second).
+  std::vector<int> batch_sizes;
+  /// First, one step of this many prompt tokens (at most the step's token
+  /// budget) over as many sequences as the largest batch size run (each at
+  /// least two tokens: not a decode's shape), so that the activation and
+  /// logits buffers have their largest sizes before any graph is captured:
+  /// a buffer that grows later drops the graphs. 0: none.
+  int prefill_tokens = 0;
+  int token = 0;  ///< the token id every dummy prompt repeats
+};
+
+/// A dummy request of a warm-up failed, or the domain could not finish them.
+class WarmUpError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// What a warm-up ran.
+struct WarmUpResult {
+  /// The plan's batch sizes that the domain can hold at once, ascending.
+  std::vector<int> batch_sizes;
+  int prefill_tokens = 0;  ///< the first step's prompt tokens (0: none)
+  double ms = 0;           ///< wall time, ms
+};
+
 /// A domain's scheduler over its executor: continuous batching (requests
 /// join and leave the batch at every step), chunked prefill under the
 /// token budget, paged KV under the block cap. Fair between request
@@ -168,6 +202,17 @@ class Domain {
   /// One iteration: schedule, forward, sample, deliver events. Returns the
   /// tokens computed (0 when there was nothing to do).
   int step();
+
+  /// Runs `plan`'s dummy requests to their end on the calling thread,
+  /// before the domain serves: it must be idle, and no other thread may
+  /// step it or submit to it meanwhile (serve::DomainRunner calls it before
+  /// its thread starts). A batch size the domain cannot hold at once (over
+  /// max_running, the step's token budget or its KV pages) is skipped. After
+  /// it every KV page is free again, stats() are what they were, and
+  /// nothing of the dummies is left to change a later request's output.
+  /// Throws WarmUpError naming the domain when a dummy fails (its engine's
+  /// error) or the domain cannot finish them.
+  WarmUpResult warm_up(const WarmUpPlan& plan);
 
   bool idle() const;
   int running() const;

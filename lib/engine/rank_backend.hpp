@@ -260,6 +260,26 @@ class Backend {
   /// What the pool has made so far: a shift's warm phase adds nothing once
   /// pooled. Default: nothing made.
   virtual CommunicatorStats communicator_stats() const { return {}; }
+  /// The devices the communicator pool spans now: the union of the devices
+  /// of the stages last given to prepare_communicators (the table in
+  /// force), sorted; the NCCL root communicator and its CUDA contexts live
+  /// on these GPUs only ("cuda:K"), the CPU pool keeps communicators of
+  /// these virtual devices only (their names). Default: none.
+  virtual std::vector<std::string> communicator_devices() const { return {}; }
+  /// Decode batch sizes (rows) that a domain's warm-up runs, so that its
+  /// first real steps find everything made (Domain::warm_up): up to
+  /// `max_running`, ascending. The CUDA backend's are the batch sizes it
+  /// captures as CUDA graphs; by default the powers of two (CPU: buffers
+  /// and helper threads sized and woken at each size).
+  virtual std::vector<int> warm_batch_sizes(int max_running) const {
+    std::vector<int> out;
+    for (int b = 1; b > 0 && b <= max_running; b *= 2) out.push_back(b);
+    return out;
+  }
+  /// CUDA graphs this backend's ranks have captured so far, in the whole
+  /// process (0 where the backend has none): a warm-up's captures are the
+  /// difference across it.
+  virtual std::uint64_t graphs_captured() const { return 0; }
   /// GPU release mode: frees `device`'s resident weights (no domain on it
   /// may remain); returns the bytes freed. Default: 0.
   virtual std::uint64_t release_device(const WeightStore& weights, int device) {

@@ -10,10 +10,13 @@ namespace ftp::serve {
 
 DomainRunner::DomainRunner(std::string id, std::string gear, std::vector<std::string> devices,
                            const model::HParams& hp, engine::DomainConfig config,
-                           const engine::Domain::EngineFactory& make, StepObserver observe)
+                           const engine::Domain::EngineFactory& make, StepObserver observe,
+                           const engine::WarmUpPlan& warm)
     : id_(std::move(id)), gear_(std::move(gear)), devices_(std::move(devices)), observe_(std::move(observe)) {
   config.id = id_;
   domain_ = std::make_unique<engine::Domain>(hp, std::move(config), make);
+  // On this thread, before the domain's: nothing else steps it yet.
+  if (!warm.batch_sizes.empty() || warm.prefill_tokens > 0) warmed_ = domain_->warm_up(warm);
   thread_ = std::thread([this] { loop(); });
 }
 

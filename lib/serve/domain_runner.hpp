@@ -29,9 +29,14 @@ class DomainRunner {
   using StepObserver = std::function<void(const std::string& domain, std::chrono::steady_clock::time_point begin,
                                           std::chrono::steady_clock::time_point end, int tokens)>;
 
-  /// Builds the domain with `make` (engine::Domain: the real engine, the simulated one, ...).
+  /// Builds the domain with `make` (engine::Domain: the real engine, the
+  /// simulated one, ...), then runs `warm` on it (engine::Domain::warm_up)
+  /// before its thread starts, so that no step of the warm-up reaches the
+  /// observer or the busy time; warmed() tells what it ran. A warm-up that
+  /// fails throws its ftp::Error from here.
   DomainRunner(std::string id, std::string gear, std::vector<std::string> devices, const model::HParams& hp,
-               engine::DomainConfig config, const engine::Domain::EngineFactory& make, StepObserver observe = {});
+               engine::DomainConfig config, const engine::Domain::EngineFactory& make, StepObserver observe = {},
+               const engine::WarmUpPlan& warm = {});
   ~DomainRunner();
   DomainRunner(const DomainRunner&) = delete;
   DomainRunner& operator=(const DomainRunner&) = delete;
@@ -39,6 +44,8 @@ class DomainRunner {
   const std::string& id() const noexcept { return id_; }
   const std::string& gear() const noexcept { return gear_; }
   const std::vector<std::string>& devices() const noexcept { return devices_; }
+  /// What the warm-up ran before the domain's thread started.
+  const engine::WarmUpResult& warmed() const noexcept { return warmed_; }
 
   doc::DomainState state() const noexcept { return state_.load(); }
   void set_state(doc::DomainState s) noexcept { state_.store(s); }
@@ -102,6 +109,7 @@ class DomainRunner {
   std::string id_, gear_;
   std::vector<std::string> devices_;
   std::unique_ptr<engine::Domain> domain_;
+  engine::WarmUpResult warmed_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::condition_variable idle_cv_;  // after each step (wait_idle)

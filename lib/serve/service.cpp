@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <future>
 #include <sstream>
 
 #include "engine/rank_backend.hpp"
@@ -88,7 +87,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
                                                  [this](const DeviceBinding& b, const doc::Gear& g) { return shards_of(b, g); });
   shifter_ = std::make_unique<Shifter>(
       domains_, telemetry_, *pool_, weights_.get(), *cfg_.clock, [this] { return now_ms(); },
-      [this](const doc::Gear& g, bool slow) { return build_domains(g, slow); },
+      [this](const doc::Gear& g, bool slow, WarmUpFacts& warm) { return build_domains(g, slow, warm); },
       [this](const std::string& name) { return find_gear(name); }, sc,
       [this](const std::string& id) {
         std::lock_guard lk(route_mu_);
@@ -196,7 +195,7 @@ int Service::kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const
   return blocks;
 }
 
-DomainList Service::build_domains(const doc::Gear& gear, bool slow_start) {
+DomainList Service::build_domains(const doc::Gear& gear, bool slow_start, WarmUpFacts& warm) {
   DomainList out;
   // Replicas with ranks on members' devices, by index: their stages by name.
   std::map<std::size_t, member::SpanningDomain> spanning;
@@ -259,31 +258,46 @@ DomainList Service::build_domains(const doc::Gear& gear, bool slow_start) {
       };
     } else
       make = engine::Domain::real_engine(*store_);
-    auto d = std::make_shared<DomainRunner>(id, gear.name, devices, model_.hparams, dc, make, cfg_.step_observer);
-    if (slow_start) d->slow_start(std::max(1, cfg_.max_running * 7 / 10), cfg_.slow_start_steps);
-    pool_->lease(id, devices);
-    out.push_back(std::move(d));
-  }
-  // Warm-up: one dummy request through every stage and rank of each domain.
-  for (auto& d : out) {
-    auto done = std::make_shared<std::promise<std::string>>();
-    engine::GenerationRequest r;
-    r.id = "warmup-" + d->id();
-    r.prompt = {tok_->bos() >= 0 ? tok_->bos() : 0};
-    r.max_tokens = 1;
-    r.on_event = [done](const engine::GenerationEvent& e) {
-      if (e.finished) done->set_value(e.finish_reason == engine::FinishReason::error ? e.error : "");
-    };
-    d->submit(std::move(r));
-    std::string err = done->get_future().get();
-    if (!err.empty()) {
+    // Warm-up (engine::Domain::warm_up), before the domain's thread starts
+    // and before anything can route to it: dummy requests at each decode
+    // batch size its backend wants warmed (the CUDA graphs' sizes; powers
+    // of two on CPU), after one prefill of the step's token budget. They
+    // reach no client, telemetry, admission or router; their KV pages are
+    // free again when it returns. An engine factory's domains (the
+    // simulated engine) run one dummy request through every stage.
+    engine::WarmUpPlan plan;
+    plan.token = tok_->bos() >= 0 ? tok_->bos() : 0;
+    if (cfg_.engine_factory || !backend_) {
+      plan.batch_sizes = {1};
+    } else {
+      plan.batch_sizes = backend_->warm_batch_sizes(dc.max_running);
+      plan.prefill_tokens = dc.max_batched_tokens;
+    }
+    const std::uint64_t graphs_before = backend_ ? backend_->graphs_captured() : 0;
+    std::shared_ptr<DomainRunner> d;
+    try {
+      d = std::make_shared<DomainRunner>(id, gear.name, devices, model_.hparams, dc, make, cfg_.step_observer, plan);
+    } catch (...) {
       for (auto& x : out) {
         x->stop();
         pool_->release(x->id());
       }
-      throw ControlError("ftp.WarmupFailed", "domain " + d->id() + " failed its warm-up: " + err);
+      try {
+        throw;
+      } catch (const engine::WarmUpError& e) {
+        throw ControlError("ftp.WarmupFailed", e.what());
+      }
     }
+    if (backend_) warm.graphs_captured += backend_->graphs_captured() - graphs_before;
+    warm.ms += d->warmed().ms;
+    for (int b : d->warmed().batch_sizes)
+      if (std::find(warm.batch_sizes.begin(), warm.batch_sizes.end(), b) == warm.batch_sizes.end()) warm.batch_sizes.push_back(b);
+    // After the warm-up: its steps do not use up the slow start's.
+    if (slow_start) d->slow_start(std::max(1, cfg_.max_running * 7 / 10), cfg_.slow_start_steps);
+    pool_->lease(id, devices);
+    out.push_back(std::move(d));
   }
+  std::sort(warm.batch_sizes.begin(), warm.batch_sizes.end());
   return out;
 }
 
@@ -420,7 +434,7 @@ void Service::start() {
   copy_weights_to_devices();
   prepare_communicators();
   const std::optional<doc::Gear> g = find_gear(cfg_.start_gear);
-  DomainList doms = build_domains(*g, false);
+  DomainList doms = build_domains(*g, false, start_warm_);
   for (auto& d : doms) {
     d->set_state(doc::DomainState::serving);
     d->set_weight(1.0 / static_cast<double>(doms.size()));

@@ -228,6 +228,8 @@ class Service {
   std::string prometheus() const;
 
   std::string current_gear() const { return domains_.gear(); }
+  /// What the start gear's warm-up ran (start()).
+  const WarmUpFacts& start_warm_up() const noexcept { return start_warm_; }
   const DevicePool& device_pool() const noexcept { return *pool_; }
 
  private:
@@ -258,8 +260,9 @@ class Service {
   /// weights come back for a shift to `gear`.
   std::vector<engine::RankShard> shards_of(const DeviceBinding& b, const doc::Gear& gear) const;
   std::optional<doc::Gear> find_gear(const std::string& name) const;
-  /// Builds and warms the domains of `gear` (the shifter's Build).
-  DomainList build_domains(const doc::Gear& gear, bool slow_start);
+  /// Builds and warms the domains of `gear` (the shifter's Build); what the
+  /// warm-up ran goes to `warm`.
+  DomainList build_domains(const doc::Gear& gear, bool slow_start, WarmUpFacts& warm);
   /// KV pages of a domain of `gear` on these stages (ServiceConfig::kv_blocks);
   /// `gpu_room` from gpu_kv_room, or empty: the CPU virtual devices count.
   int kv_blocks_for(const doc::Gear& gear, const doc::Replica& rep, const std::vector<engine::StageLayout>& stages,
@@ -318,6 +321,7 @@ class Service {
   std::unique_ptr<Shifter> shifter_;
   std::unique_ptr<Journal> journal_;                      // null without state_dir
   std::vector<std::string> interrupted_;
+  WarmUpFacts start_warm_;                                // set by start()
   mutable std::mutex route_mu_;                            // router_
   control::Router router_;
   mutable std::mutex table_mu_;                            // cfg_.gears

@@ -220,8 +220,9 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
 
   const std::uint64_t copied_before = weights_ ? weights_->copied_bytes() : 0;
   const engine::CommunicatorStats comm_before = comm_stats_ ? comm_stats_() : engine::CommunicatorStats{};
+  WarmUpFacts warmed;
   try {
-    fresh = build_(*target, true);
+    fresh = build_(*target, true, warmed);
   } catch (const std::exception& e) {
     for (auto& d : fresh) d->stop();
     fresh.clear();
@@ -240,9 +241,21 @@ doc::ShiftEvent Shifter::shift(const ShiftOptions& o, const Progress& progress, 
     warm_msg += "; communicators created: " + std::to_string(*ev.communicators_created) + " in " +
                 number_text(*ev.communicator_ms) + " ms";
   }
+  // The dummy requests each new domain ran before it serves: its decode
+  // batch sizes (their CUDA graphs captured there, not at first use).
+  ev.warm_batch_sizes = warmed.batch_sizes;
+  ev.graphs_captured = warmed.graphs_captured;
+  ev.warmup_ms = warmed.ms;
+  std::string sizes;
+  for (int b : warmed.batch_sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
+  warm_msg += "; warm-up at batch sizes " + (sizes.empty() ? std::string("(none)") : sizes) + " in " +
+              number_text(warmed.ms) + " ms, graphs captured: " + std::to_string(warmed.graphs_captured);
   emit(ShiftPhase::warm, 0, warm_msg);
   ev.communicators_created.reset();
   ev.communicator_ms.reset();
+  ev.warm_batch_sizes.reset();
+  ev.graphs_captured.reset();
+  ev.warmup_ms.reset();
 
   const bool fault = o.inject_fault == "check";
   for (double share : ramp) {

@@ -49,6 +49,14 @@ struct ShiftOptions {
   std::string inject_fault;
 };
 
+/// What warming a gear's new domains ran (Service::build_domains,
+/// engine::Domain::warm_up), for the shift record's warm phase.
+struct WarmUpFacts {
+  std::vector<int> batch_sizes;       ///< decode batch sizes run, over all the domains, ascending
+  std::uint64_t graphs_captured = 0;  ///< CUDA graphs captured during the warm-ups (0 on CPU)
+  double ms = 0;                      ///< wall time of the domains' warm-ups, ms
+};
+
 /// The shifter's fixed settings (ServiceConfig's).
 struct ShifterConfig {
   std::vector<double> ramp = {0.1, 0.5, 1.0};
@@ -67,8 +75,9 @@ struct ShifterConfig {
 /// wait on the domains' threads (real time, bounded by a timeout).
 class Shifter {
  public:
-  /// Builds and warms the domains of a gear (slow start for shadows).
-  using Build = std::function<DomainList(const doc::Gear& gear, bool slow_start)>;
+  /// Builds and warms the domains of a gear (slow start for shadows); says
+  /// what the warm-up ran in `warm`.
+  using Build = std::function<DomainList(const doc::Gear& gear, bool slow_start, WarmUpFacts& warm)>;
   /// The gear table's gear of that name, or nothing (the table may be reloaded).
   using FindGear = std::function<std::optional<doc::Gear>(const std::string& name)>;
   using Progress = std::function<void(const doc::ShiftEvent&)>;

@@ -63,3 +63,31 @@ TEST(InprocPool, AnEmptySetIsRefused) {
   EXPECT_THROW(pool.acquire({}), ftp::InputError);
   EXPECT_THROW(pool.prepare({}, 1), ftp::InputError);
 }
+
+// The pool spans the gear table's devices only (issue 17, as the NCCL root
+// spans the table's GPUs): sets with another device are dropped when idle,
+// and a leased one when it comes back; sets inside stay.
+TEST(InprocPool, KeepsCommunicatorsOfTheSpannedDevicesOnly) {
+  InprocPool pool;
+  const InprocPool::Key in{"vd1", "vd0"}, out{"vd2", "vd3"}, mixed{"vd0", "vd2"};
+  EXPECT_TRUE(pool.devices().empty());
+  pool.prepare(in, 1);
+  pool.prepare(out, 1);
+  pool.prepare(mixed, 1);
+  auto leased = pool.acquire(mixed);
+  pool.span({"vd1", "vd0", "vd4", "vd0"});
+  EXPECT_EQ(pool.devices(), (std::vector<std::string>{"vd0", "vd1", "vd4"}));
+  EXPECT_EQ(pool.idle(in), 1u);
+  EXPECT_EQ(pool.idle(out), 0u) << "a set outside the table's devices is dropped";
+  leased.reset();
+  EXPECT_EQ(pool.idle(mixed), 0u) << "a leased one outside them is dropped on its way back";
+  // Made again on demand when asked, and counted.
+  const auto before = pool.created();
+  auto again = pool.acquire(out);
+  EXPECT_EQ(pool.created(), before + 1);
+  // A reload back to those devices keeps them from then on.
+  pool.span({"vd2", "vd3"});
+  again.reset();
+  EXPECT_EQ(pool.idle(out), 1u);
+  EXPECT_EQ(pool.idle(in), 0u);
+}

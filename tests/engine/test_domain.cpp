@@ -20,12 +20,22 @@ namespace {
 
 /// An engine that runs no model: it checks nothing and picks token 7 for
 /// every row that wants one. Test-only (the scheduler's view of an engine).
+/// With `shapes`, it records each forward's (sequences, rows); it throws
+/// from the forward after `fail_after` of them (-1: never).
 struct CountingEngine final : Engine {
-  explicit CountingEngine(const ftp::model::HParams& hp) : hp_(hp) {}
+  explicit CountingEngine(const ftp::model::HParams& hp, std::shared_ptr<std::vector<std::pair<int, int>>> shapes = {},
+                          int fail_after = -1)
+      : hp_(hp), shapes_(std::move(shapes)), fail_after_(fail_after) {}
   const ftp::model::HParams& hparams() const override { return hp_; }
   int block_tokens() const override { return 16; }
   std::uint64_t kv_bytes() const override { return 0; }
   std::vector<std::vector<float>> forward(const std::vector<SeqChunk>& chunks, int) override {
+    if (shapes_) {
+      if (fail_after_ >= 0 && static_cast<int>(shapes_->size()) >= fail_after_) throw ftp::BackendError("device lost");
+      int n = 0;
+      for (const auto& c : chunks) n += static_cast<int>(c.tokens.size());
+      shapes_->emplace_back(static_cast<int>(chunks.size()), n);
+    }
     std::vector<std::vector<float>> rows;
     for (const auto& c : chunks)
       if (c.want_logits) {
@@ -36,6 +46,8 @@ struct CountingEngine final : Engine {
   }
   const std::vector<double>& stage_busy_s() const override { return busy_; }
   ftp::model::HParams hp_;
+  std::shared_ptr<std::vector<std::pair<int, int>>> shapes_;
+  int fail_after_;
   std::vector<double> busy_;
 };
 
@@ -227,4 +239,90 @@ TEST(DomainWithdraw, NothingIsGivenBackUnasked) {
   for (int i = 0; i < 200 && !d->idle(); ++i) d->step();
   EXPECT_EQ(done->count, 70);
   for (int i = 0; i < 70; ++i) EXPECT_EQ(done->tokens["r" + std::to_string(i)], 3);
+}
+
+namespace {
+
+std::unique_ptr<Domain> recorded_domain(int kv_blocks, int max_running, int max_batched_tokens,
+                                        std::shared_ptr<std::vector<std::pair<int, int>>> shapes, int fail_after = -1) {
+  DomainConfig c;
+  c.kv_blocks = kv_blocks;
+  c.block_tokens = 16;
+  c.max_batched_tokens = max_batched_tokens;
+  c.max_running = max_running;
+  return std::make_unique<Domain>(hparams(), c, [shapes, fail_after](const DomainConfig&) {
+    return std::make_unique<CountingEngine>(hparams(), shapes, fail_after);
+  });
+}
+
+}  // namespace
+
+// The warm-up (issue 17: graphs captured at warm-up): one prefill of the
+// step's budget over the largest batch's sequences (buffers at their
+// largest), then at each batch size b one step of b one-row sequences
+// (a decode's shape: the CUDA backend captures the graph of b there) and
+// one decode of the same b; sizes the domain cannot hold at once are
+// skipped; afterwards every page is free and the counters untouched.
+TEST(WarmUp, RunsEachBatchSizeAsStepsOfThatManyOneRowSequencesAndLeavesNothing) {
+  auto shapes = std::make_shared<std::vector<std::pair<int, int>>>();
+  auto d = recorded_domain(100, 16, 64, shapes);
+  WarmUpPlan plan;
+  plan.batch_sizes = {8, 1, 2, 4, 32, 16, 16};
+  plan.prefill_tokens = 500;
+  plan.token = 3;
+  const WarmUpResult r = d->warm_up(plan);
+  EXPECT_EQ(r.batch_sizes, (std::vector<int>{1, 2, 4, 8, 16})) << "32 is over max_running";
+  EXPECT_EQ(r.prefill_tokens, 64) << "the step's token budget";
+  std::vector<std::pair<int, int>> want = {{16, 64}};  // 64 tokens over the largest batch's 16 sequences
+  for (int b : {1, 2, 4, 8, 16}) {
+    want.emplace_back(b, b);  // b prompts of one token: one row each
+    want.emplace_back(b, b);  // their decode
+  }
+  EXPECT_EQ(*shapes, want);
+  EXPECT_TRUE(d->idle());
+  EXPECT_EQ(d->kv_usage(), 0.0) << "the dummies' pages are free again";
+  const DomainStats s = d->stats();
+  EXPECT_EQ(s.steps + s.prompt_tokens + s.generated_tokens + s.finished + s.failed + s.preemptions, 0u)
+      << "the dummies count as no traffic";
+  // A request after it runs as on a fresh domain.
+  auto done = std::make_shared<Finished>();
+  d->submit(request("real", "real", 4, 3, done));
+  while (!d->idle()) d->step();
+  EXPECT_EQ(done->tokens["real"], 3);
+  EXPECT_EQ(d->stats().finished, 1u);
+}
+
+TEST(WarmUp, SkipsBatchSizesItsKvPagesOrTokenBudgetCannotHold) {
+  auto shapes = std::make_shared<std::vector<std::pair<int, int>>>();
+  // 5 pages of 16: at most 5 one-page sequences, a prefill of at most 80 tokens.
+  auto d = recorded_domain(5, 64, 256, shapes);
+  WarmUpPlan plan;
+  plan.batch_sizes = {1, 2, 4, 8};
+  plan.prefill_tokens = 256;
+  const WarmUpResult r = d->warm_up(plan);
+  EXPECT_EQ(r.batch_sizes, (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(r.prefill_tokens, 80);
+  EXPECT_EQ(shapes->front(), (std::pair<int, int>{1, 80})) << "5 pages hold 80 tokens as one sequence only";
+  EXPECT_EQ(d->kv_usage(), 0.0);
+  shapes->clear();
+  auto tight = recorded_domain(100, 64, 3, shapes);  // a step of 3 tokens
+  plan.prefill_tokens = 0;
+  EXPECT_EQ(tight->warm_up(plan).batch_sizes, (std::vector<int>{1, 2}));
+  EXPECT_EQ(shapes->front(), (std::pair<int, int>{1, 1})) << "no prefill asked";
+}
+
+TEST(WarmUp, AFailedDummyFailsTheWarmUpNamingTheDomainAndTheError) {
+  auto shapes = std::make_shared<std::vector<std::pair<int, int>>>();
+  auto d = recorded_domain(100, 16, 64, shapes, 2);
+  WarmUpPlan plan;
+  plan.batch_sizes = {1, 2, 4};
+  try {
+    d->warm_up(plan);
+    FAIL() << "no error";
+  } catch (const WarmUpError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("domain d0: warm-up: "), std::string::npos) << what;
+    EXPECT_NE(what.find("device lost"), std::string::npos) << what;
+  }
+  EXPECT_EQ(d->kv_usage(), 0.0);
 }

@@ -397,7 +397,11 @@ int main(int argc, char** argv) {
 
     auto t0 = Clock::now();
     try {
+      // The root over every GPU of this host (the daemon's spans its gear table's only).
       comm::NcclPool& pool = comm::NcclPool::instance();
+      std::vector<int> all;
+      for (const auto& g : gpus) all.push_back(g.index);
+      pool.span(all);
       const double pool_total_ms = since(t0) * 1e3;
       std::printf("nccl pool over %d GPU(s): ncclCommInitAll %.1f ms (first use %.1f ms)\n", pool.n_devices(),
                   pool.create_ms(), pool_total_ms);

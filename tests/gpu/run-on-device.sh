@@ -31,30 +31,10 @@ while [ $# -gt 0 ]; do
 done
 log_dir=${OUT:-$(mktemp -d)}
 work=/tmp/ftp-gpu
-rm -rf "$work"; mkdir -p "$work"
-tar -C "$work" -xzf "$pack/ftp-gpu.tar.gz" || { echo "run-on-device: cannot unpack $pack/ftp-gpu.tar.gz"; exit 1; }
-
-# The CUDA libraries of this machine: the toolkit, the loader cache, or the
-# NVIDIA Python wheels (cuBLAS, NCCL) that PyTorch images carry.
-libdirs=$work/lib
-for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
-  found=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
-  if [ -z "$found" ]; then
-    found=$(find /usr/local/cuda*/ /usr/local/lib /usr/lib /opt \
-              $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
-              -name "$lib" 2>/dev/null | head -1)
-  fi
-  if [ -z "$found" ]; then echo "run-on-device: $lib not found on this machine"; exit 1; fi
-  libdirs=$libdirs:$(dirname "$found")
-  echo "using $found"
-done
-# The driver's libcuda.so.1 where the loader cache does not list it (a driver mount).
-if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
-  found=$(find /usr/local/nvidia /usr/lib/x86_64-linux-gnu /usr/lib64 -name libcuda.so.1 2>/dev/null | head -1)
-  [ -n "$found" ] && libdirs=$libdirs:$(dirname "$found") && echo "using $found"
-fi
-export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export FTP_TEST_DATA=$work/data
+# The pack unpacked, its libraries and this machine's CUDA libraries (device-env.sh).
+source "$(dirname "$0")/device-env.sh"
+unpack_pack "$pack" "$work" || exit 1
+device_env "$work" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null
 
 pass=0; fail=0; skip=0

@@ -184,6 +184,69 @@ void stories260k_domain(Backend& cuda) {
                                          std::to_string(same) + "/" + std::to_string(total) + " equal)");
 }
 
+/// Graphs captured at warm-up (issue 17): engine::Domain::warm_up at the
+/// backend's warm batch sizes captures one graph per size (TP 1: one rank)
+/// and nothing fails; requests served afterwards at those batch sizes
+/// capture nothing new and give the CPU domain's tokens.
+void graphs_at_warm_up(Backend& cuda) {
+  const std::string path = ftp::test::stories260k("stories260K.bin");
+  if (!std::filesystem::exists(path)) return;
+  ftp::model::Model m = ftp::model::load_model(path);
+  WeightStore store(m);
+  DomainConfig cfg;
+  cfg.max_batched_tokens = 64;
+  cfg.max_running = 8;
+  cfg.kv_blocks = 256;
+  // Same-length prompts: every step after the first is a decode of all of them.
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back({1});
+  const auto want = serve(store, cfg, prompts, 24);
+  cfg.backend = &cuda;
+  cfg.stages = {stage(m.hparams.n_layer, 1, {0})};
+  Domain d(store, cfg);
+  WarmUpPlan plan;
+  plan.batch_sizes = cuda.warm_batch_sizes(cfg.max_running);
+  plan.prefill_tokens = cfg.max_batched_tokens;
+  plan.token = 1;
+  const CudaGraphStats before = cuda_graph_stats();
+  const std::uint64_t backend_before = cuda.graphs_captured();
+  const WarmUpResult r = d.warm_up(plan);
+  const CudaGraphStats warmed = cuda_graph_stats();
+  std::string sizes;
+  for (int b : r.batch_sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
+  // FTP_CUDA_GRAPHS unset: 1..8 (the default 1-32 up to max_running).
+  check(!r.batch_sizes.empty() && r.batch_sizes == plan.batch_sizes && r.prefill_tokens == 64,
+        "warm-up on cuda:0: batch sizes " + sizes + " (the graphs' up to max_running 8) after a prefill of " +
+            std::to_string(r.prefill_tokens) + " tokens, in " + std::to_string(r.ms) + " ms");
+  check(warmed.captures - before.captures == r.batch_sizes.size() && warmed.failures == before.failures &&
+            cuda.graphs_captured() - backend_before == r.batch_sizes.size(),
+        "warm-up on cuda:0: " + std::to_string(warmed.captures - before.captures) + " graphs captured (one per batch size), " +
+            std::to_string(warmed.failures - before.failures) + " failed");
+  check(d.kv_usage() == 0.0 && d.stats().finished == 0, "warm-up on cuda:0: every KV page free, no request counted");
+  for (std::size_t n : {std::size_t{8}, std::size_t{3}}) {
+    std::vector<std::vector<int>> got(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      GenerationRequest q;
+      q.id = "after-" + std::to_string(n) + "-" + std::to_string(i);
+      q.prompt = prompts[i];
+      q.max_tokens = 24;
+      q.on_event = [&got, i](const GenerationEvent& e) {
+        if (e.token >= 0) got[i].push_back(e.token);
+      };
+      d.submit(std::move(q));
+    }
+    const CudaGraphStats pre = cuda_graph_stats();
+    for (int guard = 0; !d.idle() && guard < 10000; ++guard) d.step();
+    const CudaGraphStats post = cuda_graph_stats();
+    bool same = true;
+    for (std::size_t i = 0; i < n; ++i) same = same && got[i] == want[i];
+    check(post.captures == pre.captures && post.failures == pre.failures && same,
+          "after warm-up on cuda:0: " + std::to_string(n) + " requests decoded at batch " + std::to_string(n) + " capture " +
+              std::to_string(post.captures - pre.captures) + " new graphs; tokens " + (same ? "equal" : "differ from") +
+              " the CPU domain's");
+  }
+}
+
 /// Logits of the CUDA backend against the CPU backend for one prefill of 3
 /// sequences (21 rows: cuBLAS) and then decode steps of the 3 (GEMV; graphs).
 void synthetic_logits(Backend& cuda, const std::filesystem::path& dir) {
@@ -417,6 +480,19 @@ void release_and_pool_on_device(Backend& cuda, const std::filesystem::path& dir,
         "communicator pool: stages prepared ahead make " + std::to_string(after.created - before.created) +
             " communicators when built (" + std::to_string(n_gpus) + " GPU(s); pool made " + std::to_string(after.created) +
             " in " + std::to_string(after.create_ms) + " ms)");
+  // The root spans the table's GPUs only (0 and 1 here, whatever the host
+  // has), none with one GPU; a table without a multi-GPU stage drops it.
+  auto names = [](const std::vector<std::string>& v) {
+    std::string t;
+    for (const auto& d : v) t += (t.empty() ? "" : ",") + d;
+    return "[" + t + "]";
+  };
+  const std::vector<std::string> spanned = cuda.communicator_devices();
+  check(n_gpus > 1 ? spanned == std::vector<std::string>{"cuda:0", "cuda:1"} : spanned.empty(),
+        "communicator pool: the NCCL root spans the table's GPUs " + names(spanned) + " of " + std::to_string(n_gpus));
+  cuda.prepare_communicators({{spec(0, 2, 0), spec(1, 2, 0)}});
+  check(cuda.communicator_devices().empty(),
+        "communicator pool: a reload without a multi-GPU stage leaves no root: " + names(cuda.communicator_devices()));
   cuda.release_device(store, 0);
 }
 
@@ -518,6 +594,7 @@ int main() {
     Backend& cuda = cuda_backend();
     stories260k_goldens();
     stories260k_domain(cuda);
+    graphs_at_warm_up(cuda);
     synthetic_logits(cuda, dir);
     refuses_pending_types(cuda, dir);
     another_gear(cuda, dir);
@@ -529,7 +606,8 @@ int main() {
       std::vector<int> all;
       for (const auto& g : gpus) all.push_back(g.index);
       ftp::comm::NcclPool& pool = ftp::comm::NcclPool::instance();
-      std::printf("info nccl pool over %d GPUs: created in %.1f ms\n", pool.n_devices(), pool.create_ms());
+      const double ms = pool.span(all);
+      std::printf("info nccl pool: root over %d GPUs created in %.1f ms\n", pool.n_devices(), ms);
     }
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());

@@ -23,6 +23,7 @@
 #include "model/model.hpp"
 #include "control/clock.hpp"
 #include "engine/domain.hpp"
+#include "engine/rank_backend.hpp"
 #include "engine/weight_store.hpp"
 #include "ipc/client.hpp"
 #include "serve/control_socket.hpp"
@@ -1110,4 +1111,104 @@ TEST_F(ShiftFixture, WarmPhasesCreateNoCommunicatorOncePooled) {
   ASSERT_TRUE(warm.communicators_created);
   EXPECT_EQ(*warm.communicators_created, 0u) << warm.message;
   EXPECT_EQ(complete(svc, "w", "Zoo", 40).text, reference["Zoo"]);
+}
+
+namespace {
+
+/// The value of a Prometheus sample line that starts with `name` ("-1" when absent).
+double metric(const std::string& text, const std::string& name) {
+  std::size_t at = 0;
+  while ((at = text.find(name, at)) != std::string::npos) {
+    if (at == 0 || text[at - 1] == '\n') {
+      const std::size_t eol = text.find('\n', at);
+      const std::string line = text.substr(at, eol == std::string::npos ? std::string::npos : eol - at);
+      return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    at += name.size();
+  }
+  return -1;
+}
+
+}  // namespace
+
+// Ready before the first request (issue 17): every domain, at start and in
+// a shift's warm phase, runs dummy requests at the batch sizes its backend
+// wants warmed (on CPU the powers of two up to max_running) before it
+// serves; the warm record lists them. The dummies leave every KV page free,
+// are counted nowhere, and the first real request gives the golden text.
+TEST_F(ShiftFixture, WarmPhaseListsTheBatchSizesItsDummyRequestsRan) {
+  ServiceConfig c = config();
+  c.max_running = 8;
+  Service svc(*model, c);
+  svc.start();
+  EXPECT_EQ(svc.start_warm_up().batch_sizes, (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_EQ(svc.start_warm_up().graphs_captured, 0u) << "no graphs on CPU";
+  for (const auto& d : svc.status()["domains"]) EXPECT_EQ(d["kv_usage"].get<double>(), 0.0) << d.dump();
+  ftp::doc::ShiftEvent warm;
+  std::vector<ftp::doc::ShiftEvent> events;
+  Service::ShiftOptions o;
+  o.to = "standard";
+  const auto rec = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) {
+    events.push_back(e);
+    if (e.phase == ftp::doc::ShiftPhase::warm) warm = e;
+  });
+  ASSERT_EQ(rec.outcome, ftp::doc::ShiftOutcome::committed) << rec.message;
+  ASSERT_TRUE(warm.warm_batch_sizes) << warm.message;
+  EXPECT_EQ(*warm.warm_batch_sizes, (std::vector<int>{1, 2, 4, 8})) << warm.message;
+  ASSERT_TRUE(warm.graphs_captured);
+  EXPECT_EQ(*warm.graphs_captured, 0u);
+  ASSERT_TRUE(warm.warmup_ms);
+  EXPECT_GE(*warm.warmup_ms, 0.0);
+  EXPECT_NE(warm.message.find("; warm-up at batch sizes 1,2,4,8 in "), std::string::npos) << warm.message;
+  for (const auto& e : events)
+    if (e.phase != ftp::doc::ShiftPhase::warm) EXPECT_FALSE(e.warm_batch_sizes || e.graphs_captured || e.warmup_ms);
+  // The journal's form keeps them.
+  const ftp::doc::ShiftEvent back = ftp::doc::shift_event_from_json(ftp::doc::to_json(warm));
+  EXPECT_EQ(back.warm_batch_sizes, warm.warm_batch_sizes);
+  EXPECT_EQ(back.graphs_captured, warm.graphs_captured);
+  for (const auto& d : svc.status()["domains"])
+    EXPECT_EQ(d["kv_usage"].get<double>(), 0.0) << "the warm-up's pages are free again: " << d.dump();
+  EXPECT_EQ(complete(svc, "first", "Zoo", 40).text, reference["Zoo"]);
+  const auto st = svc.status();
+  EXPECT_EQ(st["requests_total"].get<std::uint64_t>(), 1u) << "the dummies are no requests";
+  const std::string prom = svc.prometheus();
+  const double prompt_tokens = metric(prom, "vllm:prompt_tokens_total");
+  const double generated = metric(prom, "vllm:generation_tokens_total");
+  const int zoo_prompt = static_cast<int>(ftp::model::tokenizer_of(*model)->encode_prompt("Zoo").size());
+  EXPECT_EQ(prompt_tokens, zoo_prompt) << prom;
+  EXPECT_GT(generated, 0) << prom;
+  EXPECT_LE(generated, 40) << "one request's tokens, none of the dummies': " << prom;
+  EXPECT_EQ(metric(prom, "vllm:num_preemptions_total"), 0) << prom;
+}
+
+// The communicator pool spans the gear table's devices only (issue 17: the
+// NCCL root communicator and its contexts on the table's GPUs; on CPU the
+// in-process pool keeps communicators of the table's virtual devices), and
+// a reload with a table on other devices moves it.
+TEST_F(ShiftFixture, CommunicatorPoolSpansTheTablesDevicesOnlyAndFollowsAReload) {
+  ServiceConfig c = config();
+  c.virtual_devices = 6;
+  Service svc(*model, c);
+  svc.start();
+  ftp::engine::Backend& cpu = ftp::engine::cpu_backend();
+  // The virtual devices' own names: vdN of the table is cpu:N.
+  EXPECT_EQ(cpu.communicator_devices(), (std::vector<std::string>{"cpu:0", "cpu:1", "cpu:2", "cpu:3"}));
+  ftp::doc::GearTable t = table;
+  t.gears = {*table.find("economy"), *table.find("standard")};
+  ftp::doc::Gear far = *table.find("standard");
+  far.name = "far";
+  far.replicas[0].stages[0].devices = {"vd4", "vd5"};
+  t.gears.push_back(far);
+  svc.reload(t);
+  EXPECT_EQ(cpu.communicator_devices(), (std::vector<std::string>{"cpu:0", "cpu:1", "cpu:4", "cpu:5"}));
+  ftp::doc::ShiftEvent warm;
+  Service::ShiftOptions o;
+  o.to = "far";
+  const auto rec = svc.shift(o, [&](const ftp::doc::ShiftEvent& e) {
+    if (e.phase == ftp::doc::ShiftPhase::warm) warm = e;
+  });
+  ASSERT_EQ(rec.outcome, ftp::doc::ShiftOutcome::committed) << rec.message;
+  ASSERT_TRUE(warm.communicators_created);
+  EXPECT_EQ(*warm.communicators_created, 0u) << "made at the reload: " << warm.message;
+  EXPECT_EQ(complete(svc, "far", "Zoo", 40).text, reference["Zoo"]);
 }

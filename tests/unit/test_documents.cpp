@@ -308,6 +308,33 @@ TEST(ShiftEvent, RoundTrip) {
   EXPECT_EQ(error_of([&] { shift_event_from_json(bad); }), "outcome: missing required field");
 }
 
+// The warm record's warm-up facts (issue 17): kept through the journal's JSON;
+// a batch size below 1 is refused by its index.
+TEST(ShiftEvent, WarmRecordKeepsItsWarmUp) {
+  ShiftEvent e;
+  e.shift_id = "shift-4";
+  e.phase = ftp::doc::ShiftPhase::warm;
+  e.from = "economy";
+  e.to = "standard";
+  e.communicators_created = 0;
+  e.communicator_ms = 0;
+  e.warm_batch_sizes = std::vector<int>{1, 2, 4, 8};
+  e.graphs_captured = 4;
+  e.warmup_ms = 12.5;
+  const Json j = to_json(e);
+  EXPECT_EQ(j["warm_batch_sizes"], Json::parse("[1, 2, 4, 8]"));
+  EXPECT_EQ(j["graphs_captured"], 4);
+  const ShiftEvent back = shift_event_from_json(j);
+  EXPECT_EQ(back.warm_batch_sizes, e.warm_batch_sizes);
+  EXPECT_EQ(back.graphs_captured, e.graphs_captured);
+  EXPECT_EQ(back.warmup_ms, e.warmup_ms);
+  EXPECT_EQ(to_json(back), j);
+  Json bad = j;
+  bad["warm_batch_sizes"] = Json::parse("[1, 0]");
+  EXPECT_EQ(error_of([&] { shift_event_from_json(bad); }),
+            "warm_batch_sizes[1]: a batch size must be between 1 and 2147483647, got 0");
+}
+
 TEST(ClusterSpec, FabricsIslandsAndMig) {
   Json spec = Json::parse(R"({
     "kind": "ftp.cluster/v1", "name": "mix",

@@ -227,6 +227,10 @@ class NcclStageComm final : public StageComm {
  public:
   explicit NcclStageComm(std::vector<int> devices)
       : devices_(std::move(devices)), comms_(comm::NcclPool::instance().group(devices_)) {}
+  ~NcclStageComm() override {
+    // An aborted set was dropped from the pool: a later hold is someone else's.
+    if (!aborted_.load()) comm::NcclPool::instance().release(devices_);
+  }
   void all_reduce(int rank, float* x, std::size_t n, cudaStream_t s) override {
     if (aborted_.load()) throw BackendError("nccl all-reduce: the stage's communicator was aborted (a peer failed)");
     comm::nccl_all_reduce_sum(comms_[static_cast<std::size_t>(rank)], x, n, s, devices_[static_cast<std::size_t>(rank)]);
@@ -1046,17 +1050,26 @@ class CudaBackend final : public Backend {
   void prepare_communicators(const std::vector<std::vector<RankSpec>>& stages) override {
     // Every set of distinct GPUs a stage spans, split from the root
     // communicator now (ncclCommSplit); ranks sharing one GPU need none.
+    // The root spans the union of the table's GPUs, and only them: NCCL's
+    // contexts and buffers stay off the GPUs no gear uses. A table with no
+    // such set needs no root (one made for an earlier table goes).
     std::vector<std::vector<int>> sets;
+    std::vector<int> all;
     for (const auto& st : stages) {
       std::vector<int> devices;
       for (const RankSpec& s : st) devices.push_back(s.gpu < 0 ? 0 : s.gpu);
+      all.insert(all.end(), devices.begin(), devices.end());
       std::vector<int> sorted = devices;
       std::sort(sorted.begin(), sorted.end());
       if (devices.size() > 1 && std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) sets.push_back(devices);
     }
-    if (sets.empty()) return;
+    if (sets.empty() && !nccl_used_) return;
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
     nccl_used_ = true;
-    comm::NcclPool::instance().prepare(sets);
+    comm::NcclPool& pool = comm::NcclPool::instance();
+    pool.span(sets.empty() ? std::vector<int>{} : all);
+    pool.prepare(sets);
   }
 
   CommunicatorStats communicator_stats() const override {
@@ -1065,6 +1078,26 @@ class CudaBackend final : public Backend {
     const comm::NcclPool& pool = comm::NcclPool::instance();
     return {pool.communicators_made(), pool.made_ms()};
   }
+
+  std::vector<std::string> communicator_devices() const override {
+    if (!nccl_used_) return {};
+    std::vector<std::string> out;
+    for (int d : comm::NcclPool::instance().devices()) out.push_back("cuda:" + std::to_string(d));
+    return out;
+  }
+
+  std::vector<int> warm_batch_sizes(int max_running) const override {
+    // The graphs' batch sizes: a warm-up captures each (CudaRank::run_layers).
+    if (opts_.graph_batches.empty()) return Backend::warm_batch_sizes(max_running);
+    std::vector<int> out;
+    for (int b : opts_.graph_batches)
+      if (b >= 1 && b <= max_running) out.push_back(b);
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+
+  std::uint64_t graphs_captured() const override { return g_graph_captures.load(); }
 
   std::map<int, std::uint64_t> resident_bytes(const WeightStore& weights) const override {
     std::map<int, std::uint64_t> out;

@@ -23,17 +23,20 @@
 ///   `gemv_max_rows` rows; cuBLAS beyond (F32 sgemm; F16/BF16 cublasGemmEx
 ///   with float32 compute after converting the activations; Q8_0 through
 ///   dequantised BF16 tiles).
-/// * all_reduce: NCCL (comm::NcclPool: one communicator over the local
-///   devices, split per device set and reused) when a stage's ranks are on
+/// * all_reduce: NCCL (comm::NcclPool: a root communicator over the gear
+///   table's GPUs only, split per device set and reused) when a stage's ranks are on
 ///   distinct GPUs; a same-GPU communicator (kernels::sum_buffers_f32, events
 ///   and a host barrier) when all its ranks share one GPU, so TP > 1 runs
 ///   on a single GPU. Mixed placements are rejected.
 /// * Fusion (CudaBackendOptions::fuse): calls are deferred until the next
 ///   one shows whether they combine (see the option); results are the same.
 /// * CUDA graphs: decode batches whose row count is in `graph_batches` are
-///   captured on first use and replayed afterwards; graphs are dropped when
-///   a buffer grows. Stages of several ranks on one GPU run eagerly (their
-///   all-reduce waits on a host barrier).
+///   captured on first use -- a domain's warm-up (engine::Domain::warm_up,
+///   at warm_batch_sizes) makes that use before it serves -- and replayed
+///   afterwards; graphs are dropped when a buffer grows (the warm-up's
+///   first step sizes the activations and logits; a block table wider than
+///   any before still grows). Stages of several ranks on one GPU run
+///   eagerly (their all-reduce waits on a host barrier).
 /// * Errors: every CUDA, cuBLAS and NCCL status is checked and thrown as
 ///   ftp::BackendError naming the call, the device and the rank; nothing
 ///   aborts the process.
@@ -102,8 +105,8 @@ CudaStepTiming cuda_step_timing();
 /// True when this build has the CUDA backend.
 bool cuda_backend_built() noexcept;
 
-/// Milliseconds the NCCL pool took to create its communicators (0 before
-/// first use or without NCCL devices).
+/// Milliseconds the NCCL pool took to create its root communicator (0
+/// before first use or without NCCL devices).
 double cuda_nccl_pool_create_ms();
 
 }  // namespace ftp::engine
