@@ -330,7 +330,7 @@ void nccl_gather_columns(void* comm, int rank, const float* slice, std::size_t r
   for (int r = 1; r < n; ++r) {
     const std::size_t wr = widths[static_cast<std::size_t>(r)];
     if (rows * wr > 0) {
-      float* dst = rows == 1 ? full + c0 : staging + rows * c0;
+      float* dst = rows == 1 ? full + c0 : staging + rows * (c0 - w);
       const ncclResult_t res = ncclRecv(dst, rows * wr, ncclFloat, r, c, s);
       if (res != ncclSuccess) {
         ncclGroupEnd();
@@ -345,7 +345,7 @@ void nccl_gather_columns(void* comm, int rank, const float* slice, std::size_t r
   for (int r = 1; r < n; ++r) {
     const std::size_t wr = widths[static_cast<std::size_t>(r)];
     if (wr > 0)
-      cuda(cudaMemcpy2DAsync(full + c0, ld * sizeof(float), staging + rows * c0, wr * sizeof(float),
+      cuda(cudaMemcpy2DAsync(full + c0, ld * sizeof(float), staging + rows * (c0 - w), wr * sizeof(float),
                              wr * sizeof(float), rows, cudaMemcpyDeviceToDevice, s),
            "cudaMemcpy2DAsync (peer slice)");
     c0 += wr;

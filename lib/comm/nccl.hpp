@@ -112,8 +112,9 @@ void nccl_all_reduce_sum(void* comm, float* data, std::size_t count, void* strea
 /// receives (n - 1)/n of the rows, as rows x sum(widths) x 4 x (n - 1)/n
 /// bytes, and nothing else moves; an all-gather would move n - 1 padded
 /// slices to every rank). A peer's rows are received contiguous, so rank 0
-/// takes them into `staging` (rows x sum(widths) floats on its device,
-/// rank r's at offset rows x its first column) and places them in `full`
+/// takes them into `staging` (rows x (sum(widths) - widths[0]) floats on
+/// its device, rank r's at offset rows x (its first column - widths[0]))
+/// and places them in `full`
 /// with cudaMemcpy2DAsync; at rows == 1 a slice is contiguous in `full`
 /// and received in place (`staging` may then be null). Asynchronous, as
 /// ncclAllReduce; its own slice rank 0 places too. The ranks' widths must

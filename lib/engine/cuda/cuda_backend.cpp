@@ -130,8 +130,9 @@ class StageComm {
  public:
   virtual ~StageComm() = default;
   virtual void all_reduce(int rank, float* x, std::size_t n, cudaStream_t s) = 0;
-  /// RankBackend::gather_columns; `staging`: rank 0's rows x sum(widths)
-  /// floats for slices received whole (NCCL at rows > 1), else null.
+  /// RankBackend::gather_columns; `staging`: rank 0's rows x (the other
+  /// ranks' widths) floats for slices received whole (NCCL at rows > 1),
+  /// else null.
   virtual void gather_columns(int rank, const float* slice, std::size_t rows, std::span<const std::size_t> widths,
                               float* full, float* staging, cudaStream_t s) = 0;
   /// Whether gather_columns needs rank 0's staging buffer for `rows` rows.
@@ -489,9 +490,9 @@ class CudaRank final : public RankBackend {
     }
     float* staging = nullptr;
     if (spec_.rank == 0 && comm_->gather_stages(rows)) {
-      std::size_t ld = 0;
-      for (std::size_t w : widths) ld += w;
-      staging = buffer(Buf::logits_gather, rows * ld);
+      std::size_t peers = 0;  // the other ranks' columns
+      for (std::size_t r = 1; r < widths.size(); ++r) peers += widths[r];
+      staging = buffer(Buf::logits_gather, rows * peers);
     }
     comm_->gather_columns(spec_.rank, slice, rows, widths, full, staging, stream_);
   }
