@@ -10,6 +10,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -66,8 +67,10 @@ struct GlooGroup::Impl {
   std::vector<float> gathered;  // allgather's output, [size][count]
   std::chrono::milliseconds timeout{};
   std::atomic<bool> aborted{false};
-  std::mutex pending_mu;        // the recv being waited for, for abort()
+  std::mutex pending_mu;        // the buffers being waited for, for abort()
   gloo::transport::UnboundBuffer* pending = nullptr;
+  std::vector<gloo::transport::UnboundBuffer*> pending_recvs, pending_sends;  // gather_columns'
+  std::vector<float> staging;  // gather_columns: a peer's rows before they are placed
   struct Posted {
     std::unique_ptr<std::vector<char>> data;
     std::unique_ptr<gloo::transport::UnboundBuffer> buf;
@@ -101,6 +104,8 @@ void GlooGroup::abort() noexcept {
   impl_->aborted.store(true);
   std::lock_guard lk(impl_->pending_mu);
   if (impl_->pending) impl_->pending->abortWaitRecv();
+  for (auto* b : impl_->pending_recvs) b->abortWaitRecv();
+  for (auto* b : impl_->pending_sends) b->abortWaitSend();
 }
 
 namespace {
@@ -128,6 +133,116 @@ void GlooGroup::all_reduce_sum(float* data, std::size_t count) {
     const float* src = g.data() + static_cast<std::size_t>(j) * count;
     for (std::size_t i = 0; i < count; ++i) data[i] += src[i];
   }
+}
+
+namespace {
+// Slots of gather_columns' messages (collectives use slots with a prefix
+// in their high bytes; the executor's step messages use other tags).
+constexpr std::uint32_t kGatherHeaderTag = 0x67630001u;
+constexpr std::uint32_t kGatherRowsTag = 0x67630002u;
+}  // namespace
+
+void GlooGroup::gather_columns(const float* slice, std::size_t rows, std::span<const std::size_t> widths, float* full) {
+  check_live(impl_->aborted, "gather_columns");
+  if (widths.size() != static_cast<std::size_t>(size_))
+    throw Error("gloo gather_columns: " + std::to_string(widths.size()) + " widths for " + std::to_string(size_) +
+                " ranks");
+  std::size_t ld = 0, col0 = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) col0 = ld;
+    ld += widths[static_cast<std::size_t>(r)];
+  }
+  auto place = [&](const float* src, std::size_t c0, std::size_t w) {
+    if (w == 0 || src == full + c0) return;
+    for (std::size_t r = 0; r < rows; ++r) std::memcpy(full + r * ld + c0, src + r * w, w * sizeof(float));
+  };
+  Impl& im = *impl_;
+  // Waits for `b` with abort() able to wake it; false: aborted.
+  auto wait = [&](gloo::transport::UnboundBuffer* b, bool recv) {
+    auto& list = recv ? im.pending_recvs : im.pending_sends;
+    {
+      std::lock_guard lk(im.pending_mu);
+      list.push_back(b);
+    }
+    if (im.aborted.load()) recv ? b->abortWaitRecv() : b->abortWaitSend();
+    bool done = false;
+    std::exception_ptr err;
+    try {
+      done = recv ? b->waitRecv(im.timeout) : b->waitSend(im.timeout);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard lk(im.pending_mu);
+      list.erase(std::find(list.begin(), list.end(), b));
+    }
+    if (err) std::rethrow_exception(err);
+    return done;
+  };
+  const std::size_t w = widths[static_cast<std::size_t>(rank_)];
+  if (size_ == 1) {
+    place(slice, 0, w);
+    return;
+  }
+  if (rank_ != 0) {
+    try {
+      std::uint64_t header[2] = {rows, w};
+      auto hb = im.ctx->createUnboundBuffer(header, sizeof header);
+      hb->send(0, kGatherHeaderTag);
+      std::unique_ptr<gloo::transport::UnboundBuffer> db;
+      if (rows * w > 0) {
+        db = im.ctx->createUnboundBuffer(const_cast<float*>(slice), rows * w * sizeof(float));
+        db->send(0, kGatherRowsTag);
+      }
+      bool ok = wait(hb.get(), false);
+      if (ok && db) ok = wait(db.get(), false);
+      if (!ok) throw Error("communicator aborted");
+    } catch (const std::exception& e) {
+      throw Error(std::string("gloo gather_columns: rank ") + std::to_string(rank_) + " sending to rank 0: " + e.what());
+    }
+    return;
+  }
+  place(slice, 0, w);
+  // Every header is posted at once; each peer's rows as its header comes.
+  std::vector<std::array<std::uint64_t, 2>> headers(static_cast<std::size_t>(size_));
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> hbs(static_cast<std::size_t>(size_));
+  std::string mismatch;
+  int peer = 1;
+  try {
+    for (int r = 1; r < size_; ++r) {
+      hbs[static_cast<std::size_t>(r)] = im.ctx->createUnboundBuffer(headers[static_cast<std::size_t>(r)].data(),
+                                                                     sizeof(std::uint64_t) * 2);
+      hbs[static_cast<std::size_t>(r)]->recv(r, kGatherHeaderTag);
+    }
+    std::size_t c0 = w;
+    for (peer = 1; peer < size_; ++peer) {
+      const auto p = static_cast<std::size_t>(peer);
+      if (!wait(hbs[p].get(), true)) throw Error("communicator aborted");
+      const std::uint64_t got_rows = headers[p][0], got_w = headers[p][1];
+      const bool match = got_rows == rows && got_w == widths[p];
+      if (!match && mismatch.empty())
+        mismatch = "rank " + std::to_string(peer) + " sends " + std::to_string(got_rows) + " rows of " +
+                   std::to_string(got_w) + " columns, rank 0 expects " + std::to_string(rows) + " of " +
+                   std::to_string(widths[p]);
+      const std::size_t n = static_cast<std::size_t>(got_rows * got_w);
+      if (n > 0) {
+        // Straight into the full row where the slice is contiguous there.
+        float* dst = match && rows == 1 ? full + c0 : nullptr;
+        if (!dst) {
+          if (im.staging.size() < n) im.staging.resize(n);
+          dst = im.staging.data();
+        }
+        auto db = im.ctx->createUnboundBuffer(dst, n * sizeof(float));
+        db->recv(peer, kGatherRowsTag);
+        if (!wait(db.get(), true)) throw Error("communicator aborted");
+        if (match) place(dst, c0, widths[p]);
+      }
+      c0 += widths[p];
+    }
+  } catch (const std::exception& e) {
+    throw Error("gloo gather_columns: rank 0 receiving from rank " + std::to_string(peer) + ": " + e.what());
+  }
+  if (!mismatch.empty()) throw Error("gloo gather_columns: ranks disagree: " + mismatch);
 }
 
 void GlooGroup::broadcast(int root, void* data, std::size_t bytes) {
@@ -234,6 +349,13 @@ void GlooCommunicator::all_reduce_sum(int rank, float* data, std::size_t count) 
   auto it = groups_.find(rank);
   if (it == groups_.end()) throw InputError("gloo communicator: rank " + std::to_string(rank) + " is not held here");
   it->second->all_reduce_sum(data, count);
+}
+
+void GlooCommunicator::gather_columns(int rank, const float* slice, std::size_t rows,
+                                      std::span<const std::size_t> widths, float* full) {
+  auto it = groups_.find(rank);
+  if (it == groups_.end()) throw InputError("gloo communicator: rank " + std::to_string(rank) + " is not held here");
+  it->second->gather_columns(slice, rows, widths, full);
 }
 
 void GlooCommunicator::abort() noexcept {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,15 @@ class GlooGroup {
   /// gloo::allgather, then the sum here. Throws ftp::Error when a peer is
   /// gone or the timeout passes.
   void all_reduce_sum(float* data, std::size_t count);
+  /// Collective::gather_columns over the group (rank 0 gathers): each other
+  /// rank sends a header (its rows and width) and then its rows; rank 0
+  /// takes each header first and receives the rows the header announces,
+  /// so a peer that disagrees is an ftp::Error on rank 0 that leaves the
+  /// group in step (Gloo ends the process when a message is longer than
+  /// the buffer posted for it). Point-to-point, so rank 0 receives
+  /// (size - 1)/size of the rows and nothing else moves. abort() wakes
+  /// rank 0's receives and the others' sends.
+  void gather_columns(const float* slice, std::size_t rows, std::span<const std::size_t> widths, float* full);
   /// `bytes` bytes of the root's `data` into every rank's (gloo::broadcast).
   void broadcast(int root, void* data, std::size_t bytes);
   /// Point-to-point (gloo's unbound buffers): `tag` pairs a send with its
@@ -81,6 +91,8 @@ class GlooCommunicator final : public Collective {
   ~GlooCommunicator() override;
   int size() const noexcept override { return tp_; }
   void all_reduce_sum(int rank, float* data, std::size_t count) override;
+  void gather_columns(int rank, const float* slice, std::size_t rows, std::span<const std::size_t> widths,
+                      float* full) override;
   void abort() noexcept override;
   bool reset() noexcept override { return false; }
 

@@ -43,6 +43,8 @@ InprocCommunicator::InprocCommunicator(int n_ranks) : n_(n_ranks) {
   if (n_ranks < 1) throw InputError("inproc communicator: n_ranks must be >= 1, got " + std::to_string(n_ranks));
   buffers_.assign(n_, nullptr);
   counts_.assign(n_, 0);
+  slices_.assign(n_, nullptr);
+  widths_.assign(n_, {});
 }
 
 InprocCommunicator::~InprocCommunicator() = default;
@@ -127,6 +129,51 @@ void InprocCommunicator::all_reduce_sum(int rank, float* data, std::size_t count
     for (int j = 0; j < n_; ++j) std::memcpy(buffers_[j] + b, acc, len * sizeof(float));
   }
   // No rank returns (and touches its buffer) before every slice is written.
+  wait_all();
+}
+
+void InprocCommunicator::gather_columns(int rank, const float* slice, std::size_t rows,
+                                        std::span<const std::size_t> widths, float* full) {
+  check_rank(rank, "gather_columns");
+  auto place = [&](float* dst, std::size_t ld, std::size_t col0, std::size_t w) {
+    if (w == 0) return;
+    for (std::size_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld + col0, slice + r * w, w * sizeof(float));
+  };
+  if (n_ == 1) {
+    if (widths.size() != 1)
+      throw Error("inproc gather_columns: " + std::to_string(widths.size()) + " widths for 1 rank");
+    if (slice != full) place(full, widths[0], 0, widths[0]);
+    return;
+  }
+  buffers_[rank] = full;
+  slices_[rank] = slice;
+  counts_[rank] = rows;
+  widths_[rank] = widths;
+  wait_all();
+  std::string msg;
+  for (int r = 0; r < n_ && msg.empty(); ++r) {
+    const auto& w = widths_[r];
+    if (w.size() != static_cast<std::size_t>(n_))
+      msg = "rank " + std::to_string(r) + " passes " + std::to_string(w.size()) + " widths for " + std::to_string(n_) +
+            " ranks";
+    else if (counts_[r] != counts_[0])
+      msg = "ranks disagree on rows: rank 0 has " + std::to_string(counts_[0]) + ", rank " + std::to_string(r) +
+            " has " + std::to_string(counts_[r]);
+    else if (r > 0 && !std::equal(w.begin(), w.end(), widths_[0].begin()))
+      msg = "ranks disagree on widths: rank 0 and rank " + std::to_string(r);
+  }
+  if (!msg.empty()) {
+    wait_all();  // everyone has read the arguments before anyone posts again
+    throw Error("inproc gather_columns: " + msg);
+  }
+  std::size_t ld = 0, col0 = 0;
+  for (int r = 0; r < n_; ++r) {
+    if (r == rank) col0 = ld;
+    ld += widths[static_cast<std::size_t>(r)];
+  }
+  place(buffers_[0], ld, col0, widths[static_cast<std::size_t>(rank)]);
+  // Rank 0 does not read its rows, nor a peer reuse its slice, before every
+  // copy is done.
   wait_all();
 }
 

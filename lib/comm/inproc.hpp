@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "comm/bus_bandwidth.hpp"
@@ -40,6 +41,13 @@ class InprocCommunicator final : public Collective {
   /// All ranks must pass the same count, else every rank throws ftp::Error.
   void all_reduce_sum(int rank, float* data, std::size_t count) override;
 
+  /// Collective::gather_columns: each rank copies its own slice into rank
+  /// 0's full rows (the copies run in parallel and never overlap). Ranks
+  /// that disagree on rows or widths, or widths of other than size()
+  /// entries, make every rank throw ftp::Error.
+  void gather_columns(int rank, const float* slice, std::size_t rows, std::span<const std::size_t> widths,
+                      float* full) override;
+
   /// Copies `count` floats from the root's `data` into every other rank's.
   void broadcast(int rank, int root, float* data, std::size_t count);
 
@@ -71,6 +79,9 @@ class InprocCommunicator final : public Collective {
   // What each rank posted for the current collective.
   std::vector<float*> buffers_;
   std::vector<std::size_t> counts_;
+  // gather_columns: each rank's slice and widths (full rows in buffers_[0]).
+  std::vector<const float*> slices_;
+  std::vector<std::span<const std::size_t>> widths_;
 };
 
 /// Measures all-reduce of `bytes` per rank (float32 sum) over n_ranks

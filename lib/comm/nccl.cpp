@@ -297,4 +297,59 @@ void nccl_all_reduce_sum(void* comm, float* data, std::size_t count, void* strea
     throw BackendError("nccl all-reduce on cuda:" + std::to_string(device) + ": ncclAllReduce: " + ncclGetErrorString(r));
 }
 
+void nccl_gather_columns(void* comm, int rank, const float* slice, std::size_t rows,
+                         std::span<const std::size_t> widths, float* full, float* staging, void* stream, int device) {
+  const std::string where = "nccl gather on cuda:" + std::to_string(device) + " rank " + std::to_string(rank);
+  const int n = static_cast<int>(widths.size());
+  if (rank < 0 || rank >= n)
+    throw InputError(where + ": rank out of range for " + std::to_string(n) + " widths");
+  auto* c = static_cast<ncclComm_t>(comm);
+  auto* s = static_cast<cudaStream_t>(stream);
+  auto nccl = [&](ncclResult_t r, const char* call) {
+    if (r != ncclSuccess) throw BackendError(where + ": " + call + ": " + ncclGetErrorString(r));
+  };
+  auto cuda = [&](cudaError_t e, const char* call) {
+    if (e != cudaSuccess) throw BackendError(where + ": " + call + ": " + cudaGetErrorString(e));
+  };
+  std::size_t ld = 0;
+  for (std::size_t w : widths) ld += w;
+  const std::size_t w = widths[static_cast<std::size_t>(rank)];
+  if (rank != 0) {
+    if (rows * w > 0) nccl(ncclSend(slice, rows * w, ncclFloat, 0, c, s), "ncclSend");
+    return;
+  }
+  if (rows > 1 && !staging && ld > w) throw InputError(where + ": no staging buffer for " + std::to_string(rows) + " rows");
+  // Rank 0's own slice first (ordered before the receives on the stream).
+  if (rows * w > 0 && slice != full)
+    cuda(cudaMemcpy2DAsync(full, ld * sizeof(float), slice, w * sizeof(float), w * sizeof(float), rows,
+                           cudaMemcpyDeviceToDevice, s),
+         "cudaMemcpy2DAsync (own slice)");
+  if (n == 1) return;
+  nccl(ncclGroupStart(), "ncclGroupStart");
+  std::size_t c0 = w;
+  for (int r = 1; r < n; ++r) {
+    const std::size_t wr = widths[static_cast<std::size_t>(r)];
+    if (rows * wr > 0) {
+      float* dst = rows == 1 ? full + c0 : staging + rows * (c0 - w);
+      const ncclResult_t res = ncclRecv(dst, rows * wr, ncclFloat, r, c, s);
+      if (res != ncclSuccess) {
+        ncclGroupEnd();
+        nccl(res, "ncclRecv");
+      }
+    }
+    c0 += wr;
+  }
+  nccl(ncclGroupEnd(), "ncclGroupEnd");
+  if (rows == 1) return;
+  c0 = w;
+  for (int r = 1; r < n; ++r) {
+    const std::size_t wr = widths[static_cast<std::size_t>(r)];
+    if (wr > 0)
+      cuda(cudaMemcpy2DAsync(full + c0, ld * sizeof(float), staging + rows * (c0 - w), wr * sizeof(float),
+                             wr * sizeof(float), rows, cudaMemcpyDeviceToDevice, s),
+           "cudaMemcpy2DAsync (peer slice)");
+    c0 += wr;
+  }
+}
+
 }  // namespace ftp::comm

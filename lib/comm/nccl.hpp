@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "comm/bus_bandwidth.hpp"
@@ -104,5 +105,22 @@ class NcclPool {
 /// (cudaStream_t as void*); asynchronous, as ncclAllReduce. Throws
 /// ftp::BackendError naming the device.
 void nccl_all_reduce_sum(void* comm, float* data, std::size_t count, void* stream, int device);
+
+/// Collective::gather_columns on a CUDA stream over a communicator of the
+/// pool (`rank` its rank, widths.size() ranks): ranks > 0 ncclSend their
+/// rows, rank 0 ncclRecv's each peer's in one group (point-to-point: rank 0
+/// receives (n - 1)/n of the rows, as rows x sum(widths) x 4 x (n - 1)/n
+/// bytes, and nothing else moves; an all-gather would move n - 1 padded
+/// slices to every rank). A peer's rows are received contiguous, so rank 0
+/// takes them into `staging` (rows x (sum(widths) - widths[0]) floats on
+/// its device, rank r's at offset rows x (its first column - widths[0]))
+/// and places them in `full`
+/// with cudaMemcpy2DAsync; at rows == 1 a slice is contiguous in `full`
+/// and received in place (`staging` may then be null). Asynchronous, as
+/// ncclAllReduce; its own slice rank 0 places too. The ranks' widths must
+/// agree (NCCL cannot check: a disagreement hangs or corrupts, as with
+/// ncclAllReduce counts). Throws ftp::BackendError naming the device.
+void nccl_gather_columns(void* comm, int rank, const float* slice, std::size_t rows,
+                         std::span<const std::size_t> widths, float* full, float* staging, void* stream, int device);
 
 }  // namespace ftp::comm

@@ -33,4 +33,9 @@ void nccl_all_reduce_sum(void*, float*, std::size_t, void*, int) {
   throw BackendError("nccl all-reduce: flextp was built without CUDA");
 }
 
+void nccl_gather_columns(void*, int, const float*, std::size_t, std::span<const std::size_t>, float*, float*, void*,
+                         int) {
+  throw BackendError("nccl gather: flextp was built without CUDA");
+}
+
 }  // namespace ftp::comm

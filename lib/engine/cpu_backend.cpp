@@ -3,7 +3,8 @@
 // threads for its products where the device has CPUs to spare), its buffers
 // and KV pages are host memory, matmuls go to lib/engine/ops (BLAS and the
 // SIMD kernels; Q8_0 matrices from the store's packed copy where it has
-// one), all-reduce to the in-process communicator.
+// one), all-reduce and the head's gather to the stage's communicator
+// (in-process, or Gloo across processes).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -84,9 +85,10 @@ class CpuRank final : public RankBackend {
         model::to_f32(*e.t, (e.r0 + local) * e.t->cols, e.t->cols, out);
     }
   }
-  void place_columns(const float* src, std::size_t rows, std::size_t cols, float* dst, std::size_t ld,
-                     std::size_t col0) override {
-    for (std::size_t r = 0; r < rows; ++r) std::copy_n(src + r * cols, cols, dst + r * ld + col0);
+  void gather_columns(const float* slice, std::size_t rows, std::span<const std::size_t> widths,
+                      float* full) override {
+    if (spec_.tp > 1) return comm_->gather_columns(spec_.rank, slice, rows, widths, full);
+    if (slice != full && !widths.empty()) std::copy_n(slice, rows * widths[0], full);
   }
   void rmsnorm(const float* x, const float* w, float* out, int rows) override {
     for (int r = 0; r < rows; ++r) ops::rmsnorm(row(x, r, hp_.n_embd), w, row(out, r, hp_.n_embd), hp_.n_embd, hp_.rms_eps);

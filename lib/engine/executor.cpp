@@ -90,6 +90,7 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
     st.layout = l;
     st.first = s == 0;
     st.last = s + 1 == stages_.size();
+    for (int r = 0; r < l.tp; ++r) st.vocab_widths.push_back(static_cast<std::size_t>(w_.vocab_rows(l.tp, r).size()));
     const std::vector<RankSpec> specs = stage_rank_specs(l, static_cast<int>(s), static_cast<int>(stages_.size()),
                                                          n_kv_blocks, block_tokens, max_rows, threads[s]);
     // The ranks placed here (all of them without a placement).
@@ -220,9 +221,10 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   }
   // The classifier, for the last row of each chunk that wants logits. The
   // head is vocabulary-parallel: each rank computes the logits of its
-  // vocabulary rows, placed in zeroed full rows that the stage's
-  // all-reduce completes (each logit one nonzero term: exact), and rank 0
-  // chooses or returns them.
+  // vocabulary rows and the stage gathers the slices into rank 0's full
+  // rows (copies: exact), where they are chosen or returned. Only rank 0
+  // holds full rows; rank 0 receives (tp - 1)/tp of them and no other
+  // rank receives anything.
   const std::size_t nl = mb.layout.logit_rows.size();
   if (nl == 0) {
     be.sync();
@@ -230,24 +232,20 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   }
   const std::size_t V = static_cast<std::size_t>(hp_.n_vocab);
   float* lin = be.buffer(Buf::logits_in, nl * E);
-  float* logits = be.buffer(Buf::logits, nl * V);
   be.gather_logit_rows(x, lin);
   const int tp = st.layout.tp;
   const backend::VirtualDevice* dev =
       st.layout.devices.empty() ? nullptr : st.layout.devices[static_cast<std::size_t>(rk.index)];
   be.rmsnorm(lin, w_.output_norm(dev), xn, static_cast<int>(nl));
   const MatView head = w_.output(tp, rk.index, dev);
+  float* logits = rk.index == 0 ? be.buffer(Buf::logits, nl * V) : nullptr;
   if (tp == 1) {
     be.matmul(xn, head, logits, static_cast<int>(nl));
   } else {
     const std::size_t vr = static_cast<std::size_t>(head.rows);
-    be.zero(logits, nl * V);
-    if (vr > 0) {
-      float* part = be.buffer(Buf::logits_part, nl * vr);
-      be.matmul(xn, head, part, static_cast<int>(nl));
-      be.place_columns(part, nl, vr, logits, V, static_cast<std::size_t>(w_.vocab_rows(tp, rk.index).begin));
-    }
-    be.all_reduce(logits, nl * V);
+    float* part = be.buffer(Buf::logits_part, nl * std::max<std::size_t>(vr, 1));
+    if (vr > 0) be.matmul(xn, head, part, static_cast<int>(nl));
+    be.gather_columns(part, nl, st.vocab_widths, logits);
   }
   if (rk.index != 0) {
     be.sync();

@@ -102,6 +102,7 @@ class Executor final : public Engine {
     StageLayout layout;
     std::vector<Rank> ranks;
     bool first = false, last = false;
+    std::vector<std::size_t> vocab_widths;  // each rank's vocabulary rows (the head's gather)
   };
   struct MicroBatch {
     std::vector<const SeqChunk*> chunks;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,7 +79,10 @@ std::vector<RankSpec> stage_rank_specs(const StageLayout& l, int stage, int n_st
                                        int max_rows, const std::vector<int>& threads = {});
 
 /// Named scratch buffers of a rank (float32 activations on its device).
-enum class Buf : int { x, xn, q, k, v, att, part, gate, up, logits_in, logits, logits_part, count };
+/// logits: the full rows (rank 0 of the last stage only at tp > 1);
+/// logits_part: a rank's vocabulary slice; logits_gather: what a device
+/// backend's rank 0 receives before it places it (NCCL, several rows).
+enum class Buf : int { x, xn, q, k, v, att, part, gate, up, logits_in, logits, logits_part, logits_gather, count };
 
 /// One rank's compute on its device. All calls of one rank come from one
 /// thread (its rank thread), in order; calls of different ranks of a stage
@@ -135,11 +139,14 @@ class RankBackend {
   /// outside them, so that the stage's all-reduce gives every rank the
   /// embedding exactly (each row one nonzero term).
   virtual void embed(float* x) = 0;
-  /// dst[r][col0 + c] = src[r][c] for r < rows, c < cols (src rows of
-  /// `cols`, dst rows of `ld`): a rank's slice of the logits into the full
-  /// rows of the vocabulary-parallel head.
-  virtual void place_columns(const float* src, std::size_t rows, std::size_t cols, float* dst, std::size_t ld,
-                             std::size_t col0) = 0;
+  /// The vocabulary-parallel head's gather (comm::Collective::gather_columns,
+  /// every rank of the stage calls it in order): rank r's `slice`, `rows`
+  /// rows of widths[r] logits, goes to columns [sum(widths[0, r)), +
+  /// widths[r]) of rank 0's `full` rows of sum(widths); the other ranks
+  /// pass full = null and hold no full rows. At tp 1 a copy of the slice
+  /// into `full`. Copies only: bit-exact.
+  virtual void gather_columns(const float* slice, std::size_t rows, std::span<const std::size_t> widths,
+                              float* full) = 0;
   /// out[r] = rmsnorm(x[r]) * w, for every batch row, rows of n_embd.
   virtual void rmsnorm(const float* x, const float* w, float* out, int rows) = 0;
   /// out[rows][w.rows] = x[rows][w.cols] . W^T (ops::matmul's contract).
@@ -172,7 +179,7 @@ class RankBackend {
   virtual void all_reduce(float* x, std::size_t n) = 0;
   /// out[i] = x[logit_rows[i]] for the batch's logit rows (rows of n_embd).
   virtual void gather_logit_rows(const float* x, float* out) = 0;
-  /// Wakes ranks waiting in all_reduce with an error (a peer failed).
+  /// Wakes ranks waiting in all_reduce or gather_columns with an error (a peer failed).
   virtual void abort() noexcept = 0;
   /// After abort(), once every rank of the stage has returned from its
   /// task: makes the stage's collectives usable again and returns true, or

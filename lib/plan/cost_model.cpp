@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "model/tp_split.hpp"
 #include "plan/device_memory.hpp"
 
 namespace ftp::plan {
@@ -73,14 +74,28 @@ double decode_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g
   return step_time_s(m, s, g, StepWork{batch, 0, batch * context, 0});
 }
 
+int logit_rows(const Workload& w) { return std::max(0, std::min(w.max_batched_tokens, kMaxDecodeBatch)); }
+
+double head_floats_per_row(const ModelShape& m, int tp, int rank, bool staged) {
+  const double v = m.vocab_size;
+  if (tp <= 1) return v;
+  const double own = model::row_split(m.vocab_size, tp, rank).size();
+  if (rank != 0) return own;
+  return v + own + (staged ? v - own : 0.0);
+}
+
+double rank_activations(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const Workload& w, int rank) {
+  double a = double(w.max_batched_tokens) * (4.0 * m.hidden_size + 2.0 * m.intermediate_size / g.tp);
+  if (s.last) a += double(logit_rows(w)) * head_floats_per_row(m, g.tp, rank, g.gpu);
+  return a * kActivationBytesPerElement;
+}
+
 StageMemory stage_memory(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const Workload& w, int concurrency,
                          int context) {
   StageMemory r;
   // Rank 0 holds the most: the head, and the larger feed-forward share.
   r.weights = shard_union_bytes(m, {Shard{0, s.n_layers, g.tp, 0, s.first, s.last}});
-  r.activations = double(w.max_batched_tokens) *
-                  (4.0 * m.hidden_size + 2.0 * m.intermediate_size / g.tp + (s.last ? double(m.vocab_size) / g.tp : 0.0)) *
-                  kActivationBytesPerElement;
+  r.activations = rank_activations(m, s, g, w, 0);
   const double per_token = s.n_layers * m.kv_bytes_per_token_layer(g.tp);
   r.kv_needed = double(concurrency) * context * per_token;
   if (g.gpu) r.gpu_reserve = GpuOverheads{}.rank_reserve(s.n_layers);

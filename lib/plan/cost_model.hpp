@@ -166,10 +166,27 @@ double prefill_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& 
 ///   + 2 x n_layers x allreduce(tp, hidden x batch x activation bytes) + n_layers x kLayerOverheadS. Seconds.
 double decode_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, double batch, double context);
 
+/// Logits rows a last stage holds at once: one per sequence of a step, so
+/// at most kMaxDecodeBatch (the largest batch the planner credits) and
+/// max_batched_tokens.
+int logit_rows(const Workload& w);
+/// Floats per logits row that rank `rank` of a last stage of degree `tp`
+/// holds for the vocabulary-parallel head (engine::Executor,
+/// RankBackend::gather_columns): its slice of the vocabulary
+/// (model::row_split); rank 0 also the full rows, which the others' slices
+/// are gathered into (at tp 1 only those); with `staged` (GPUs at tp > 1:
+/// NCCL receives a peer's rows whole before it places them) rank 0 also the
+/// peers' slices as received.
+double head_floats_per_row(const ModelShape& m, int tp, int rank, bool staged);
+/// Activations of rank `rank` of a stage, bytes:
+///   max_batched_tokens x (4 hidden + 2 intermediate/tp) x 4
+///   + on the last stage: logit_rows x head_floats_per_row(tp, rank, gpu) x 4.
+double rank_activations(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const Workload& w, int rank);
+
 /// Memory of one rank of a stage, bytes.
 struct StageMemory {
   double weights = 0;      ///< rank 0's weights, the most of any rank: shard_union_bytes of its one shard
-  double activations = 0;  ///< max_batched_tokens x (4 hidden + 2 intermediate/tp [+ vocab/tp on the last stage]) x 4
+  double activations = 0;  ///< rank 0's, the most of any rank: rank_activations(rank 0)
   double kv_needed = 0;    ///< concurrency x context x n_layers x kv_bytes_per_token_layer(tp)
   double kv_pool = 0;      ///< kKvCacheCap x (memory - weights - activations), >= 0
   double need = 0;         ///< weights + activations + kv_needed / kKvCacheCap: memory the rank must have

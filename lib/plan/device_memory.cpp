@@ -187,7 +187,10 @@ std::vector<DeviceMemory> device_memory(const ModelShape& m, const doc::GearTabl
           (release ? of_gear[dev] : a.resident).push_back(sh);
           graphs_of_gear[dev] += graph_bytes;
           a.d.kv = std::max(a.d.kv, sm.kv_needed / g.kv_cache_cap);
-          a.d.activations = std::max(a.d.activations, sm.activations);
+          // Each rank its own: rank 0 of a last stage holds the full logits rows.
+          GroupPerf rp = perf;
+          rp.gpu = on_gpus && distinct && tp > 1;  // NCCL stages what it receives
+          a.d.activations = std::max(a.d.activations, rank_activations(m, span, rp, gw, r));
         }
       }
     for (auto& [dev, shards] : of_gear) acc[dev].release.push_back(std::move(shards));

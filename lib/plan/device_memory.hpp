@@ -41,7 +41,7 @@ struct DeviceMemory {
   std::string device;
   double weights = 0;      ///< the union of its shards over the resident gears, or a release gear's own shards where larger
   double kv = 0;           ///< the largest of its gears' KV need: requests x context x layers x KV bytes per token, / kv_cache_cap
-  double activations = 0;  ///< the largest of its gears' activations (stage_memory)
+  double activations = 0;  ///< the largest of its ranks' activations over its gears (rank_activations: rank 0 of a last stage holds the full logits rows)
   /// GPUs only (GpuOverheads): the captured graphs of its ranks in the two
   /// gears with the most (a shift holds the old domains' and the shadow's);
   /// a rank captures graphs when its stage is TP 1 or on distinct GPUs

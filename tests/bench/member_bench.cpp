@@ -13,7 +13,13 @@
 //     after it joins, after TP 2 steps (it holds rank 1 of every layer) and,
 //     in a second member, after PP 2 steps (it holds the last half of the
 //     layers and the head): a process maps the whole file and touches only
-//     the layers and shards its devices serve.
+//     the layers and shards its devices serve;
+//   with --head (--head-only: that and the all-reduce table alone), the
+//     vocabulary-parallel head's collective at TP 2 and 4, 1 and 16 rows,
+//     vocabularies of 32000 and 128256, in-process and over Gloo: the
+//     all-reduce of zeroed full rows it used until issue 17 against the
+//     gather into rank 0 (comm::Collective::gather_columns) that replaced
+//     it, time on rank 0 (median) and the bytes each moves.
 // Output: a table on stderr, one JSON document (ftp.member-bench/v1) on stdout.
 #include <signal.h>
 #include <spawn.h>
@@ -21,11 +27,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <thread>
 
 #include "cli/tool.hpp"
 #include "comm/gloo.hpp"
@@ -107,21 +116,71 @@ double decode_step_s(engine::Engine& e, int prompt, int steps) {
   return seconds_since(t0) / steps;
 }
 
+/// The vocabulary-parallel head's collective over `tp` ranks (threads; Gloo:
+/// one communicator per rank, as processes would hold): seconds per call,
+/// median of `iters`, of the all-reduce the head used before (zeroed full
+/// rows, rows x vocab floats summed on every rank) or of the gather into
+/// rank 0's rows that replaced it.
+double head_collective_s(bool gloo, int tp, std::size_t rows, std::size_t vocab, bool gather, int iters) {
+  std::vector<std::shared_ptr<comm::Collective>> c(static_cast<std::size_t>(tp));
+  comm::LocalStore store;
+  static int next = 0;
+  const std::string prefix = "head" + std::to_string(next++);
+  if (!gloo) {
+    auto one = std::make_shared<comm::InprocCommunicator>(tp);
+    for (auto& x : c) x = one;
+  } else {
+    std::vector<std::thread> th;
+    for (int r = 0; r < tp; ++r)
+      th.emplace_back([&, r] {
+        c[static_cast<std::size_t>(r)] = std::make_shared<comm::GlooCommunicator>(store, prefix, tp, std::vector<int>{r});
+      });
+    for (auto& t : th) t.join();
+  }
+  std::vector<std::size_t> widths;
+  for (int r = 0; r < tp; ++r) widths.push_back(vocab / tp + (static_cast<std::size_t>(r) < vocab % tp ? 1 : 0));
+  std::vector<double> times(static_cast<std::size_t>(iters));
+  std::vector<std::thread> th;
+  for (int r = 0; r < tp; ++r)
+    th.emplace_back([&, r] {
+      std::vector<float> full(rows * vocab, 0.0f), slice(rows * widths[static_cast<std::size_t>(r)], 1.0f);
+      comm::Collective& me = *c[static_cast<std::size_t>(r)];
+      for (int i = -2; i < iters; ++i) {
+        float sync = 0;
+        me.all_reduce_sum(r, &sync, 1);  // the ranks start together
+        const auto t0 = Clock::now();
+        if (gather) {
+          me.gather_columns(r, slice.data(), rows, widths, r == 0 ? full.data() : nullptr);
+        } else {
+          std::fill(full.begin(), full.end(), 0.0f);
+          me.all_reduce_sum(r, full.data(), full.size());
+        }
+        if (r == 0 && i >= 0) times[static_cast<std::size_t>(i)] = seconds_since(t0);
+      }
+    });
+  for (auto& t : th) t.join();
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   cli::Tool tool("member-bench", "Cross-process data plane (Gloo, members) against one process");
   std::string serve = std::string(std::getenv("FTP_BUILD_ROOT") ? std::getenv("FTP_BUILD_ROOT") : "build") + "/tools/ftp-serve";
   std::string model_path = test::stories260k("stories260K.bin");
-  bool big = false;
+  bool big = false, head = false, head_only = false;
   int steps = 40, big_steps = 4;
   auto& app = tool.app();
   app.add_option("--serve", serve, "ftp-serve to start the member with")->capture_default_str();
   app.add_option("--model", model_path, "The small model")->capture_default_str();
   app.add_flag("--synthetic-1b", big, "Also the synthetic ~1.1 B model (Q4_0, written to a temp dir)");
+  app.add_flag("--head", head, "Also the vocabulary-parallel head's collective: all-reduce of full rows vs gather into rank 0");
+  app.add_flag("--head-only", head_only, "Only the all-reduce table and --head (implies --head)");
   app.add_option("--steps", steps, "Timed decode steps (small model)")->check(cli::positive())->capture_default_str();
   app.add_option("--big-steps", big_steps, "Timed decode steps (1 B)")->check(cli::positive())->capture_default_str();
   return tool.run(argc, argv, [&]() -> int {
+    head = head || head_only;
     json::Json out{{"kind", "ftp.member-bench/v1"}};
     // All-reduce.
     json::Json ar = json::Json::array();
@@ -137,6 +196,37 @@ int main(int argc, char** argv) {
                               {"ratio", gl.time_us / in.time_us}});
     }
     out["allreduce"] = ar;
+    if (head) {
+      // The head's collective, before (all-reduce of zeroed full rows) and
+      // after (gather into rank 0): time on rank 0 and the bytes each
+      // moves per step (ring all-reduce: 2 (tp - 1)/tp of the rows into
+      // every rank; Gloo's all-reduce, an all-gather: tp - 1 rows' worth
+      // into every rank; the gather: (tp - 1)/tp into rank 0 only).
+      json::Json hd = json::Json::array();
+      std::fprintf(stderr, "\n%-6s %3s %5s %7s %14s %14s %8s %16s %16s\n", "comm", "tp", "rows", "vocab", "all-reduce us",
+                   "gather us", "ar/ga", "ar bytes/rank", "gather bytes r0");
+      for (bool gloo : {false, true})
+        for (std::size_t vocab : {std::size_t{32000}, std::size_t{128256}})
+          for (int tp : {2, 4})
+            for (std::size_t rows : {std::size_t{1}, std::size_t{16}}) {
+              const int iters = gloo ? 10 : 30;
+              const double ar_s = head_collective_s(gloo, tp, rows, vocab, false, iters);
+              const double ga_s = head_collective_s(gloo, tp, rows, vocab, true, iters);
+              const double row_bytes = double(rows) * double(vocab) * 4;
+              const double ar_bytes = gloo ? (tp - 1) * row_bytes : 2.0 * (tp - 1) / tp * row_bytes;
+              const double ga_bytes = double(tp - 1) / tp * row_bytes;
+              std::fprintf(stderr, "%-6s %3d %5zu %7zu %14.1f %14.1f %8.2f %16.0f %16.0f\n", gloo ? "gloo" : "inproc", tp,
+                           rows, vocab, ar_s * 1e6, ga_s * 1e6, ar_s / ga_s, ar_bytes, ga_bytes);
+              hd.push_back(json::Json{{"comm", gloo ? "gloo" : "inproc"}, {"tp", tp}, {"rows", rows}, {"vocab", vocab},
+                                      {"allreduce_us", ar_s * 1e6}, {"gather_us", ga_s * 1e6},
+                                      {"allreduce_bytes_per_rank", ar_bytes}, {"gather_bytes_rank0", ga_bytes}});
+            }
+      out["head"] = hd;
+      if (head_only) {
+        tool.emit(out);
+        return 0;
+      }
+    }
 
     const std::string dir = std::filesystem::temp_directory_path() / ("member-bench-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);

@@ -20,6 +20,7 @@
 #include "engine/domain.hpp"
 #include "engine/rank_backend.hpp"
 #include "model/model.hpp"
+#include "forwarding_rank.hpp"
 #include "synthetic_gguf.hpp"
 
 using namespace ftp::engine;
@@ -35,12 +36,9 @@ struct Faults {
   std::map<int, int> stage_call;
 };
 
-struct FaultyRank final : RankBackend {
+struct FaultyRank final : ftp::testing::ForwardingRank {
   FaultyRank(std::unique_ptr<RankBackend> b, int rank, int stage, Faults& f)
-      : b_(std::move(b)), rank_(rank), stage_(stage), f_(f) {}
-  void bind_thread() override { b_->bind_thread(); }
-  std::uint64_t kv_bytes() const override { return b_->kv_bytes(); }
-  float* buffer(Buf id, std::size_t n) override { return b_->buffer(id, n); }
+      : ForwardingRank(std::move(b)), rank_(rank), stage_(stage), f_(f) {}
   void set_batch(const BatchLayout& l) override {
     int want = rank_;
     if (f_.fail_rank.compare_exchange_strong(want, -1)) throw std::runtime_error("injected: out of memory");
@@ -48,31 +46,9 @@ struct FaultyRank final : RankBackend {
       throw std::runtime_error("injected: out of memory");
     b_->set_batch(l);
   }
-  void upload(const float* h, float* d, std::size_t n) override { b_->upload(h, d, n); }
-  void download(const float* d, float* h, std::size_t n) override { b_->download(d, h, n); }
-  void embed(float* x) override { b_->embed(x); }
-  void place_columns(const float* s, std::size_t r, std::size_t c, float* d, std::size_t ld, std::size_t c0) override {
-    b_->place_columns(s, r, c, d, ld, c0);
-  }
-  void rmsnorm(const float* x, const float* w, float* o, int r) override { b_->rmsnorm(x, w, o, r); }
-  void matmul(const float* x, const MatView& w, float* o, int r) override { b_->matmul(x, w, o, r); }
-  void add_bias(float* x, const VecView& b) override { b_->add_bias(x, b); }
-  void head_rmsnorm(float* v, const float* w, int n) override { b_->head_rmsnorm(v, w, n); }
-  void rope(float* v, int n) override { b_->rope(v, n); }
-  void kv_write(int l, const float* k, const float* v) override { b_->kv_write(l, k, v); }
-  void attention(int l, const float* q, float* o, int n, int q0, int k0) override { b_->attention(l, q, o, n, q0, k0); }
-  void silu_mul(float* g, const float* u, std::size_t n) override { b_->silu_mul(g, u, n); }
-  void zero(float* x, std::size_t n) override { b_->zero(x, n); }
-  void add(float* x, const float* y, std::size_t n) override { b_->add(x, y, n); }
-  void all_reduce(float* x, std::size_t n) override { b_->all_reduce(x, n); }
-  void gather_logit_rows(const float* x, float* o) override { b_->gather_logit_rows(x, o); }
-  void abort() noexcept override { b_->abort(); }
   bool recover() noexcept override { return f_.can_recover && b_->recover(); }
-  void run(int k, const std::function<void()>& ops) override { b_->run(k, ops); }
-  void sync() override { b_->sync(); }
 
  private:
-  std::unique_ptr<RankBackend> b_;
   int rank_, stage_, calls_ = 0;
   Faults& f_;
 };

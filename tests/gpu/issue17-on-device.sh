@@ -16,10 +16,12 @@
 #   - the KV pool in BF16 holds twice the tokens of float32 (kv_check);
 #   - decode at batch 1 as a fraction of the triad, tok/s at batch 1, 8, 64;
 #   - the vocabulary-parallel embedding and head on the GPU (embed_rows with
-#     a rank's first token, the logits' slices placed by cudaMemcpy2DAsync
-#     and all-reduced): the stories260K goldens at TP 2 of test-cuda-engine
-#     run that path, and rank 0's bytes = weights / TP now include the
-#     embedding and the head (1/TP of their rows each);
+#     a rank's first token; the logits' slices gathered into rank 0's rows:
+#     copies on rank 0's stream on one GPU, ncclSend/ncclRecv across GPUs):
+#     test-cuda-engine's vocab_head_on_device (a vocabulary of 701 at TP 2
+#     and 4) and the stories260K goldens at TP 2 run that path, and rank
+#     0's bytes = weights / TP now include the embedding and the head (1/TP
+#     of their rows each);
 #   - ftp-serve --backend cuda, TP 1/2/4 as ranks on the one GPU, 20 shifts
 #     under 16 streaming clients, on stories260K: 0 failed requests, greedy
 #     outputs equal to the static gears' (and to llama.cpp's golden text:
@@ -86,7 +88,7 @@ else
 fi
 
 echo "=== issue 17 summary ($((SECONDS - t_start)) s)"
-grep -h -E "shard union|TP 1 after TP 4|release mode|the table's union|uploads 0 bytes|communicator pool|warm-up on" "$log_dir/gpu-engine.log" 2>/dev/null
+grep -h -E "shard union|TP 1 after TP 4|release mode|the table's union|uploads 0 bytes|communicator pool|warm-up on|vocab-parallel head" "$log_dir/gpu-engine.log" 2>/dev/null
 grep -h -E "stories260K golden 256 greedy tokens" "$log_dir/gpu-engine.log" 2>/dev/null
 grep -h -E "^rank 0 of TP|^kv check" "$log_dir/gpu-bench-8b.log" 2>/dev/null
 grep -h -E "^decode batch +(1|8|64):" "$log_dir/gpu-bench-8b.log" 2>/dev/null

@@ -241,3 +241,23 @@ TEST(DeviceMemory, GpusCountGraphsAndCommunicatorBuffers) {
     EXPECT_EQ(d.comm_buffers, 0) << d.device;
   }
 }
+
+// Activations per device follow what each rank of a TP 2 stage holds
+// (plan::rank_activations; tests/engine/test_vocab_head.cpp checks the
+// engine asks for these head floats): stories260K (hidden 64, feed-forward
+// 172, vocabulary 512: 256 rows each) at max_batched_tokens 64, so 64
+// logits rows. Both ranks: 64 x (4 x 64 + 2 x 172 / 2) = 27392 floats of
+// layer scratch. Rank 0 also holds the full logits rows and its slice,
+// 64 x (512 + 256) = 49152 floats; rank 1 its slice, 64 x 256 = 16384.
+TEST(DeviceMemory, ActivationsFollowWhatEachRankOfTheHeadHolds) {
+  const auto t = ftp::doc::gear_table_from_json(ftp::json::parse(R"({
+    "kind": "ftp.gear-table/v1",
+    "model": {"name": "stories260K", "n_layers": 5, "n_heads": 8, "n_kv_heads": 4, "hidden_size": 64},
+    "topology": "cpu-virtual-4",
+    "gears": [{"name": "standard", "tp": 2, "pp": 1, "dp": 1,
+               "replicas": [{"stages": [{"layers": [0, 5], "devices": ["vd0", "vd1"]}]}]}]})",
+                                                                   "test"));
+  const auto mem = device_memory(model("stories260K"), t, ftp::doc::Topology{}, small());
+  EXPECT_DOUBLE_EQ(of(mem, "vd0").activations, (27392.0 + 49152.0) * 4);
+  EXPECT_DOUBLE_EQ(of(mem, "vd1").activations, (27392.0 + 16384.0) * 4);
+}

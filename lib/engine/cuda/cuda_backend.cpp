@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <span>
 #include <sstream>
 #include <string>
 
@@ -126,11 +127,19 @@ CudaStepTiming cuda_step_timing() {
 
 namespace {
 
-/// The all-reduce of one stage's ranks.
+/// The all-reduce of one stage's ranks, and the gather of the
+/// vocabulary-parallel head's slices into rank 0.
 class StageComm {
  public:
   virtual ~StageComm() = default;
   virtual void all_reduce(int rank, float* x, std::size_t n, cudaStream_t s) = 0;
+  /// RankBackend::gather_columns; `staging`: rank 0's rows x (the other
+  /// ranks' widths) floats for slices received whole (NCCL at rows > 1),
+  /// else null.
+  virtual void gather_columns(int rank, const float* slice, std::size_t rows, std::span<const std::size_t> widths,
+                              float* full, float* staging, cudaStream_t s) = 0;
+  /// Whether gather_columns needs rank 0's staging buffer for `rows` rows.
+  virtual bool gather_stages(std::size_t rows) const noexcept { return rows > 1; }
   virtual void abort() noexcept = 0;
   /// Whether a rank's all-reduce can be captured in a CUDA graph.
   virtual bool graph_safe() const noexcept = 0;
@@ -173,6 +182,40 @@ class SameGpuComm final : public StageComm {
     barrier_.barrier(rank);  // the sum is enqueued
     if (rank != 0) check(cudaStreamWaitEvent(s, done, 0), "cudaStreamWaitEvent", where);
   }
+  /// As all_reduce: after the first barrier rank 0's stream waits for
+  /// every slice and copies each into its columns of `full` (one GPU: no
+  /// staging); the others' streams wait for those copies before they may
+  /// write their slices again.
+  void gather_columns(int rank, const float* slice, std::size_t rows, std::span<const std::size_t> widths,
+                      float* full, float* staging, cudaStream_t s) override {
+    (void)staging;
+    const std::string where = "cuda:" + std::to_string(device_) + " rank " + std::to_string(rank) + " gather";
+    const auto r = static_cast<std::size_t>(rank);
+    if (widths.size() != static_cast<std::size_t>(n_))
+      throw InputError(where + ": " + std::to_string(widths.size()) + " widths for " + std::to_string(n_) + " ranks");
+    check(cudaEventRecord(events_[r], s), "cudaEventRecord", where);
+    ptrs_[r] = const_cast<float*>(slice);
+    barrier_.barrier(rank);
+    cudaEvent_t done = events_[static_cast<std::size_t>(n_)];
+    if (rank == 0) {
+      std::size_t ld = 0;
+      for (std::size_t w : widths) ld += w;
+      std::size_t c0 = 0;
+      for (int p = 0; p < n_; ++p) {
+        const std::size_t w = widths[static_cast<std::size_t>(p)];
+        if (p > 0) check(cudaStreamWaitEvent(s, events_[static_cast<std::size_t>(p)], 0), "cudaStreamWaitEvent", where);
+        if (rows && w)
+          check(cudaMemcpy2DAsync(full + c0, ld * sizeof(float), ptrs_[static_cast<std::size_t>(p)], w * sizeof(float),
+                                  w * sizeof(float), rows, cudaMemcpyDeviceToDevice, s),
+                "cudaMemcpy2DAsync (logits slice)", where);
+        c0 += w;
+      }
+      check(cudaEventRecord(done, s), "cudaEventRecord", where);
+    }
+    barrier_.barrier(rank);
+    if (rank != 0) check(cudaStreamWaitEvent(s, done, 0), "cudaStreamWaitEvent", where);
+  }
+  bool gather_stages(std::size_t) const noexcept override { return false; }
   void abort() noexcept override { barrier_.abort(); }
   bool graph_safe() const noexcept override { return false; }
 
@@ -195,6 +238,12 @@ class NcclStageComm final : public StageComm {
   void all_reduce(int rank, float* x, std::size_t n, cudaStream_t s) override {
     if (aborted_.load()) throw BackendError("nccl all-reduce: the stage's communicator was aborted (a peer failed)");
     comm::nccl_all_reduce_sum(comms_[static_cast<std::size_t>(rank)], x, n, s, devices_[static_cast<std::size_t>(rank)]);
+  }
+  void gather_columns(int rank, const float* slice, std::size_t rows, std::span<const std::size_t> widths,
+                      float* full, float* staging, cudaStream_t s) override {
+    if (aborted_.load()) throw BackendError("nccl gather: the stage's communicator was aborted (a peer failed)");
+    comm::nccl_gather_columns(comms_[static_cast<std::size_t>(rank)], rank, slice, rows, widths, full, staging, s,
+                              devices_[static_cast<std::size_t>(rank)]);
   }
   void abort() noexcept override {
     if (!aborted_.exchange(true)) comm::NcclPool::instance().drop(devices_);
@@ -433,13 +482,23 @@ class CudaRank final : public RankBackend {
                               w_.vocab_rows(spec_.tp, spec_.rank).begin),
           "embed_rows", where_);
   }
-  void place_columns(const float* src, std::size_t rows, std::size_t cols, float* dst, std::size_t ld,
-                     std::size_t col0) override {
+  void gather_columns(const float* slice, std::size_t rows, std::span<const std::size_t> widths,
+                      float* full) override {
     flush();
-    if (rows && cols)
-      check(cudaMemcpy2DAsync(dst + col0, ld * sizeof(float), src, cols * sizeof(float), cols * sizeof(float), rows,
-                              cudaMemcpyDeviceToDevice, stream_),
-            "cudaMemcpy2DAsync (logits slice)", where_);
+    if (spec_.tp == 1) {
+      // One rank: its slice is the whole row.
+      if (rows && widths[0] && slice != full)
+        check(cudaMemcpyAsync(full, slice, rows * widths[0] * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+              "cudaMemcpyAsync (logits)", where_);
+      return;
+    }
+    float* staging = nullptr;
+    if (spec_.rank == 0 && comm_->gather_stages(rows)) {
+      std::size_t peers = 0;  // the other ranks' columns
+      for (std::size_t r = 1; r < widths.size(); ++r) peers += widths[r];
+      staging = buffer(Buf::logits_gather, rows * peers);
+    }
+    comm_->gather_columns(spec_.rank, slice, rows, widths, full, staging, stream_);
   }
   void rmsnorm(const float* x, const float* w, float* out, int rows) override {
     if (add_.x && add_.x == x && add_.n == static_cast<std::size_t>(rows) * hp_.n_embd && out != add_.x && out != add_.y) {
