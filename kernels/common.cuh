@@ -59,8 +59,10 @@ __device__ __forceinline__ float block_sum(float v, float* red) { return block_r
 __device__ __forceinline__ float bf16_bits_to_f32(std::uint16_t h) { return __uint_as_float(static_cast<std::uint32_t>(h) << 16); }
 __device__ __forceinline__ float f16_bits_to_f32(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
-/// Element `idx` of a tensor in any weight dtype (a scalar path: used where
-/// a view's rows are not aligned for vector loads).
+/// Element `idx` of a tensor in F32, F16, BF16 or Q8_0 (a scalar path: used
+/// where a view's rows are not aligned for vector loads). The block types
+/// (Q4_0 .. Q6_K) have no element access (their kernels decode whole
+/// chunks, quant_blocks.cuh): NaN for them, which no caller asks.
 __device__ __forceinline__ float load_weight(const void* base, WeightDType dt, std::int64_t idx) {
   switch (dt) {
     case WeightDType::f32: return static_cast<const float*>(base)[idx];
@@ -71,8 +73,9 @@ __device__ __forceinline__ float load_weight(const void* base, WeightDType dt, s
       const std::uint16_t d = static_cast<std::uint16_t>(blk[0] | (blk[1] << 8));
       return f16_bits_to_f32(d) * static_cast<float>(static_cast<std::int8_t>(blk[2 + (idx & 31)]));
     }
+    default: break;
   }
-  return 0.0f;
+  return __uint_as_float(0x7fc00000u);
 }
 
 /// RoPE pair j (j < n_rot / 2) of a head: its two dimensions, (2j, 2j + 1)

@@ -13,7 +13,9 @@ namespace ftp::kernels {
 /// (a vocabulary-parallel rank's rows: tokens of other ranks embed as
 /// zeros). `tokens` and `out` are device pointers; ids are not checked
 /// against the vocabulary here (the caller does). Q8_0 tables need c0 and
-/// ld to be multiples of 32. Returns the launch status; does not synchronise.
+/// ld to be multiples of 32; tables of the block types (Q4_0 .. Q6_K:
+/// weights bit for bit as ggml dequantizes them) views of whole blocks.
+/// Returns the launch status; does not synchronise.
 cudaError_t embed_rows(const WeightView& table, const int* tokens, int t, float* out, cudaStream_t stream,
                        int first_token = 0);
 

@@ -3,11 +3,15 @@
 
 #include "common.cuh"
 #include "matvec.cuh"
+#include "matvec_common.cuh"
+#include "quant_dispatch.cuh"
 
 namespace ftp::kernels {
 namespace {
 
-constexpr int kWarps = 4;  // warps per block
+using detail::MatvecTargets;
+using detail::target_of;
+constexpr int kWarps = detail::kMatvecWarps;
 constexpr int kMaxT = 8;   // tokens per pass over the weights
 
 /// Elements a lane converts per step: 16 bytes of F32/F16/BF16, half a Q8_0 block.
@@ -61,21 +65,6 @@ __device__ __forceinline__ const void* row_base(const WeightView& w, std::int64_
   else return static_cast<const std::uint16_t*>(w.data) + e;
 }
 
-/// The targets of one launch: row groups [first_warp[j], first_warp[j + 1])
-/// of the grid compute target j.
-struct Targets {
-  MatvecTarget t[kMaxMatvecTargets];
-  std::int64_t first_warp[kMaxMatvecTargets + 1];
-  int n;
-};
-
-/// Target of row group g (every group below first_warp[n] has one).
-__device__ __forceinline__ int target_of(const Targets& ts, std::int64_t g) {
-  int j = 0;
-  while (j + 1 < ts.n && g >= ts.first_warp[j + 1]) ++j;
-  return j;
-}
-
 /// One row group: R rows x up to T tokens (nt of them), whole rows, of the
 /// target its index falls in, computed by S warps (S = 1: one warp per
 /// group, kWarps groups per block; S = kWarps: the block's warps split the
@@ -85,23 +74,17 @@ __device__ __forceinline__ int target_of(const Targets& ts, std::int64_t g) {
 /// weight loads); more warps per group keep enough loads in flight when R
 /// leaves few groups.
 template <WeightDType D, int R, int T, int S>
-__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, Targets ts, int t) {
+__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __restrict__ x, int x_ld, MatvecTargets ts, int t) {
   detail::pdl_begin();
-  static_assert(S == 1 || S == kWarps, "a row group is one warp or the whole block");
   constexpr int E = lane_elems<D>();
-  constexpr int G = kWarps / S;  // row groups per block
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int sub = warp % S;  // this warp's share of the columns
-  const std::int64_t gw = static_cast<std::int64_t>(blockIdx.x) * G + warp / S;
-  const bool live = gw < ts.first_warp[ts.n];
+  const detail::RowGroup grp = detail::row_group<R, T, S>(ts, t);
   if constexpr (S == 1) {
-    if (!live) return;
+    if (!grp.live) return;
   }
-  const int j = live ? target_of(ts, gw) : 0;
-  const WeightView w = ts.t[j].w;
-  const std::int64_t row0 = live ? (gw - ts.first_warp[j]) * R : 0;
-  const int u0 = blockIdx.y * T;
-  const int nt = min(T, t - u0);
+  const int lane = grp.lane, sub = grp.sub, u0 = grp.u0, nt = grp.nt;  // sub: this warp's share of the columns
+  const bool live = grp.live;
+  const std::int64_t row0 = grp.row0;
+  const WeightView& w = grp.w;
   const void* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = row_base<D>(w, row0 + r < w.rows ? row0 + r : row0);
@@ -135,34 +118,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(const float* __rest
       }
     }
   }
-  float* __restrict__ out = ts.t[j].out;
-  const int out_ld = ts.t[j].out_ld;
-  if constexpr (S == 1) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < T; ++u) {
-        const float s = detail::warp_sum(acc[r][u]);
-        if (lane == 0 && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
-      }
-  } else {
-    __shared__ float part[kWarps][R * T];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < T; ++u) {
-        const float s = detail::warp_sum(acc[r][u]);
-        if (lane == 0) part[warp][r * T + u] = s;
-      }
-    __syncthreads();
-    for (int i = threadIdx.x; i < R * T; i += kWarps * 32) {
-      const int r = i / T, u = i % T;
-      float s = part[0][i];
-#pragma unroll
-      for (int v = 1; v < kWarps; ++v) s += part[v][i];
-      if (live && u < nt && row0 + r < w.rows) out[static_cast<std::int64_t>(u0 + u) * out_ld + row0 + r] = s;
-    }
-  }
+  detail::store_group_sums<R, T, S>(acc, live, nt, row0, w.rows, ts.t[grp.j].out, ts.t[grp.j].out_ld, u0);
 }
 
 /// Any alignment, any dtype: one warp per row, lanes over single elements.
@@ -201,12 +157,7 @@ bool vector_path_ok(const float* x, int x_ld, const WeightView& w) {
 
 template <WeightDType D, int R, int T, int S>
 void launch(const float* x, int x_ld, const MatvecTarget* targets, int n, int t, cudaStream_t stream) {
-  Targets ts{};
-  ts.n = n;
-  for (int j = 0; j < n; ++j) {
-    ts.t[j] = targets[j];
-    ts.first_warp[j + 1] = ts.first_warp[j] + (targets[j].w.rows + R - 1) / R;
-  }
+  const MatvecTargets ts = detail::make_targets(targets, n, R);
   const std::int64_t groups = ts.first_warp[n];
   constexpr int G = kWarps / S;
   const dim3 grid(static_cast<unsigned>((groups + G - 1) / G), static_cast<unsigned>((t + T - 1) / T));
@@ -264,11 +215,25 @@ bool vector_ok(const float* x, int x_ld, const WeightView& w) {
     case WeightDType::f16: return vector_path_ok<WeightDType::f16>(x, x_ld, w);
     case WeightDType::bf16: return vector_path_ok<WeightDType::bf16>(x, x_ld, w);
     case WeightDType::q8_0: return vector_path_ok<WeightDType::q8_0>(x, x_ld, w);
+    default:  // the block types: whole blocks, 16-byte aligned, float4 activations
+      return (reinterpret_cast<std::uintptr_t>(x) & 15) == 0 && x_ld % 4 == 0 && detail::whole_blocks(w);
   }
-  return false;
 }
 
 }  // namespace
+
+namespace detail {
+bool matvec_quant_config_built(MatvecConfig c) {
+  if (c.rows_per_warp == 0 && c.warps_per_row == 0) return true;
+  return c.warps_per_row == kWarps && (c.rows_per_warp == 1 || c.rows_per_warp == 2 || c.rows_per_warp == 4);
+}
+}  // namespace detail
+
+bool matvec_int_dots(WeightDType d) { return is_block_quant(d); }
+
+bool matvec_config_built(MatvecConfig c, WeightDType d) {
+  return is_block_quant(d) ? detail::matvec_quant_config_built(c) : matvec_config_built(c);
+}
 
 bool matvec_config_built(MatvecConfig c) {
   if (c.rows_per_warp == 0 && c.warps_per_row == 0) return true;
@@ -278,9 +243,10 @@ bool matvec_config_built(MatvecConfig c) {
 }
 
 cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, int n_targets, int t,
-                         cudaStream_t stream, MatvecConfig config) {
-  if (!matvec_config_built(config)) return cudaErrorInvalidValue;
+                         cudaStream_t stream, MatvecConfig config, const Q8Acts* q8) {
   if (n_targets < 1 || n_targets > kMaxMatvecTargets) return cudaErrorInvalidValue;
+  for (int j = 0; j < n_targets; ++j)
+    if (!matvec_config_built(config, targets[j].w.dtype)) return cudaErrorInvalidValue;
   if (t <= 0) return cudaSuccess;
   const std::int64_t cols = targets[0].w.cols;
   bool together = true;
@@ -296,9 +262,11 @@ cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, 
       const WeightView& w = targets[j].w;
       if (w.rows == 0) continue;
       if (n_targets > 1) {
-        if (cudaError_t e = matvec_multi(x, x_ld, &targets[j], 1, t, stream, config); e != cudaSuccess) return e;
+        if (cudaError_t e = matvec_multi(x, x_ld, &targets[j], 1, t, stream, config, q8); e != cudaSuccess) return e;
         continue;
       }
+      // The block types have no scalar path: views of whole blocks only.
+      if (is_block_quant(w.dtype)) return cudaErrorInvalidValue;
       const dim3 grid(static_cast<unsigned>((w.rows + kWarps - 1) / kWarps), static_cast<unsigned>((t + kMaxT - 1) / kMaxT));
       detail::launch(matvec_scalar_kernel, grid, kWarps * 32, 0, stream, x, x_ld, w, targets[j].out, targets[j].out_ld, t);
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
@@ -313,16 +281,26 @@ cudaError_t matvec_multi(const float* x, int x_ld, const MatvecTarget* targets, 
     case WeightDType::f16: built = dispatch<WeightDType::f16>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
     case WeightDType::bf16: built = dispatch<WeightDType::bf16>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
     case WeightDType::q8_0: built = dispatch<WeightDType::q8_0>(x, x_ld, targets, n_targets, t, config, sms, stream); break;
+    default: {
+      // The integer path where the type has it and q8 holds its activations.
+      const WeightDType dt = targets[0].w.dtype;
+      const bool int_ok = q8 && q8->q && q8->d && q8->kind == act_quant_of(dt) && matvec_int_dots(dt) &&
+                          (reinterpret_cast<std::uintptr_t>(q8->q) & 15) == 0 && q8->q_ld % 16 == 0;
+      detail::visit_block_quant(dt, [&](auto q) {
+        built = detail::matvec_quant<decltype(q)::value>(x, x_ld, int_ok ? q8 : nullptr, targets, n_targets, t, config,
+                                                         sms, stream);
+      });
+    }
   }
   if (!built) return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
 cudaError_t matvec(const float* x, int x_ld, const WeightView& w, float* out, int out_ld, int t,
-                   cudaStream_t stream, MatvecConfig config) {
+                   cudaStream_t stream, MatvecConfig config, const Q8Acts* q8) {
   if (t <= 0 || w.rows <= 0) return cudaSuccess;
   const MatvecTarget target{w, out, out_ld};
-  return matvec_multi(x, x_ld, &target, 1, t, stream, config);
+  return matvec_multi(x, x_ld, &target, 1, t, stream, config, q8);
 }
 
 }  // namespace ftp::kernels

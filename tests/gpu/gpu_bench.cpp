@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // gpu-bench: the engine on the CUDA backend, on a synthetic Llama model
 // (tests/support), by default Llama-3-8B's shape (~8.0 B parameters) in
-// BF16, on cuda:0, measuring in one run:
+// BF16 (--dtype q4_k_m: llama.cpp's Q4_K_M recipe, Q4_K with Q6_K for
+// output and some attn_v and ffn_down, as engine-bench writes it; --dtype
+// q4_0), on cuda:0, measuring in one run:
 //   the device's triad bandwidth (kernels/triad.cu, ftp-probe's measurement),
 //   NCCL communicator pool creation time (ncclCommInitAll over every GPU),
 //   the first domain's build time (weights uploaded) and the build time of
@@ -17,8 +19,9 @@
 //   download, and the rest (host work and waits).
 // KV reads are not counted in the bandwidth (a few hundred positions).
 // --gemv-sweep (on by default) first times one layer's matrix products
-// alone, on device buffers of the model's layer shapes: the GEMV kernels in
-// every built configuration (kernels::MatvecConfig) and cuBLAS (bf16
+// alone, on device buffers of the model's layer shapes in the --dtype
+// (q4_k_m: every matrix Q4_K): the GEMV kernels in every configuration
+// built for it (kernels::MatvecConfig) and, for BF16, cuBLAS (bf16
 // activations, as the engine's path above FTP_GEMV_MAX_ROWS) at each batch,
 // as bandwidth against the triad; and the logits' download per step into
 // fresh pageable memory (what the engine's forward returns) and into pinned
@@ -71,6 +74,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 struct Options {
   std::string shape = "8b";
+  std::string dtype = "bf16";  ///< bf16, q4_k_m or q4_0
   std::vector<int> batches = {1, 8, 64};
   int steps = 32;
   int warmup = 3;
@@ -82,9 +86,12 @@ struct Options {
   bool memory_check = false;  ///< --memory-check: KV pages BF16 against F32, rank weights at TP 1/2/4
 };
 
-testing::SyntheticShape shape_of(const std::string& name) {
+testing::SyntheticShape shape_of(const std::string& name, const std::string& dtype) {
   testing::SyntheticShape s;
-  s.dtype = model::DType::bf16;
+  if (dtype == "bf16") s.dtype = model::DType::bf16;
+  else if (dtype == "q4_k_m") s.dtype = model::DType::q4_k, s.q4_k_m = true;
+  else if (dtype == "q4_0") s.dtype = model::DType::q4_0;
+  else throw InputError("--dtype: expected bf16, q4_k_m or q4_0, got '" + dtype + "'");
   s.seed = 3;
   if (name == "8b") {  // Llama-3-8B
     s.n_layer = 32;
@@ -134,6 +141,7 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--shape") o.shape = value();
+    else if (a == "--dtype") o.dtype = value();
     else if (a == "--batches") o.batches = parse_list(value());
     else if (a == "--steps") o.steps = std::stoi(value());
     else if (a == "--warmup") o.warmup = std::stoi(value());
@@ -145,7 +153,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--sweep-batches") o.sweep_batches = parse_list(value());
     else if (a == "--memory-check") o.memory_check = true;
     else if (a == "--help") {
-      std::printf("usage: gpu-bench [--shape 8b|tiny] [--batches 1,8,64] [--steps N] [--warmup N] [--prompt N] [--dir D] [--min-bw-fraction F]\n"
+      std::printf("usage: gpu-bench [--shape 8b|tiny] [--dtype bf16|q4_k_m|q4_0] [--batches 1,8,64] [--steps N] [--warmup N] [--prompt N] [--dir D] [--min-bw-fraction F]\n"
                   "                 [--gemv-sweep|--no-gemv-sweep] [--sweep-batches 1,2,4,8,16,64] [--memory-check]\n");
       std::exit(0);
     } else {
@@ -153,6 +161,7 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.steps < 1 || o.prompt < 1 || o.batches.empty()) throw InputError("--steps, --prompt and --batches must be positive");
+  shape_of(o.shape, o.dtype);  // refuses a bad --shape or --dtype here (exit 2)
   return o;
 }
 
@@ -240,6 +249,12 @@ int memory_check(const engine::WeightStore& store, engine::Backend& cuda, int n_
 /// One layer's matrix products alone (see the file's head), on `layers`
 /// copies of the layer's matrices so that they do not sit in L2.
 nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<int>& batches, double triad_gbs) {
+  // The matrices in the model's matrix dtype (Q4_K_M's Q6_K ones as Q4_K).
+  const model::DType mdt = sh.dtype;
+  const kernels::WeightDType kdt = mdt == model::DType::bf16   ? kernels::WeightDType::bf16
+                                   : mdt == model::DType::q4_k ? kernels::WeightDType::q4_k
+                                                               : kernels::WeightDType::q4_0;
+  const bool block = kernels::is_block_quant(kdt);
   // CUDA and cuBLAS statuses as the engine checks them (BackendError).
   auto cuda_ok = [](auto status, const char* what) { engine::cuda::check(status, what, "gpu-bench sweep"); };
   const std::int64_t E = sh.n_embd, F = sh.n_ff, KV = static_cast<std::int64_t>(sh.n_embd / sh.n_head) * sh.n_head_kv;
@@ -250,14 +265,16 @@ nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<i
   const Mat mats[] = {{"q", E, E}, {"k", KV, E}, {"v", KV, E}, {"o", E, E}, {"gate", F, E}, {"up", F, E}, {"down", E, F}};
   std::int64_t layer_elems = 0;
   for (const Mat& m : mats) layer_elems += m.rows * m.cols;
-  const double layer_bytes = static_cast<double>(layer_elems) * 2;
+  const double layer_bytes = static_cast<double>(model::dtype_bytes(mdt, layer_elems));
   const int layers = static_cast<int>(std::max<double>(1, std::ceil(512e6 / layer_bytes)));
   const int max_t = *std::max_element(batches.begin(), batches.end());
-  std::uint16_t* w = nullptr;
+  std::uint8_t* w = nullptr;
   float *x = nullptr, *out = nullptr;
   void* xh = nullptr;
-  cuda_ok(cudaMalloc(&w, static_cast<std::size_t>(layer_elems) * 2 * layers), "cudaMalloc (weights)");
-  cuda_ok(cudaMemset(w, 0x3c, static_cast<std::size_t>(layer_elems) * 2 * layers), "cudaMemset");
+  // 0x3c bytes: BF16 1.17; the block types' f16 scales 0x3c3c = 1.06 (finite).
+  const std::size_t all_bytes = static_cast<std::size_t>(layer_bytes) * static_cast<std::size_t>(layers);
+  cuda_ok(cudaMalloc(&w, all_bytes), "cudaMalloc (weights)");
+  cuda_ok(cudaMemset(w, 0x3c, all_bytes), "cudaMemset");
   cuda_ok(cudaMalloc(&x, static_cast<std::size_t>(max_t) * F * 4), "cudaMalloc (x)");
   cuda_ok(cudaMemset(x, 0, static_cast<std::size_t>(max_t) * F * 4), "cudaMemset");
   cuda_ok(cudaMalloc(&xh, static_cast<std::size_t>(max_t) * F * 2), "cudaMalloc (x bf16)");
@@ -270,18 +287,39 @@ nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<i
   auto view = [&](int layer, int m) {
     std::int64_t off = static_cast<std::int64_t>(layer) * layer_elems;
     for (int i = 0; i < m; ++i) off += mats[i].rows * mats[i].cols;
-    return kernels::WeightView{w + off, kernels::WeightDType::bf16, mats[m].cols, 0, mats[m].rows, 0, mats[m].cols};
+    return kernels::WeightView{w + model::dtype_bytes(mdt, off), kdt, mats[m].cols, 0, mats[m].rows, 0, mats[m].cols};
   };
   // One layer as the engine runs it: q, k, v in one launch; o; gate, up in one; down.
+  // The block types with integer dots read int8 activation quants and
+  // block scales (zeros here: the timing does not depend on the values),
+  // as the engine's path does (FTP_CUDA_INT8_DOTS).
+  std::int8_t* xq8 = nullptr;
+  float* xd = nullptr;
+  const bool int8 = block && kernels::matvec_int_dots(kdt);
+  if (int8) {
+    cuda_ok(cudaMalloc(&xq8, static_cast<std::size_t>(max_t) * F), "cudaMalloc (x int8)");
+    cuda_ok(cudaMemset(xq8, 0, static_cast<std::size_t>(max_t) * F), "cudaMemset");
+    cuda_ok(cudaMalloc(&xd, static_cast<std::size_t>(max_t) * F / 32 * 4), "cudaMalloc (x scales)");
+    cuda_ok(cudaMemset(xd, 0, static_cast<std::size_t>(max_t) * F / 32 * 4), "cudaMemset");
+  }
+  auto q8_of = [&](std::int64_t k, kernels::Q8Acts& a) -> const kernels::Q8Acts* {
+    if (!int8) return nullptr;
+    const int b = kernels::block_elems(kdt);
+    a = kernels::Q8Acts{xq8, xd, static_cast<int>(k), static_cast<int>(k / b), kernels::act_quant_of(kdt)};
+    return &a;
+  };
   auto gemv_layer = [&](int L, int t, kernels::MatvecConfig c) {
+    kernels::Q8Acts qe, qf;
+    const kernels::Q8Acts* ae = q8_of(E, qe);
+    const kernels::Q8Acts* af = q8_of(F, qf);
     const kernels::MatvecTarget qkv[3] = {{view(L, 0), out, static_cast<int>(E)},
                                           {view(L, 1), out + t * E, static_cast<int>(KV)},
                                           {view(L, 2), out + t * (E + KV), static_cast<int>(KV)}};
-    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), qkv, 3, t, nullptr, c), "matvec_multi (qkv)");
-    cuda_ok(kernels::matvec(x, static_cast<int>(E), view(L, 3), out, static_cast<int>(E), t, nullptr, c), "matvec (o)");
+    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), qkv, 3, t, nullptr, c, ae), "matvec_multi (qkv)");
+    cuda_ok(kernels::matvec(x, static_cast<int>(E), view(L, 3), out, static_cast<int>(E), t, nullptr, c, ae), "matvec (o)");
     const kernels::MatvecTarget gu[2] = {{view(L, 4), out, static_cast<int>(F)}, {view(L, 5), out + t * F, static_cast<int>(F)}};
-    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), gu, 2, t, nullptr, c), "matvec_multi (gate, up)");
-    cuda_ok(kernels::matvec(x, static_cast<int>(F), view(L, 6), out, static_cast<int>(E), t, nullptr, c), "matvec (down)");
+    cuda_ok(kernels::matvec_multi(x, static_cast<int>(E), gu, 2, t, nullptr, c, ae), "matvec_multi (gate, up)");
+    cuda_ok(kernels::matvec(x, static_cast<int>(F), view(L, 6), out, static_cast<int>(E), t, nullptr, c, af), "matvec (down)");
   };
   auto cublas_layer = [&](int L, int t) {
     const float one = 1.0f, zero = 0.0f;
@@ -309,15 +347,25 @@ nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<i
   };
   const kernels::MatvecConfig configs[] = {{0, 0}, {1, 1}, {2, 1}, {1, 4}, {2, 4}, {4, 4}, {8, 4}};
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("layer products alone (%.0f MB of BF16 per layer, %d copies), fraction of triad:\n", layer_bytes / 1e6, layers);
-  std::printf("  batch  cuBLAS  gemv auto  1x1   2x1   1x4   2x4   4x4   8x4  (rows x warps per row group)\n");
+  std::printf("layer products alone (%.0f MB of %s per layer, %d copies), fraction of triad:\n", layer_bytes / 1e6,
+              model::dtype_name(mdt), layers);
+  std::printf("  batch  cuBLAS  gemv auto  1x1   2x1   1x4   2x4   4x4   8x4  (rows x warps per row group; - not built)\n");
   for (int t : batches) {
     nlohmann::json row = {{"batch", t}};
-    const double ms_cublas = time_layer([&](int L) { cublas_layer(L, t); });
-    row["cublas_ms"] = ms_cublas;
-    std::printf("  %5d  %6.2f ", t, layer_bytes / (ms_cublas / 1e3) / 1e9 / triad_gbs);
+    if (block) {
+      // The block types reach cuBLAS through dequantised tiles (not timed here).
+      std::printf("  %5d       - ", t);
+    } else {
+      const double ms_cublas = time_layer([&](int L) { cublas_layer(L, t); });
+      row["cublas_ms"] = ms_cublas;
+      std::printf("  %5d  %6.2f ", t, layer_bytes / (ms_cublas / 1e3) / 1e9 / triad_gbs);
+    }
     if (t <= 8) {
       for (const auto& c : configs) {
+        if (!kernels::matvec_config_built(c, kdt)) {
+          std::printf("     -");
+          continue;
+        }
         const double ms = time_layer([&](int L) { gemv_layer(L, t, c); });
         const double f = layer_bytes / (ms / 1e3) / 1e9 / triad_gbs;
         row[c.rows_per_warp == 0 ? std::string("gemv_auto_ms")
@@ -359,6 +407,8 @@ nlohmann::json gemv_sweep(const testing::SyntheticShape& sh, const std::vector<i
   cublasDestroy(h);
   cudaFree(out);
   cudaFree(xh);
+  cudaFree(xq8);
+  cudaFree(xd);
   cudaFree(x);
   cudaFree(w);
   return {{"layer_bytes", layer_bytes}, {"layers", rows}, {"logits_download", dl}};
@@ -385,7 +435,8 @@ int main(int argc, char** argv) {
     std::printf("SKIP: no GPU found (%s)\n", backend::gpu_runtime_status().c_str());
     return 77;
   }
-  nlohmann::json doc = {{"kind", "ftp.gpu-bench/v1"}, {"gpu", gpus[0].name}, {"shape", o.shape}, {"dtype", "BF16"}};
+  const std::string dtype_name = o.dtype == "q4_k_m" ? "Q4_K_M" : o.dtype == "q4_0" ? "Q4_0" : "BF16";
+  nlohmann::json doc = {{"kind", "ftp.gpu-bench/v1"}, {"gpu", gpus[0].name}, {"shape", o.shape}, {"dtype", dtype_name}};
   const std::filesystem::path dir =
       o.dir.empty() ? std::filesystem::temp_directory_path() / ("ftp-gpu-bench-" + std::to_string(::getpid())) : std::filesystem::path(o.dir);
   int rc = 0;
@@ -413,9 +464,9 @@ int main(int argc, char** argv) {
       doc["nccl_pool_error"] = e.what();
     }
 
-    const testing::SyntheticShape shape = shape_of(o.shape);
+    const testing::SyntheticShape shape = shape_of(o.shape, o.dtype);
     if (o.gemv_sweep) doc["gemv_sweep"] = gemv_sweep(shape, o.sweep_batches, triad.value);
-    const std::string file = (dir / ("synthetic-" + o.shape + "-bf16.gguf")).string();
+    const std::string file = (dir / ("synthetic-" + o.shape + "-" + o.dtype + ".gguf")).string();
     t0 = Clock::now();
     if (!std::filesystem::exists(file)) testing::write_synthetic_gguf(file, shape);
     std::printf("model %s: written in %.1f s\n", file.c_str(), since(t0));

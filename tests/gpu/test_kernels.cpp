@@ -2,7 +2,10 @@
 // Every kernel of kernels/ against the CPU: engine::ops where it has the
 // operation, else a plain reference here. One line per kernel and case:
 // NMSE <= 1e-6 where the kernel computes in float32, <= 1e-3 where it rounds
-// to f16/bf16, exact for argmax, sampling, the KV write and the sums.
+// to f16/bf16, exact for argmax, sampling, the KV write and the sums, and
+// bit for bit the CPU's for the block types' decoding (embed_rows,
+// dequant_tile) and the activation quantization; their GEMV against a
+// float64 product over the CPU's dequantization (NMSE <= 1e-6).
 // Plain main: exit 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
@@ -22,6 +25,7 @@
 #include "backend/gpu.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/ops.hpp"
+#include "engine/quant_matmul.hpp"
 #include "engine/sampler.hpp"
 #include "model/quant.hpp"
 #include "kernels/add.cuh"
@@ -35,6 +39,7 @@
 #include "kernels/kv_write.cuh"
 #include "kernels/logprobs.cuh"
 #include "kernels/matvec.cuh"
+#include "kernels/quantize_act.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/rope_kv_write.cuh"
@@ -136,9 +141,11 @@ Tensor make_tensor(DType dt, std::int64_t rows, std::int64_t cols) {
         std::memcpy(&t.bytes[i * 2], &h, 2);
         break;
       }
-      case DType::q8_0: break;
+      default: break;  // block types: below
     }
   }
+  if (dt != DType::q8_0 && ftp::model::dtype_block(dt) > 1)
+    ftp::testing::random_blocks(dt, t.bytes.data(), n / ftp::model::dtype_block(dt), rng(), 0.5f);
   if (dt == DType::q8_0)
     for (std::int64_t b = 0; b < n / 32; ++b) {
       std::uint16_t d = ftp::testing::f32_to_f16(0.01f + 0.001f * static_cast<float>(b % 7));
@@ -161,11 +168,23 @@ k::WeightDType kdt(DType d) {
     case DType::f16: return k::WeightDType::f16;
     case DType::bf16: return k::WeightDType::bf16;
     case DType::q8_0: return k::WeightDType::q8_0;
+    case DType::q4_0: return k::WeightDType::q4_0;
+    case DType::q4_1: return k::WeightDType::q4_1;
+    case DType::q5_0: return k::WeightDType::q5_0;
+    case DType::q5_1: return k::WeightDType::q5_1;
+    case DType::q2_k: return k::WeightDType::q2_k;
+    case DType::q3_k: return k::WeightDType::q3_k;
+    case DType::q4_k: return k::WeightDType::q4_k;
+    case DType::q5_k: return k::WeightDType::q5_k;
+    case DType::q6_k: return k::WeightDType::q6_k;
   }
   return k::WeightDType::f32;
 }
 
 const DType kDTypes[] = {DType::f32, DType::f16, DType::bf16, DType::q8_0};
+/// The block types (kernels/quant_blocks.cuh), Q4_K_M's first.
+const DType kBlockTypes[] = {DType::q4_k, DType::q6_k, DType::q4_0, DType::q4_1, DType::q5_0,
+                             DType::q5_1, DType::q2_k, DType::q3_k, DType::q5_k};
 
 void test_embed() {
   for (DType dt : kDTypes) {
@@ -520,6 +539,276 @@ void test_dequant() {
       report(std::string("dequant_tile ") + ftp::model::dtype_name(dt) + " cols 16.. -> " +
                  (to == k::HalfType::f16 ? "f16" : "bf16"),
              nmse(got_r, want_r), 1e-3);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The block types (Q4_0 .. Q6_K): every kernel against the CPU's
+// model::quant::dequantize (ggml's reference, bit for bit).
+
+/// Bits equal (the device decodes each weight as ggml does).
+std::size_t bit_mismatches(const std::vector<float>& got, const std::vector<float>& want) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) bad += std::memcmp(&got[i], &want[i], 4) != 0;
+  return bad;
+}
+
+/// Rows [r0, r0 + rows) x columns [c0, c0 + cols) of a tensor, dequantized
+/// on the CPU (whole rows, then the columns).
+std::vector<float> dequantized(const Tensor& w, std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols) {
+  const std::int64_t C = w.view.cols;
+  std::vector<float> row(static_cast<std::size_t>(C)), out(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t i = 0; i < rows; ++i) {
+    ftp::model::to_f32(w.view, (r0 + i) * C, C, row.data());
+    std::copy(row.begin() + c0, row.begin() + c0 + cols, out.begin() + i * cols);
+  }
+  return out;
+}
+
+/// out[u][i] = x[u] . W[i] in double over the dequantized weights.
+std::vector<float> gemv_ref(const std::vector<float>& x, const std::vector<float>& w, int t, std::int64_t rows,
+                            std::int64_t cols) {
+  std::vector<float> out(static_cast<std::size_t>(t * rows));
+  for (int u = 0; u < t; ++u)
+    for (std::int64_t i = 0; i < rows; ++i) {
+      double s = 0;
+      for (std::int64_t j = 0; j < cols; ++j) s += static_cast<double>(x[u * cols + j]) * w[i * cols + j];
+      out[u * rows + i] = static_cast<float>(s);
+    }
+  return out;
+}
+
+/// embed_rows of block-type tables: the rows bit for bit as the CPU
+/// dequantizes them; a vocabulary-parallel view (rows 20..39 as ids
+/// 20..39) gives zeros for the ids outside it.
+void test_embed_blocks() {
+  for (DType dt : kBlockTypes) {
+    const std::int64_t C = 512;
+    Tensor t = make_tensor(dt, 50, C);
+    Dev<std::uint8_t> dw(t.bytes);
+    std::vector<int> tokens = {0, 49, 7, 7, 23, 20, 39};
+    Dev<int> dtok(tokens);
+    Dev<float> dout(tokens.size() * C);
+    done(k::embed_rows(k::WeightView{dw.p(), kdt(dt), C, 0, 50, 0, C}, dtok.p(), static_cast<int>(tokens.size()),
+                       dout.p(), nullptr),
+         "embed_rows");
+    std::vector<float> want(tokens.size() * C);
+    for (std::size_t i = 0; i < tokens.size(); ++i) ftp::model::to_f32(t.view, tokens[i] * C, C, &want[i * C]);
+    report_exact(std::string("embed_rows ") + ftp::model::dtype_name(dt) + " (bits of ggml's dequantization)",
+                 bit_mismatches(dout.get(), want), want.size());
+    done(k::embed_rows(k::WeightView{dw.p(), kdt(dt), C, 20, 20, 0, C}, dtok.p(), static_cast<int>(tokens.size()),
+                       dout.p(), nullptr, 20),
+         "embed_rows (vocabulary slice)");
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      if (tokens[i] < 20 || tokens[i] >= 40) std::fill(want.begin() + i * C, want.begin() + (i + 1) * C, 0.0f);
+    report_exact(std::string("embed_rows ") + ftp::model::dtype_name(dt) + " rows 20..39 (others zero)",
+                 bit_mismatches(dout.get(), want), want.size());
+  }
+}
+
+/// dequant_tile of block types: each weight of ggml's dequantization
+/// rounded once to f16 / bf16, bit for bit (the writer's rounding, round to
+/// nearest even), for a column-parallel slice and a row-parallel view that
+/// starts one block in; a view that starts inside a block is refused.
+void test_dequant_blocks() {
+  for (DType dt : kBlockTypes) {
+    const std::int64_t R = 64, B = ftp::model::dtype_block(dt), C = 4 * B;
+    Tensor w = make_tensor(dt, R, C);
+    Dev<std::uint8_t> dw(w.bytes);
+    for (auto to : {k::HalfType::f16, k::HalfType::bf16}) {
+      for (const std::int64_t c0 : {std::int64_t{0}, B}) {
+        const std::int64_t cols = C - c0;
+        k::WeightView v{dw.p(), kdt(dt), C, 8, 48, c0, cols};
+        Dev<std::uint16_t> dt16(static_cast<std::size_t>(32 * cols));
+        done(k::dequant_tile(v, 4, 32, dt16.p(), to, nullptr), "dequant_tile");
+        const std::vector<std::uint16_t> got = dt16.get();
+        const std::vector<float> want = dequantized(w, 12, 32, c0, cols);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < want.size(); ++i)
+          bad += got[i] != (to == k::HalfType::f16 ? ftp::testing::f32_to_f16(want[i]) : ftp::testing::f32_to_bf16(want[i]));
+        report_exact(std::string("dequant_tile ") + ftp::model::dtype_name(dt) + (c0 ? " cols from one block" : "") +
+                         " -> " + (to == k::HalfType::f16 ? "f16" : "bf16") + " (the CPU's values, rounded)",
+                     bad, want.size());
+      }
+    }
+    Dev<std::uint16_t> dt16(static_cast<std::size_t>(R * C));
+    const cudaError_t e = k::dequant_tile(k::WeightView{dw.p(), kdt(dt), C, 0, R, 16, C - 16}, 0, 4, dt16.p(),
+                                          k::HalfType::bf16, nullptr);
+    report_exact(std::string("dequant_tile ") + ftp::model::dtype_name(dt) + " view inside a block refused",
+                 e == cudaErrorInvalidValue ? 0 : 1, 1);
+  }
+}
+
+/// quantize_activations_f32 against engine::ops::quantize_activations,
+/// bit for bit: Q8_0 (legacy types) and Q8_K (K-quants), rows of 4096, of
+/// 300 (a short last block) and of 64, with a block of zeros, ties of +a
+/// and -a (Q8_K takes the first), and tiny values.
+void test_quantize_activations() {
+  for (DType w : {DType::q4_0, DType::q4_k}) {
+    const k::ActQuant kind = k::act_quant_of(kdt(w));
+    for (int kk : {4096, 300, 64}) {
+      const int t = 5;
+      std::vector<float> x = randn(static_cast<std::size_t>(t) * kk, 2.0f);
+      std::fill(x.begin(), x.begin() + std::min(kk, 256), 0.0f);
+      if (kk >= 300) {
+        x[kk + 3] = -9.0f, x[kk + 7] = 9.0f;
+        x[kk + 256 + 1] = 9.5f, x[kk + 256 + 30] = -9.5f;
+      }
+      for (int j = 0; j < kk; ++j) x[static_cast<std::size_t>(2 * kk + j)] *= 1e-30f;
+      Dev<float> dx(x), dout(x.size());
+      done(k::quantize_activations_f32(dx.p(), dout.p(), t, kk, kind, nullptr), "quantize_activations_f32");
+      std::vector<float> want(x.size());
+      ftp::engine::ops::quantize_activations(w, x.data(), t, kk, want.data());
+      report_exact(std::string("quantize_activations_f32 ") + (kind == k::ActQuant::q8_k ? "Q8_K" : "Q8_0") + " k=" +
+                       std::to_string(kk) + " (the CPU's values)",
+                   bit_mismatches(dout.get(), want), want.size());
+    }
+  }
+}
+
+/// The block-type GEMV against a float64 product over the CPU's
+/// dequantization (the kernel sums in float32: NMSE <= 1e-6, as the float
+/// paths): whole matrices, a column-parallel row range, a row-parallel
+/// column range from the second block, batches 1-13; every built
+/// configuration with three targets in one launch; a Q4_K_M-like group
+/// (Q4_K, Q4_K, Q6_K: one launch per dtype); and the refusals (a view
+/// inside a block, a configuration not built for the block types).
+void test_matvec_blocks() {
+  int sms = 0;
+  cu(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "multiprocessor count");
+  const std::int64_t R = 8 * static_cast<std::int64_t>(sms) + 45;
+  for (DType dt : kBlockTypes) {
+    const std::int64_t B = ftp::model::dtype_block(dt), C = B == 256 ? 1280 : 544;
+    Tensor w = make_tensor(dt, R, C);
+    Dev<std::uint8_t> dw(w.bytes);
+    struct Case {
+      const char* name;
+      std::int64_t r0, rows, c0, cols;
+    };
+    const Case cases[] = {{"full", 0, R, 0, C},
+                          {"rows 5..R-2 (column-parallel, odd count)", 5, R - 7, 0, C},
+                          {"cols from block 1 (row-parallel)", 0, R, B, C - B}};
+    for (const Case& c : cases) {
+      const std::vector<float> wf = dequantized(w, c.r0, c.rows, c.c0, c.cols);
+      double worst = 0;
+      for (int t : {1, 2, 3, 5, 8, 13}) {
+        auto x = randn(static_cast<std::size_t>(t) * c.cols);
+        Dev<float> dx(x), dout(static_cast<std::size_t>(t) * c.rows);
+        cu(cudaMemset(dout.p(), 0xff, static_cast<std::size_t>(t) * c.rows * sizeof(float)), "memset");
+        done(k::matvec(dx.p(), static_cast<int>(c.cols), k::WeightView{dw.p(), kdt(dt), C, c.r0, c.rows, c.c0, c.cols},
+                       dout.p(), static_cast<int>(c.rows), t, nullptr),
+             "matvec");
+        worst = std::max(worst, nmse(dout.get(), gemv_ref(x, wf, t, c.rows, c.cols)));
+      }
+      report(std::string("matvec ") + ftp::model::dtype_name(dt) + " " + c.name + " t=1..13", worst, 1e-6);
+    }
+    // Every configuration built for the block types, three targets at once.
+    const std::vector<float> wf = dequantized(w, 0, R, 0, C);
+    for (const k::MatvecConfig cfg : {k::MatvecConfig{1, 4}, k::MatvecConfig{2, 4}, k::MatvecConfig{4, 4}}) {
+      double worst = 0;
+      for (int t : {1, 4, 7}) {
+        auto x = randn(static_cast<std::size_t>(t) * C);
+        Dev<float> dx(x);
+        const std::int64_t r0[3] = {0, 100, 200}, n[3] = {100, 100, R - 200};
+        std::vector<std::unique_ptr<Dev<float>>> outs;
+        k::MatvecTarget targets[3];
+        for (int j = 0; j < 3; ++j) {
+          outs.push_back(std::make_unique<Dev<float>>(static_cast<std::size_t>(t) * n[j]));
+          cu(cudaMemset(outs.back()->p(), 0xff, static_cast<std::size_t>(t) * n[j] * sizeof(float)), "memset");
+          targets[j] = {k::WeightView{dw.p(), kdt(dt), C, r0[j], n[j], 0, C}, outs.back()->p(), static_cast<int>(n[j])};
+        }
+        done(k::matvec_multi(dx.p(), static_cast<int>(C), targets, 3, t, nullptr, cfg), "matvec_multi (config)");
+        const std::vector<float> all = gemv_ref(x, wf, t, R, C);
+        for (int j = 0; j < 3; ++j) {
+          std::vector<float> want(static_cast<std::size_t>(t) * n[j]);
+          for (int u = 0; u < t; ++u)
+            std::copy(all.begin() + u * R + r0[j], all.begin() + u * R + r0[j] + n[j], want.begin() + u * n[j]);
+          worst = std::max(worst, nmse(outs[static_cast<std::size_t>(j)]->get(), want));
+        }
+      }
+      report(std::string("matvec config ") + std::to_string(cfg.rows_per_warp) + "x" + std::to_string(cfg.warps_per_row) +
+                 " " + ftp::model::dtype_name(dt) + " t=1,4,7, 3 targets",
+             worst, 1e-6);
+    }
+    Dev<float> dx(static_cast<std::size_t>(C)), dout(static_cast<std::size_t>(R));
+    const cudaError_t inside = k::matvec(dx.p(), static_cast<int>(C - 16), k::WeightView{dw.p(), kdt(dt), C, 0, R, 16, C - 16},
+                                         dout.p(), static_cast<int>(R), 1, nullptr);
+    const cudaError_t config = k::matvec(dx.p(), static_cast<int>(C), k::WeightView{dw.p(), kdt(dt), C, 0, R, 0, C},
+                                         dout.p(), static_cast<int>(R), 1, nullptr, k::MatvecConfig{1, 1});
+    report_exact(std::string("matvec ") + ftp::model::dtype_name(dt) + " view inside a block, config 1x1: refused",
+                 (inside == cudaErrorInvalidValue ? 0 : 1) + (config == cudaErrorInvalidValue ? 0 : 1), 2);
+  }
+  // A Q4_K_M layer's q, k, v: Q4_K, Q4_K and Q6_K asked in one call.
+  const std::int64_t C = 1024;
+  const std::int64_t rows[3] = {512, 128, 128};
+  const DType types[3] = {DType::q4_k, DType::q4_k, DType::q6_k};
+  std::vector<Tensor> ws;
+  std::vector<std::unique_ptr<Dev<std::uint8_t>>> dws;
+  for (int j = 0; j < 3; ++j) {
+    ws.push_back(make_tensor(types[j], rows[j], C));
+    dws.push_back(std::make_unique<Dev<std::uint8_t>>(ws.back().bytes));
+  }
+  double worst = 0;
+  for (int t : {1, 3}) {
+    auto x = randn(static_cast<std::size_t>(t) * C);
+    Dev<float> dx(x);
+    std::vector<std::unique_ptr<Dev<float>>> outs;
+    k::MatvecTarget targets[3];
+    for (int j = 0; j < 3; ++j) {
+      outs.push_back(std::make_unique<Dev<float>>(static_cast<std::size_t>(t) * rows[j]));
+      targets[j] = {k::WeightView{dws[j]->p(), kdt(types[j]), C, 0, rows[j], 0, C}, outs.back()->p(),
+                    static_cast<int>(rows[j])};
+    }
+    done(k::matvec_multi(dx.p(), static_cast<int>(C), targets, 3, t, nullptr), "matvec_multi (Q4_K, Q4_K, Q6_K)");
+    for (int j = 0; j < 3; ++j)
+      worst = std::max(worst, nmse(outs[static_cast<std::size_t>(j)]->get(),
+                                   gemv_ref(x, dequantized(ws[j], 0, rows[j], 0, C), t, rows[j], C)));
+  }
+  report("matvec_multi Q4_K, Q4_K, Q6_K (q, k, v of Q4_K_M) t=1,3", worst, 1e-6);
+}
+
+/// The integer-dot GEMV (every block type, with the activations' int8
+/// quants and scales from quantize_activations_f32) against a float64
+/// product of the CPU's quantized activations (ops::quantize_activations)
+/// and its dequantized weights, NMSE <= 1e-6: whole matrices, a row-parallel
+/// view from block 1 (its activations quantized from the view's first
+/// column, as the backend does), batches 1-13, every built configuration.
+void test_matvec_int_dots() {
+  int sms = 0;
+  cu(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "multiprocessor count");
+  const std::int64_t R = 8 * static_cast<std::int64_t>(sms) + 45;
+  for (DType dt : kBlockTypes) {
+    const std::int64_t B = ftp::model::dtype_block(dt), C = B == 256 ? 1280 : 544;
+    const k::ActQuant kind = k::act_quant_of(kdt(dt));
+    Tensor w = make_tensor(dt, R, C);
+    Dev<std::uint8_t> dw(w.bytes);
+    for (const std::int64_t c0 : {std::int64_t{0}, B}) {
+      const std::int64_t cols = C - c0;
+      const std::vector<float> wf = dequantized(w, 0, R, c0, cols);
+      for (const k::MatvecConfig cfg : {k::MatvecConfig{0, 0}, k::MatvecConfig{1, 4}, k::MatvecConfig{2, 4}, k::MatvecConfig{4, 4}}) {
+        double worst = 0;
+        for (int t : {1, 2, 3, 5, 8, 13}) {
+          const std::vector<float> x = randn(static_cast<std::size_t>(t) * cols);
+          std::vector<float> xq(x.size());
+          ftp::engine::ops::quantize_activations(dt, x.data(), t, static_cast<int>(cols), xq.data());
+          const int blocks = static_cast<int>(cols / B);
+          Dev<float> dx(x), dvals(x.size()), dscales(static_cast<std::size_t>(t) * blocks), dout(static_cast<std::size_t>(t) * R);
+          Dev<std::int8_t> dquants(x.size());
+          done(k::quantize_activations_f32(dx.p(), dvals.p(), t, static_cast<int>(cols), kind, nullptr, dquants.p(),
+                                           dscales.p()),
+               "quantize_activations_f32 (quants, scales)");
+          const k::Q8Acts q8{dquants.p(), dscales.p(), static_cast<int>(cols), blocks, kind};
+          cu(cudaMemset(dout.p(), 0xff, static_cast<std::size_t>(t) * R * sizeof(float)), "memset");
+          done(k::matvec(dvals.p(), static_cast<int>(cols), k::WeightView{dw.p(), kdt(dt), C, 0, R, c0, cols}, dout.p(),
+                         static_cast<int>(R), t, nullptr, cfg, &q8),
+               "matvec (int8 dots)");
+          worst = std::max(worst, nmse(dout.get(), gemv_ref(xq, wf, t, R, cols)));
+        }
+        report(std::string("matvec int8 dots ") + ftp::model::dtype_name(dt) + (c0 ? " cols from block 1" : " full") +
+                   " config " + std::to_string(cfg.rows_per_warp) + "x" + std::to_string(cfg.warps_per_row) + " t=1..13",
+               worst, 1e-6);
+      }
     }
   }
 }
@@ -910,32 +1199,55 @@ void test_attention_16bit(int hd, k::KvElem elem) {
 }
 
 /// GEMV bandwidth at batch 1 on a BF16 matrix of 8192 x 8192 (128 MiB,
-/// several times the L2), against the triad bandwidth of the same run.
-/// Printed, not asserted (timings are not a unit test's business).
+/// several times the L2), and on Q4_K and Q6_K matrices of 32768 and 16384
+/// x 8192 (151 and 110 MB; the float path and the integer path, with
+/// activation quants of zero), against the triad bandwidth of the same run. Printed, not asserted (timings are
+/// not a unit test's business).
 void report_matvec_bandwidth() {
-  const std::int64_t R = 8192, C = 8192;
-  Dev<std::uint16_t> w(static_cast<std::size_t>(R * C));
-  cu(cudaMemset(w.p(), 0x3c, static_cast<std::size_t>(R * C) * 2), "memset");
-  Dev<float> x(C), out(R);
-  cu(cudaMemset(x.p(), 0, C * 4), "memset");
-  k::WeightView v{w.p(), k::WeightDType::bf16, C, 0, R, 0, C};
-  cudaEvent_t e0, e1;
-  cu(cudaEventCreate(&e0), "event");
-  cu(cudaEventCreate(&e1), "event");
-  for (int i = 0; i < 3; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr), "matvec");
-  const int reps = 20;
-  cu(cudaEventRecord(e0), "event");
-  for (int i = 0; i < reps; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr), "matvec");
-  cu(cudaEventRecord(e1), "event");
-  cu(cudaEventSynchronize(e1), "event");
-  float ms = 0;
-  cu(cudaEventElapsedTime(&ms, e0, e1), "event");
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  const double gbs = static_cast<double>(R * C * 2) * reps / (ms / 1e3) / 1e9;
   const auto triad = ftp::backend::measure_gpu_triad_gbs(0, true);
-  std::printf("info matvec bf16 8192x8192 t=1: %.0f GB/s = %.2f of triad %.0f GB/s\n", gbs, gbs / triad.value,
-              triad.value);
+  struct Shape {
+    k::WeightDType dt;
+    DType model;
+    std::int64_t rows;
+  };
+  const std::int64_t C = 8192;
+  for (const Shape& sh : {Shape{k::WeightDType::bf16, DType::bf16, 8192}, Shape{k::WeightDType::q4_k, DType::q4_k, 32768},
+                          Shape{k::WeightDType::q6_k, DType::q6_k, 16384}}) {
+    const std::int64_t R = sh.rows;
+    const std::size_t bytes = ftp::model::dtype_bytes(sh.model, R * C);
+    Dev<std::uint8_t> w(bytes);
+    // 0x3c bytes: BF16 1.17; as block-type halves 0x3c3c = 1.06, finite.
+    cu(cudaMemset(w.p(), 0x3c, bytes), "memset");
+    Dev<float> x(C), out(R), xd(C / 32);
+    Dev<std::int8_t> xq(C);
+    cu(cudaMemset(x.p(), 0, C * 4), "memset");
+    cu(cudaMemset(xq.p(), 0, C), "memset");
+    cu(cudaMemset(xd.p(), 0, C / 32 * 4), "memset");
+    const k::Q8Acts q8{xq.p(), xd.p(), static_cast<int>(C), static_cast<int>(C / k::block_elems(sh.dt)),
+                       k::act_quant_of(sh.dt)};
+    k::WeightView v{w.p(), sh.dt, C, 0, R, 0, C};
+    for (const bool int8 : {false, true}) {
+      if (int8 && !k::matvec_int_dots(sh.dt)) continue;
+      const k::Q8Acts* a = int8 ? &q8 : nullptr;
+      cudaEvent_t e0, e1;
+      cu(cudaEventCreate(&e0), "event");
+      cu(cudaEventCreate(&e1), "event");
+      for (int i = 0; i < 3; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr, {}, a), "matvec");
+      const int reps = 20;
+      cu(cudaEventRecord(e0), "event");
+      for (int i = 0; i < reps; ++i) cu(k::matvec(x.p(), C, v, out.p(), R, 1, nullptr, {}, a), "matvec");
+      cu(cudaEventRecord(e1), "event");
+      cu(cudaEventSynchronize(e1), "event");
+      float ms = 0;
+      cu(cudaEventElapsedTime(&ms, e0, e1), "event");
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      const double gbs = static_cast<double>(bytes) * reps / (ms / 1e3) / 1e9;
+      std::printf("info matvec %s%s %lldx%lld t=1: %.0f GB/s = %.2f of triad %.0f GB/s\n", ftp::model::dtype_name(sh.model),
+                  int8 ? " (int8 dots)" : "", static_cast<long long>(R), static_cast<long long>(C), gbs, gbs / triad.value,
+                  triad.value);
+    }
+  }
 }
 
 }  // namespace
@@ -992,6 +1304,11 @@ int main() {
     test_matvec_multi();
     test_matvec_configs();
     test_dequant();
+    test_embed_blocks();
+    test_dequant_blocks();
+    test_quantize_activations();
+    test_matvec_blocks();
+    test_matvec_int_dots();
     test_argmax_and_sampling();
     test_sampling_by_hand();
     test_logprobs();

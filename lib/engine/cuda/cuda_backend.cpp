@@ -36,6 +36,7 @@
 #include "kernels/kv_write.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/matvec.cuh"
+#include "kernels/quantize_act.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/rope_kv_write.cuh"
@@ -78,6 +79,8 @@ CudaBackendOptions CudaBackendOptions::from_env() {
   const char* g = std::getenv("FTP_CUDA_GRAPHS");
   o.graph_batches = parse_graph_batches(g && *g ? g : "1-32");
   if (const char* f = std::getenv("FTP_CUDA_FUSE"); f && *f) o.fuse = std::string(f) != "0" && std::string(f) != "off";
+  if (const char* f = std::getenv("FTP_CUDA_INT8_DOTS"); f && *f)
+    o.int8_dots = std::string(f) != "0" && std::string(f) != "off";
   if (const char* f = std::getenv("FTP_CUDA_STEP_TIMING"); f && *f)
     o.step_timing = std::string(f) != "0" && std::string(f) != "off";
   if (const char* f = std::getenv("FTP_CUDA_PDL"); f && *f)
@@ -270,6 +273,7 @@ class CudaRank final : public RankBackend {
     gemv_max_rows_ = opts.gemv_max_rows;
     gemv_config_ = {opts.gemv_rows_per_warp, opts.gemv_warps_per_row};
     fuse_ = opts.fuse;
+    int8_dots_ = opts.int8_dots;
     timing_ = opts.step_timing;
     cuda::DeviceGuard guard(device, where_);
     try {
@@ -511,26 +515,36 @@ class CudaRank final : public RankBackend {
   void matmul(const float* x, const MatView& w, float* out, int rows) override {
     if (rows <= 0 || w.rows <= 0) return;
     const kernels::WeightView v = cuda::device_view(*weights_, w);
+    // The block types (Q4_0 .. Q6_K) take the activations quantized as the
+    // CPU backend quantizes them (Q8_0 / Q8_K values, bit for bit), so that
+    // a gear's logits do not depend on its backend beyond float rounding;
+    // one quantization serves every product of a deferred group.
+    const kernels::ActQuant aq = kernels::act_quant_of(v.dtype);
     if (rows <= gemv_max_rows(v.dtype)) {
       // Deferred: consecutive products of the same activations (q, k, v;
       // gate, up) go out as one launch (kernels::matvec_multi).
-      bool joins = fuse_ && pending_.n > 0 && pending_.n < kernels::kMaxMatvecTargets && pending_.x == x &&
-                   pending_.rows == rows && pending_.t[0].w.cols == v.cols;
+      bool joins = fuse_ && pending_.n > 0 && pending_.n < kernels::kMaxMatvecTargets && pending_.src == x &&
+                   pending_.act == aq && pending_.rows == rows && pending_.t[0].w.cols == v.cols;
       for (int j = 0; joins && j < pending_.n; ++j) joins = pending_.t[j].out != out;
       if (!joins) flush();
+      const float* xin = joins ? pending_.x : quantized(x, rows, v.cols, aq);
+      const kernels::Q8Acts* q8 = aq != kernels::ActQuant::none && int8_dots_ ? &q8_ : nullptr;
       if (!fuse_) {
-        check(kernels::matvec(x, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_, gemv_config_),
+        check(kernels::matvec(xin, static_cast<int>(w.cols), v, out, static_cast<int>(w.rows), rows, stream_,
+                              gemv_config(v.dtype), q8),
               "matvec",
               where_);
         return;
       }
-      pending_.x = x;
+      pending_.x = xin;
+      pending_.src = x;
+      pending_.act = aq;
       pending_.rows = rows;
       pending_.t[pending_.n++] = kernels::MatvecTarget{v, out, static_cast<int>(w.rows)};
       return;
     }
     flush();
-    gemm(x, v, out, rows);
+    gemm(quantized(x, rows, v.cols, aq), v, out, rows);
   }
   void add_bias(float* x, const VecView& b) override {
     flush();
@@ -674,7 +688,7 @@ class CudaRank final : public RankBackend {
 
  private:
   static constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
-  // Q8_0 matrices go to cuBLAS through dequantised tiles of at most this many bytes.
+  // Q8_0 and block-type matrices go to cuBLAS through dequantised tiles of at most this many bytes.
   static constexpr std::size_t kTileBytes = std::size_t{64} << 20;
 
   /// Runs `ops` as launches on the stream; what a failure left deferred is dropped.
@@ -726,8 +740,9 @@ class CudaRank final : public RankBackend {
     if (pending_.n > 0) {
       const int n = pending_.n;
       pending_.n = 0;
+      const kernels::Q8Acts* q8 = pending_.act != kernels::ActQuant::none && int8_dots_ ? &q8_ : nullptr;
       check(kernels::matvec_multi(pending_.x, static_cast<int>(pending_.t[0].w.cols), pending_.t, n, pending_.rows,
-                                  stream_, gemv_config_),
+                                  stream_, gemv_config(pending_.t[0].w.dtype), q8),
             "matvec", where_);
     }
     if (add_.x) {
@@ -812,7 +827,9 @@ class CudaRank final : public RankBackend {
               "cublasGemmEx", where_);
         return;
       }
-      case kernels::WeightDType::q8_0: {
+      default: {
+        // Q8_0 and the block types (their activations already quantized:
+        // matmul): BF16 tiles of the weights as ggml dequantizes them.
         void* xh = convert_activations(x, static_cast<std::size_t>(rows) * k, kernels::HalfType::bf16);
         const std::int64_t tile_rows =
             std::max<std::int64_t>(1, std::min<std::int64_t>(n, static_cast<std::int64_t>(kTileBytes / (2 * static_cast<std::size_t>(k)))));
@@ -822,7 +839,7 @@ class CudaRank final : public RankBackend {
           check(kernels::dequant_tile(v, r0, nr, tile, kernels::HalfType::bf16, stream_), "dequant_tile", where_);
           check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, nr, rows, k, &one, tile, CUDA_R_16BF, k, xh, CUDA_R_16BF,
                              k, &zero, out + r0, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                "cublasGemmEx (Q8_0 tile)", where_);
+                "cublasGemmEx (dequantised tile)", where_);
         }
         return;
       }
@@ -868,6 +885,37 @@ class CudaRank final : public RankBackend {
     g_timing.download_ms += ms[2];
   }
 
+  /// x itself where the weights take float activations (ActQuant::none);
+  /// else x (rows of cols floats) quantized as the CPU backend quantizes
+  /// it: the values into act_buf_ (returned), and the int8 quants and block
+  /// scales after them, described by q8_ (the integer-dot GEMV's input).
+  /// The caller has flushed what read act_buf_ before.
+  const float* quantized(const float* x, int rows, std::int64_t cols, kernels::ActQuant aq) {
+    if (aq == kernels::ActQuant::none) return x;
+    const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+    const int block = aq == kernels::ActQuant::q8_k ? 256 : 32;
+    const int blocks = static_cast<int>((cols + block - 1) / block);
+    // floats | int8 quants | float scales, each part 16-byte aligned.
+    const std::size_t quants_at = (n * sizeof(float) + 15) / 16 * 16;
+    const std::size_t scales_at = (quants_at + n + 15) / 16 * 16;
+    auto* base = static_cast<std::byte*>(
+        grow(act_buf_, scales_at + static_cast<std::size_t>(rows) * blocks * sizeof(float), "quantized activations"));
+    auto* xq = reinterpret_cast<float*>(base);
+    auto* quants = reinterpret_cast<std::int8_t*>(base + quants_at);
+    auto* scales = reinterpret_cast<float*>(base + scales_at);
+    check(kernels::quantize_activations_f32(x, xq, rows, static_cast<int>(cols), aq, stream_, quants, scales),
+          "quantize_activations_f32", where_);
+    q8_ = kernels::Q8Acts{quants, scales, static_cast<int>(cols), blocks, aq};
+    return xq;
+  }
+
+  /// The GEMV configuration asked (FTP_GEMV_CONFIG) where it is built for
+  /// weights of type dt, else the automatic one (the block types build
+  /// fewer: kernels::matvec_config_built).
+  kernels::MatvecConfig gemv_config(kernels::WeightDType dt) const {
+    return kernels::matvec_config_built(gemv_config_, dt) ? gemv_config_ : kernels::MatvecConfig{};
+  }
+
   /// Largest batch that takes the GEMV kernels (CudaBackendOptions::gemv_max_rows).
   int gemv_max_rows(kernels::WeightDType dt) const {
     if (gemv_max_rows_ >= 0) return gemv_max_rows_;
@@ -893,7 +941,7 @@ class CudaRank final : public RankBackend {
     drop_graphs();
     for (auto& b : bufs_)
       if (b.p) cudaFree(b.p);
-    for (DevBuf* b : {&layout_buf_, &half_buf_, &tile_buf_, &choice_buf_})
+    for (DevBuf* b : {&layout_buf_, &half_buf_, &tile_buf_, &choice_buf_, &act_buf_})
       if (b->p) cudaFree(b->p);
     for (void* p : deferred_) cudaFree(p);
     deferred_.clear();
@@ -913,7 +961,7 @@ class CudaRank final : public RankBackend {
     cublas_ws_ = nullptr;
     stream_ = nullptr;
     for (auto& b : bufs_) b = {};
-    layout_buf_ = half_buf_ = tile_buf_ = choice_buf_ = {};
+    layout_buf_ = half_buf_ = tile_buf_ = choice_buf_ = act_buf_ = {};
     cudaGetLastError();
     if (prev >= 0) cudaSetDevice(prev);
   }
@@ -943,6 +991,8 @@ class CudaRank final : public RankBackend {
 
   std::array<DevBuf, static_cast<std::size_t>(Buf::count)> bufs_{};
   DevBuf layout_buf_, half_buf_, tile_buf_, choice_buf_;
+  DevBuf act_buf_;  // activations quantized for the block types (quantized())
+  kernels::Q8Acts q8_{};  // their int8 quants and scales in act_buf_
   std::vector<float> host_choices_;  // temperature, top_p, draw of each row
   DevBuf logprob_buf_;                // choose_tokens' log-probabilities on the device
   std::vector<float> host_logprobs_;  // and on the host (the ids as their bits)
@@ -961,13 +1011,16 @@ class CudaRank final : public RankBackend {
   std::vector<int> logit_rows_;
 
   struct Pending {
-    const float* x = nullptr;
+    const float* x = nullptr;    // what the products read: src, or src quantized (act_buf_)
+    const float* src = nullptr;  // the activations the products were asked with
+    kernels::ActQuant act = kernels::ActQuant::none;
     int rows = 0;
     int n = 0;
     kernels::MatvecTarget t[kernels::kMaxMatvecTargets];
   } pending_;
 
   bool fuse_ = true;
+  bool int8_dots_ = true;  // CudaBackendOptions::int8_dots
   struct Add {
     float* x = nullptr;
     const float* y = nullptr;

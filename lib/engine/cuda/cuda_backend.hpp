@@ -21,8 +21,12 @@
 ///   the device when they do not fit in its free memory.
 /// * matmul: kernels::matvec (weights converted in registers) up to
 ///   `gemv_max_rows` rows; cuBLAS beyond (F32 sgemm; F16/BF16 cublasGemmEx
-///   with float32 compute after converting the activations; Q8_0 through
-///   dequantised BF16 tiles).
+///   with float32 compute after converting the activations; Q8_0 and the
+///   block types Q4_0 .. Q6_K through dequantised BF16 tiles). The block
+///   types take the activations quantized first as the CPU backend does
+///   (kernels::quantize_activations_f32: Q8_0 values for the legacy types,
+///   Q8_K for the K-quants), so their logits follow the CPU's (and
+///   llama.cpp's) up to float rounding.
 /// * all_reduce: NCCL (comm::NcclPool: a root communicator over the gear
 ///   table's GPUs only, split per device set and reused) when a stage's ranks are on
 ///   distinct GPUs; a same-GPU communicator (kernels::sum_buffers_f32, events
@@ -49,8 +53,8 @@ struct CudaBackendOptions {
   /// Largest row count that takes the GEMV kernels (0: cuBLAS always);
   /// FTP_GEMV_MAX_ROWS (a number, or auto). -1 (auto): by weight type, 2
   /// for F16/BF16 (cuBLAS reads them as they are and was faster from 3
-  /// rows on an H200: tests/gpu/README.md), 8 for F32 and Q8_0 (Q8_0 would
-  /// go through dequantised tiles).
+  /// rows on an H200: tests/gpu/README.md), 8 for F32, Q8_0 and the block
+  /// types (those would go through dequantised tiles).
   int gemv_max_rows = -1;
   /// The GEMV kernels' rows per row group and warps per group
   /// (kernels::MatvecConfig; 0, 0: chosen by batch and rows);
@@ -62,6 +66,12 @@ struct CudaBackendOptions {
   /// RMSNorm that reads its sum, the RoPE of q and k with the KV write.
   /// FTP_CUDA_FUSE=0 turns it off (for A/B runs).
   bool fuse = true;
+  /// The GEMV of the block types (Q4_0 .. Q6_K) with integer dots over the
+  /// activations' int8 quants (kernels::matvec_int_dots: llama.cpp's
+  /// vec_dot forms) instead of float dots over their values; the same
+  /// products up to float rounding. FTP_CUDA_INT8_DOTS=0 turns it off (for
+  /// A/B runs).
+  bool int8_dots = true;
   /// Programmatic dependent launch of the decode kernels on GPUs of compute
   /// capability 9.0 and later (kernels/launch.cuh): each kernel may start
   /// while the one before it finishes, and waits at its top for its

@@ -24,14 +24,23 @@ bool kernel_dtype_of(model::DType d, kernels::WeightDType& out) {
     case model::DType::f16: out = kernels::WeightDType::f16; return true;
     case model::DType::bf16: out = kernels::WeightDType::bf16; return true;
     case model::DType::q8_0: out = kernels::WeightDType::q8_0; return true;
-    default: return false;
+    case model::DType::q4_0: out = kernels::WeightDType::q4_0; return true;
+    case model::DType::q4_1: out = kernels::WeightDType::q4_1; return true;
+    case model::DType::q5_0: out = kernels::WeightDType::q5_0; return true;
+    case model::DType::q5_1: out = kernels::WeightDType::q5_1; return true;
+    case model::DType::q2_k: out = kernels::WeightDType::q2_k; return true;
+    case model::DType::q3_k: out = kernels::WeightDType::q3_k; return true;
+    case model::DType::q4_k: out = kernels::WeightDType::q4_k; return true;
+    case model::DType::q5_k: out = kernels::WeightDType::q5_k; return true;
+    case model::DType::q6_k: out = kernels::WeightDType::q6_k; return true;
+    default: return false;  // a type added to the loader but not to the kernels: refused
   }
 }
 
 [[noreturn]] void refuse(const model::TensorView& t) {
   throw InputError("cuda backend: tensor '" + t.name + "' is " + model::dtype_name(t.dtype) +
-                   ", which the CUDA kernels do not run yet (they run F32, F16, BF16 and Q8_0; the CPU backend, "
-                   "--backend cpu, runs every type of the file)");
+                   ", which the CUDA kernels do not run (they run F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and "
+                   "Q2_K..Q6_K; the CPU backend, --backend cpu, runs every type of the file)");
 }
 
 kernels::WeightDType kernel_dtype(const model::TensorView& t) {

@@ -77,8 +77,10 @@ class DeviceWeights {
 };
 
 /// Refuses a model with a matrix of a type the CUDA kernels do not run
-/// (they run F32, F16, BF16 and Q8_0; the CPU backend runs Q4_0..Q6_K too):
-/// an ftp::InputError naming the tensor and its type, before any upload.
+/// (they run every type the loader accepts today: F32, F16, BF16, Q8_0,
+/// Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K; a type added to the loader alone
+/// would be refused here): an ftp::InputError naming the tensor and its
+/// type, before any upload.
 void check_kernel_dtypes(const WeightStore& w);
 
 /// A MatView of the store as a view of the device copy (its tensor must be
