@@ -1,4 +1,4 @@
-# Sourced by tests/gpu/run-on-device.sh and tests/gpu/issue17-on-device.sh
+# Sourced by tests/gpu/run-on-device.sh, issue17-on-device.sh and issue19-on-device.sh
 # on the lent device machine.
 #
 # unpack_pack PACK_DIR WORK: unpacks PACK_DIR/ftp-gpu.tar.xz (or an older
@@ -47,4 +47,22 @@ device_env() {
   done
   export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export FTP_TEST_DATA=$work/data
+}
+
+# device_run NAME LIMIT CMD...: runs CMD for at most LIMIT seconds and never
+# past $deadline (SECONDS), its output to the terminal and to
+# $log_dir/NAME.log, and counts it in pass, fail or skip (exit 77: the GPU
+# or the data was not found, worth a look). A step with under
+# $device_min_step seconds left (default 1) is not run and counts as failed.
+device_run() {
+  local name=$1 limit=$2; shift 2
+  local left=$((deadline - SECONDS))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt "${device_min_step:-1}" ]; then echo "=== $name: not run, $left s of the budget left"; fail=$((fail + 1)); return; fi
+  echo "=== $name (limit $limit s)"
+  local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee "$log_dir/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc in $((SECONDS - t0)) s"
+  case $rc in 0) pass=$((pass + 1)) ;; 77) skip=$((skip + 1)); echo "=== $name SKIPPED: see its first line" ;; *) fail=$((fail + 1)) ;; esac
 }

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Packs what tests/gpu/run-on-device.sh and tests/gpu/issue17-on-device.sh
+# Packs what tests/gpu/run-on-device.sh, tests/gpu/issue17-on-device.sh and issue19-on-device.sh
 # need on a machine that cannot build flextp (no Debian packages, no
 # network): the GPU test and benchmark programs from a CUDA build, the
 # daemon and its shift tool (ftp-serve, ftp-shift) with the streaming load

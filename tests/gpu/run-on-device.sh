@@ -39,25 +39,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max
 
 pass=0; fail=0; skip=0
 deadline=$((SECONDS + ${FTP_DEVICE_BUDGET:-540}))
-run() {  # NAME TIMEOUT CMD...
-  local name=$1 limit=$2; shift 2
-  local left=$((deadline - SECONDS))
-  [ "$limit" -gt "$left" ] && limit=$left
-  if [ "$limit" -le 0 ]; then echo "=== $name: not run, FTP_DEVICE_BUDGET spent"; fail=$((fail + 1)); return; fi
-  echo "=== $name (limit $limit s)"
-  local t0=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee "$log_dir/$name.log"
-  local rc=${PIPESTATUS[0]}
-  echo "=== $name: exit $rc in $((SECONDS - t0)) s"
-  # A skip here means the GPU or the data was not found: worth a look.
-  case $rc in 0) pass=$((pass + 1)) ;; 77) skip=$((skip + 1)); echo "=== $name SKIPPED: see its first line" ;; *) fail=$((fail + 1)) ;; esac
-}
-run gpu 60 "$work/bin/test-gpu"
-run gpu-kernels 120 "$work/bin/test-kernels"
-run gpu-engine 150 "$work/bin/test-cuda-engine"
-run gpu-bench-tiny 60 "$work/bin/gpu-bench" --shape tiny --steps 4 --prompt 8
+device_run gpu 60 "$work/bin/test-gpu"
+device_run gpu-kernels 120 "$work/bin/test-kernels"
+device_run gpu-engine 150 "$work/bin/test-cuda-engine"
+device_run gpu-bench-tiny 60 "$work/bin/gpu-bench" --shape tiny --steps 4 --prompt 8
 if [ $quick -eq 0 ]; then
-  run gpu-bench-8b 360 "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32 --batches "$batches" \
+  device_run gpu-bench-8b 360 "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32 --batches "$batches" \
     --memory-check
   IFS=';' read -ra settings <<< "$ab"
   i=0
@@ -66,7 +53,7 @@ if [ $quick -eq 0 ]; then
     echo "=== A/B $i: $setting"
     # Word splitting of $setting is wanted: several VAR=VALUE words.
     # shellcheck disable=SC2086
-    run "gpu-bench-8b-ab$i" 120 env $setting "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32 \
+    device_run "gpu-bench-8b-ab$i" 120 env $setting "$work/bin/gpu-bench" --shape 8b --dir /tmp/ftp-bench --steps 32 --prompt 32 \
       --batches "$batches" --no-gemv-sweep
   done
 fi
