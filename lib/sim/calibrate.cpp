@@ -158,6 +158,7 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
     double rms = std::numeric_limits<double>::infinity();
   };
   Candidate win;
+  std::vector<TileTry> tried;
   for (const int tile : b.row_tiles.empty() ? std::vector<int>{0} : b.row_tiles) {
     if (tile < 0) throw InputError("calibration: row tile " + std::to_string(tile) + " is negative");
     std::vector<Vec> x_rows;
@@ -180,6 +181,7 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
       sum += e * e;
     }
     c.rms = t.empty() ? 0 : std::sqrt(sum / double(t.size()));
+    tried.push_back(TileTry{tile, c.rms});
     if (tile > 0 && c.coef[5] <= 0) continue;  // no pass cost: the same model as row_tile 0
     // A tile must earn its term: 1 % less error than the fit so far (and
     // more than rounding), else the smaller tile (or none) stays.
@@ -207,6 +209,7 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
     f.at_bound.push_back(BoundHit{kNames[i], efficiency ? !coef_upper : coef_upper, value[i]});
   }
   f.rms_error = calibration_rms_error(shape, perf, c, samples);
+  f.tiles = std::move(tried);
   return f;
 }
 

@@ -46,10 +46,18 @@ struct BoundHit {
   double value = 0;
 };
 
+/// One row tile the fit tried: the error of its fit relative to its own
+/// prediction (what the tiles are compared on).
+struct TileTry {
+  int row_tile = 0;
+  double rms = 0;
+};
+
 struct CalibrationFit {
   plan::Calibration calibration;
   double rms_error = 0;            ///< calibration_rms_error on the samples
   std::vector<BoundHit> at_bound;  ///< the constants left at a bound, in term order
+  std::vector<TileTry> tiles;      ///< every row tile tried, in order
 };
 
 /// Fits the cost model's constants to measured steps of a one-stage domain

@@ -781,7 +781,9 @@ int main(int argc, char** argv) {
                 << " round" << (o.repeat == 1 ? "" : "s") << ", rms relative error " << fit.rms_error * 100
                 << " % (row tile " << cal.row_tile << ", pass efficiency " << cal.pass_efficiency
                 << "; without the pass term " << fit0.rms_error * 100 << " %), at a bound: "
-                << sim::describe_bounds(fit.at_bound) << "\n";
+                << sim::describe_bounds(fit.at_bound) << "; row tiles tried (rms relative to the prediction):";
+      for (const auto& tt : fit.tiles) std::cerr << " " << tt.row_tile << ": " << tt.rms * 100 << " %";
+      std::cerr << "\n";
       // The model's total over the measured total, on the steps it was fitted
       // to and on the evaluation runs' steps (held out; not for the service).
       auto total_ratio = [&](const std::vector<sim::StepSample>& steps, const plan::Calibration& c) {
