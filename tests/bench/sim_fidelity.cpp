@@ -75,6 +75,7 @@
 #include "doc/topology.hpp"
 #include "engine/domain.hpp"
 #include "engine/executor.hpp"
+#include "engine/ops.hpp"
 #include "engine/weight_store.hpp"
 #include "plan/model_shape.hpp"
 #include "serve/service.hpp"
@@ -638,18 +639,24 @@ int main(int argc, char** argv) {
     // 1. This CPU's share as one virtual device, probed with its threads
     // (ftp-probe's measurements), once per share size.
     std::map<int, plan::GroupPerf> probes;
-    auto probe = [&](int n_vd) {
-      auto it = probes.find(n_vd);
+    // int8: the model's products are the packed Q8_0 kernels, whose peak is
+    // the VNNI int8 rate, not the float GEMM's (engine-bench's roofline):
+    // the compute efficiency's bound of 1 is relative to it.
+    auto probe = [&](int n_vd, bool int8) {
+      const int key = n_vd * 2 + (int8 ? 1 : 0);
+      auto it = probes.find(key);
       if (it != probes.end()) return it->second;
       const int threads = cpu_shares(n_vd)[0]->threads();
       plan::GroupPerf perf;
       perf.tp = 1;
-      perf.tflop_s = backend::measure_cpu_gemm_tflops(threads, true).value;
+      if (int8) perf.tflop_s = backend::measure_cpu_int8_tops(threads, true).value;
+      int8 = int8 && perf.tflop_s > 0;  // no VNNI here: the float GEMM
+      if (!int8) perf.tflop_s = backend::measure_cpu_gemm_tflops(threads, true).value;
       perf.gb_s = backend::measure_cpu_triad_gbs(threads, true).value;
-      std::cerr << "probe: " << perf.tflop_s * 1e3 << " GFLOP/s GEMM, " << perf.gb_s << " GB/s triad (" << threads
-                << " thread" << (threads == 1 ? "" : "s") << ", one of " << n_vd << " CPU share" << (n_vd == 1 ? "" : "s")
-                << "); load average " << load_average() << "\n";
-      return probes[n_vd] = perf;
+      std::cerr << "probe: " << perf.tflop_s * 1e3 << (int8 ? " GOP/s int8 VNNI, " : " GFLOP/s GEMM, ") << perf.gb_s
+                << " GB/s triad (" << threads << " thread" << (threads == 1 ? "" : "s") << ", one of " << n_vd
+                << " CPU share" << (n_vd == 1 ? "" : "s") << "); load average " << load_average() << "\n";
+      return probes[key] = perf;
     };
     json::Json probes_json = json::Json::array();
 
@@ -706,7 +713,8 @@ int main(int argc, char** argv) {
       // The real engine's CPU share; the shift workload's service splits the
       // CPUs at least two ways (gears a and b), its calibration runs on one.
       const int n_vd = name == "shift" ? std::max(2, o.split) : o.split;
-      const plan::GroupPerf perf = probe(n_vd);
+      const plan::GroupPerf perf =
+          probe(n_vd, store.matrix_dtype() == model::DType::q8_0 && engine::ops::packed_kernels_available());
 
       // 2. Calibration: runs of the real engine on their own workload
       // (another seed each), offered --concurrency by the planner's constants.
