@@ -199,6 +199,7 @@ class Recording final : public engine::Engine {
 };
 
 std::ofstream* g_steps_out = nullptr;  // --steps-out
+bool g_fit_cpu_time = false;           // --fit-cpu-time: a step's sample is its CPU time
 std::string g_workload, g_phase;
 
 struct Latencies {
@@ -258,7 +259,7 @@ Latencies drive(engine::Domain& d, const Workload& w, const std::function<double
     if (rec && tokens > 0) {
       const double dt = now() - t0, dc = cpu_s() - c0;
       if (cpu) cpu->busy_s += dt, cpu->cpu_s += dc;
-      if (samples) samples->push_back({rec->last, dt});
+      if (samples) samples->push_back({rec->last, g_fit_cpu_time ? dc : dt});
       if (g_steps_out)
         *g_steps_out << json::Json{{"workload", g_workload}, {"phase", g_phase},
                                    {"tokens", rec->last.tokens}, {"attention_pairs", rec->last.attention_pairs},
@@ -619,6 +620,10 @@ int main(int argc, char** argv) {
   app.add_option("--synthetic-path", o.synthetic_path, "Write the synthetic model here and keep it (default: a temp file)");
   app.add_option("--steps-out", o.steps_out,
                  "Write every measured step of the real engine (its work, seconds, workload and phase) here, JSONL");
+  app.add_flag("--fit-cpu-time", g_fit_cpu_time,
+               "Fit and compare the steps on the process's CPU time instead of their wall time: what other processes "
+               "take from the core does not count (the latencies of the simulated engine are then those of an idle "
+               "machine)");
   app.add_flag("--sweep", o.sweep,
                "After each fit (not the shift workload's), time the real engine's decode step alone at 1..--sweep-rows "
                "rows and each of --sweep-contexts positions, against the fitted model");
