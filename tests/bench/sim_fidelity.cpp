@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <ctime>
 #include <cmath>
@@ -816,6 +817,20 @@ int main(int argc, char** argv) {
                      "rms relative error %.1f %%\n", name.c_str(), total_ratio(samples, fit0.calibration),
                      total_ratio(eval_steps, fit0.calibration),
                      sim::calibration_rms_error(shape, perf, fit0.calibration, eval_steps) * 100);
+        // The held-out decode steps (one token a row) by their rows: the
+        // model's total over the measured, with and without the pass term.
+        const plan::StageSpan span{shape.n_layers, true, true};
+        std::map<int, std::array<double, 3>> by_rows;  // rows -> model, model without passes, measured
+        for (const auto& st : eval_steps) {
+          if (st.work.tokens != st.work.logit_rows || st.work.tokens > 16) continue;
+          auto& b = by_rows[static_cast<int>(st.work.tokens)];
+          b[0] += plan::step_time_s(shape, span, perf, st.work, cal);
+          b[1] += plan::step_time_s(shape, span, perf, st.work, fit0.calibration);
+          b[2] += st.seconds;
+        }
+        std::fprintf(stderr, "%s: evaluation decode steps, model/measured by rows (with / without the pass term):", name.c_str());
+        for (const auto& [r, b] : by_rows) std::fprintf(stderr, " %d: %.3f/%.3f", r, b[0] / b[2], b[1] / b[2]);
+        std::fprintf(stderr, "\n");
       }
       json::Json sweep;
       if (o.sweep && name != "shift")
