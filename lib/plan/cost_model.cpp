@@ -58,10 +58,15 @@ double kernel_passes(double rows, int row_tile) {
   return static_cast<double>(t / tile + static_cast<std::uint64_t>(std::popcount(t % tile)));
 }
 
+double extra_passes(double rows, int row_tile) {
+  if (row_tile <= 0 || !(rows >= 1)) return 0;
+  return kernel_passes(rows, row_tile) - std::round(rows) / row_tile;
+}
+
 double pass_bytes(const ModelShape& m, const StageSpan& s, int tp, const StepWork& w, int row_tile) {
   if (row_tile <= 0) return 0;
-  const double params = s.n_layers * m.layer_params() * kernel_passes(w.tokens, row_tile) +
-                        (s.last ? m.head_params() * kernel_passes(w.logit_rows, row_tile) : 0.0);
+  const double params = s.n_layers * m.layer_params() * extra_passes(w.tokens, row_tile) +
+                        (s.last ? m.head_params() * extra_passes(w.logit_rows, row_tile) : 0.0);
   return params * m.bytes_per_param / tp;
 }
 

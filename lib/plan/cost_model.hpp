@@ -142,8 +142,9 @@ struct Calibration {
   double row_overhead_s = 0;                         ///< per logits row (head, sampling), seconds
   /// Rows of the products' kernel: a product of t rows runs as
   /// kernel_passes(t, row_tile) passes, each streaming the weights once
-  /// more (from cache, after the first read from memory). 0: no pass term
-  /// (GPUs: the datasheet calibrations).
+  /// more (from cache, after the first read from memory); the passes beyond
+  /// the rows' share of full tiles (extra_passes) are the pass term. 0: no
+  /// pass term (GPUs: the datasheet calibrations).
   int row_tile = 0;
   /// The rate a kernel pass streams the stage's weights, as a multiple of
   /// the device's GB/s (a pass reads them from cache: more than 1).
@@ -159,8 +160,16 @@ struct Calibration {
 /// row_tile) + popcount(rows mod row_tile). 0 for row_tile <= 0 or no rows.
 double kernel_passes(double rows, int row_tile);
 
-/// The weight bytes the kernel passes of one forward stream (per rank):
-///   (n_layers x layer_params x kernel_passes(tokens) + head_params x kernel_passes(logit_rows) [last stage])
+/// The passes beyond the rows' share of full tiles: kernel_passes(rows) -
+/// rows / row_tile, >= 0: 0 for a multiple of the tile, 1.25 for 3 rows of
+/// a 4-row tile (a pass of 2 and one of 1). A product's time is
+/// c_pass x kernel_passes + c_row x rows = (c_pass / row_tile + c_row) x
+/// rows + c_pass x extra_passes: the first part is the GEMM term (its rate
+/// for many rows, which the probe bounds), the second the pass term.
+double extra_passes(double rows, int row_tile);
+
+/// The weight bytes that the extra passes of one forward stream (per rank):
+///   (n_layers x layer_params x extra_passes(tokens) + head_params x extra_passes(logit_rows) [last stage])
 ///   x bytes_per_param / tp
 /// (the head runs on the logits rows only). 0 for row_tile <= 0.
 double pass_bytes(const ModelShape& m, const StageSpan& s, int tp, const StepWork& w, int row_tile);

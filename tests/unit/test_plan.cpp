@@ -124,6 +124,12 @@ TEST(CostModel, KernelPassesAreTilesAndPowerOfTwoEdges) {
   EXPECT_EQ(kernel_passes(256, 4), 64);
   EXPECT_EQ(kernel_passes(17, 16), 2);
   EXPECT_EQ(kernel_passes(5, 0), 0);  // no tile: no pass term
+  // Beyond the rows' share of full tiles: none for whole tiles.
+  EXPECT_DOUBLE_EQ(extra_passes(3, 4), 1.25);
+  EXPECT_DOUBLE_EQ(extra_passes(8, 4), 0);
+  EXPECT_DOUBLE_EQ(extra_passes(1, 4), 0.75);
+  EXPECT_DOUBLE_EQ(extra_passes(256, 4), 0);
+  EXPECT_DOUBLE_EQ(extra_passes(15, 4), 1.25);
 }
 
 TEST(CostModel, KernelPassesStreamTheWeightsOnceMore) {
@@ -132,17 +138,17 @@ TEST(CostModel, KernelPassesStreamTheWeightsOnceMore) {
   GroupPerf g = a100();
   Calibration c;
   c.overlap = false;
-  const StepWork w{3, 3 * 100, 3 * 101, 3};  // three decode rows: passes of 2 and 1
+  const StepWork w{3, 3 * 100, 3 * 101, 3};  // three decode rows: passes of 2 and 1, 1.25 beyond 3/4 of a tile
   const double without = step_time_s(m, last, g, w, c);
   c.row_tile = 4;
   c.pass_efficiency = 5;
-  const double bytes = (32 * m.layer_params() + m.head_params()) * 2 * m.bytes_per_param;
+  const double bytes = (32 * m.layer_params() + m.head_params()) * 1.25 * m.bytes_per_param;
   EXPECT_DOUBLE_EQ(pass_bytes(m, last, 1, w, 4), bytes);
   EXPECT_NEAR(step_time_s(m, last, g, w, c) - without, bytes / (2000e9 * 5), 1e-12);
-  // The head runs on the logits rows alone: a prefill chunk of 256 tokens, one row.
+  // The head runs on the logits rows alone: a prefill chunk of 256 tokens
+  // (whole tiles: no extra pass), one row (0.75 beyond its quarter tile).
   const StepWork prefill{256, 256 * 128, 256, 1};
-  EXPECT_DOUBLE_EQ(pass_bytes(m, last, 2, prefill, 4),
-                   (32 * m.layer_params() * 64 + m.head_params()) * m.bytes_per_param / 2);
+  EXPECT_DOUBLE_EQ(pass_bytes(m, last, 2, prefill, 4), m.head_params() * 0.75 * m.bytes_per_param / 2);
 }
 
 TEST(CostModel, MemoryAndReplicaThroughput) {
