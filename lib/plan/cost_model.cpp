@@ -2,6 +2,7 @@
 #include "plan/cost_model.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 
@@ -51,12 +52,32 @@ double stage_weight_params(const ModelShape& m, const StageSpan& s) {
   return stage_compute_params(m, s) + (s.first ? m.embedding_params() : 0);
 }
 
+double kernel_passes(double rows, int row_tile) {
+  if (row_tile <= 0 || !(rows >= 1)) return 0;
+  const auto t = static_cast<std::uint64_t>(std::llround(rows));
+  const auto tile = static_cast<std::uint64_t>(row_tile);
+  return static_cast<double>(t / tile + static_cast<std::uint64_t>(std::popcount(t % tile)));
+}
+
+double extra_passes(double rows, int row_tile) {
+  if (row_tile <= 0 || !(rows >= 1)) return 0;
+  return kernel_passes(rows, row_tile) - std::round(rows) / row_tile;
+}
+
+double pass_bytes(const ModelShape& m, const StageSpan& s, int tp, const StepWork& w, int row_tile) {
+  if (row_tile <= 0) return 0;
+  const double params = s.n_layers * m.layer_params() * extra_passes(w.tokens, row_tile) +
+                        (s.last ? m.head_params() * extra_passes(w.logit_rows, row_tile) : 0.0);
+  return params * m.bytes_per_param / tp;
+}
+
 double step_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, const StepWork& w, const Calibration& c) {
   const double p = stage_compute_params(m, s);
   const double flop_s = g.tp * g.tflop_s * 1e12;
   double compute = 2.0 * p * w.tokens / (flop_s * c.compute_efficiency);
   if (w.attention_pairs > 0)
     compute += 4.0 * w.attention_pairs * m.n_heads * m.head_dim * s.n_layers / (flop_s * c.attention_efficiency);
+  if (c.row_tile > 0) compute += pass_bytes(m, s, g.tp, w, c.row_tile) / (g.gb_s * 1e9 * c.pass_efficiency);
   const double bytes = p * m.bytes_per_param / g.tp + w.kv_positions * s.n_layers * m.kv_bytes_per_token_layer(g.tp);
   const double read = bytes / (g.gb_s * 1e9 * c.memory_efficiency);
   const double ar = allreduce_time_s(g.tp, double(m.hidden_size) * w.tokens * m.activation_bytes_per_element(),

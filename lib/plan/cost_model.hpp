@@ -140,14 +140,43 @@ struct Calibration {
   double memory_efficiency = kMemoryEfficiency;      ///< share of GB/s weight and KV reads reach
   double layer_overhead_s = kLayerOverheadS;         ///< per layer per forward, seconds
   double row_overhead_s = 0;                         ///< per logits row (head, sampling), seconds
+  /// Rows of the products' kernel: a product of t rows runs as
+  /// kernel_passes(t, row_tile) passes, each streaming the weights once
+  /// more (from cache, after the first read from memory); the passes beyond
+  /// the rows' share of full tiles (extra_passes) are the pass term. 0: no
+  /// pass term (GPUs: the datasheet calibrations).
+  int row_tile = 0;
+  /// The rate a kernel pass streams the stage's weights, as a multiple of
+  /// the device's GB/s (a pass reads them from cache: more than 1).
+  double pass_efficiency = 1;
   /// true: time = max(compute, memory) (GPUs overlap them); false: their sum
   /// (a CPU's cores do both).
   bool overlap = true;
 };
 
+/// Passes of a product's kernel over the weights for `rows` rows, when
+/// the kernel takes `row_tile` rows at a time and a remainder in kernels of
+/// power-of-two widths (OpenBLAS's SGEMM: 4, then 2 and 1): floor(rows /
+/// row_tile) + popcount(rows mod row_tile). 0 for row_tile <= 0 or no rows.
+double kernel_passes(double rows, int row_tile);
+
+/// The passes beyond the rows' share of full tiles: kernel_passes(rows) -
+/// rows / row_tile, >= 0: 0 for a multiple of the tile, 1.25 for 3 rows of
+/// a 4-row tile (a pass of 2 and one of 1). A product's time is
+/// c_pass x kernel_passes + c_row x rows = (c_pass / row_tile + c_row) x
+/// rows + c_pass x extra_passes: the first part is the GEMM term (its rate
+/// for many rows, which the probe bounds), the second the pass term.
+double extra_passes(double rows, int row_tile);
+
+/// The weight bytes that the extra passes of one forward stream (per rank):
+///   (n_layers x layer_params x extra_passes(tokens) + head_params x extra_passes(logit_rows) [last stage])
+///   x bytes_per_param / tp
+/// (the head runs on the logits rows only). 0 for row_tile <= 0.
+double pass_bytes(const ModelShape& m, const StageSpan& s, int tp, const StepWork& w, int row_tile);
+
 /// One forward of `w` on one stage:
 ///   compute = (2 x P x tokens / compute_efficiency + 4 x pairs x n_heads x head_dim x n_layers / attention_efficiency)
-///             / (tp x TFLOP/s)
+///             / (tp x TFLOP/s) + pass_bytes(row_tile) / (GB/s x pass_efficiency)
 ///   memory  = (P x bytes_per_param / tp + kv_positions x n_layers x kv_bytes_per_token_layer(tp)) / (GB/s x memory_efficiency)
 ///   time = max(compute, memory) (sum when !overlap) + 2 x n_layers x allreduce(tp, hidden x tokens x activation bytes)
 ///          + n_layers x layer_overhead_s + logit_rows x row_overhead_s

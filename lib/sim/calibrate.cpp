@@ -14,18 +14,23 @@ namespace ftp::sim {
 
 namespace {
 
-constexpr int kTerms = 5;  // layer overhead, GEMM, attention, memory, rows
+constexpr int kTerms = 6;
+constexpr double kTileGain = 0.01;  // the share of the error a row tile must remove to be kept  // layer overhead, GEMM, attention, memory, rows, kernel passes
 using Vec = std::array<double, kTerms>;
 using Mat = std::array<Vec, kTerms>;
 enum class At { free, lower, upper };
 
-Vec regressors(const plan::ModelShape& m, const plan::GroupPerf& g, const plan::StepWork& w) {
+Vec regressors(const plan::ModelShape& m, const plan::GroupPerf& g, const plan::StepWork& w, int row_tile) {
   const plan::StageSpan span{m.n_layers, true, true};
   const double p = plan::stage_compute_params(m, span);
   const double flop_s = g.tp * g.tflop_s * 1e12;
   const double bytes = p * m.bytes_per_param / g.tp + w.kv_positions * m.n_layers * m.kv_bytes_per_token_layer(g.tp);
-  return {double(m.n_layers), 2.0 * p * w.tokens / flop_s,
-          4.0 * w.attention_pairs * m.n_heads * m.head_dim * m.n_layers / flop_s, bytes / (g.gb_s * 1e9), w.logit_rows};
+  return {double(m.n_layers),
+          2.0 * p * w.tokens / flop_s,
+          4.0 * w.attention_pairs * m.n_heads * m.head_dim * m.n_layers / flop_s,
+          bytes / (g.gb_s * 1e9),
+          w.logit_rows,
+          plan::pass_bytes(m, span, g.tp, w, row_tile) / (g.gb_s * 1e9)};
 }
 
 // Solves g[F][F] x[F] = rhs[F] over the free terms F (Gauss-Jordan with
@@ -57,7 +62,7 @@ void solve_free(Mat g, Vec rhs, const std::array<At, kTerms>& at, Vec& x) {
 }
 
 constexpr const char* kNames[kTerms] = {"layer_overhead_s", "compute_efficiency", "attention_efficiency",
-                                        "memory_efficiency", "row_overhead_s"};
+                                        "memory_efficiency", "row_overhead_s", "pass_efficiency"};
 
 }  // namespace
 
@@ -67,19 +72,20 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
     throw InputError("calibration: " + std::to_string(samples.size()) + " samples, at least " + std::to_string(kTerms) +
                      " needed");
   if (!(perf.tflop_s > 0) || !(perf.gb_s > 0)) throw InputError("calibration: the device's tflop_s and gb_s must be positive");
-  // The coefficients are the overheads and the inverse efficiencies; their ranges:
-  const Vec lo{0, 1.0 / b.max_compute_efficiency, 1.0 / b.max_attention_efficiency, 1.0 / b.max_memory_efficiency, 0};
+  // The coefficients are the overheads and the inverse efficiencies; their
+  // ranges (a pass may cost nothing: its coefficient's lower bound is 0):
+  const Vec lo{0, 1.0 / b.max_compute_efficiency, 1.0 / b.max_attention_efficiency, 1.0 / b.max_memory_efficiency, 0, 0};
   const Vec hi{b.max_layer_overhead_s, 1.0 / b.min_compute_efficiency, 1.0 / b.min_attention_efficiency,
-               1.0 / b.min_memory_efficiency, b.max_row_overhead_s};
-  std::vector<Vec> x_rows;
+               1.0 / b.min_memory_efficiency, b.max_row_overhead_s, 1.0 / b.min_pass_efficiency};
+  std::vector<const StepSample*> used;
   std::vector<double> t;
   for (const auto& s : samples) {
     if (!(s.seconds > 0)) continue;
-    x_rows.push_back(regressors(shape, perf, s.work));
+    used.push_back(&s);
     t.push_back(s.seconds);
   }
-  // Weighted least squares: each step's error relative to `scale`.
-  auto bounded_fit = [&](const std::vector<double>& scale, std::array<At, kTerms>& best_at) {
+  // Weighted least squares of `x_rows` on t: each step's error relative to `scale`.
+  auto bounded_fit = [&](const std::vector<Vec>& x_rows, const std::vector<double>& scale, std::array<At, kTerms>& best_at) {
     Mat g{};
     Vec rhs{};
     double yy = 0;
@@ -94,7 +100,7 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
       yy += y * y;
     }
     // Box-constrained: the optimum holds some terms at a bound and solves
-    // the rest freely, so try all 3^5 choices and keep the best feasible one
+    // the rest freely, so try all 3^6 choices and keep the best feasible one
     // (sum of squares = yy - 2 x.rhs + x.G.x).
     Vec best{};
     double best_ss = std::numeric_limits<double>::infinity();
@@ -132,22 +138,56 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
     }
     return best;
   };
-  // First relative to the measured time; then, twice, relative to the
-  // model's own prediction. Weighting by the measured time favours the
-  // steps that ran fast: one that other work on the core stretched to 3x
-  // counts a ninth as much, so the fit ran 5-15 % under the steps' total
-  // time (sim-fidelity --steps-out); weighted by the prediction it does not.
-  std::array<At, kTerms> best_at{};
-  Vec best = bounded_fit(t, best_at);
-  for (int pass = 0; pass < 2; ++pass) {
+  auto predict = [](const Vec& x, const Vec& c) {
+    double p = 0;
+    for (int i = 0; i < kTerms; ++i) p += x[i] * c[i];
+    return p;
+  };
+  // For each row tile: first relative to the measured time; then, twice,
+  // relative to the model's own prediction. Weighting by the measured time
+  // favours the steps that ran fast: one that other work on the core
+  // stretched to 3x counts a ninth as much, so the fit ran 5-15 % under the
+  // steps' total time (sim-fidelity --steps-out); weighted by the
+  // prediction it does not. The tile whose fit has the least error
+  // relative to its prediction wins (no pass term, row_tile 0, unless one
+  // does clearly better).
+  struct Candidate {
+    int row_tile = 0;
+    Vec coef{};
+    std::array<At, kTerms> at{};
+    double rms = std::numeric_limits<double>::infinity();
+  };
+  Candidate win;
+  std::vector<TileTry> tried;
+  for (const int tile : b.row_tiles.empty() ? std::vector<int>{0} : b.row_tiles) {
+    if (tile < 0) throw InputError("calibration: row tile " + std::to_string(tile) + " is negative");
+    std::vector<Vec> x_rows;
+    for (const auto* s : used) x_rows.push_back(regressors(shape, perf, s->work, tile));
+    Candidate c;
+    c.row_tile = tile;
+    c.coef = bounded_fit(x_rows, t, c.at);
     std::vector<double> scale(t.size());
-    for (std::size_t k = 0; k < t.size(); ++k) {
-      double p = 0;
-      for (int i = 0; i < kTerms; ++i) p += x_rows[k][i] * best[i];
-      scale[k] = p > 0 ? p : t[k];
+    for (int pass = 0; pass < 2; ++pass) {
+      for (std::size_t k = 0; k < t.size(); ++k) {
+        const double p = predict(x_rows[k], c.coef);
+        scale[k] = p > 0 ? p : t[k];
+      }
+      c.coef = bounded_fit(x_rows, scale, c.at);
     }
-    best = bounded_fit(scale, best_at);
+    double sum = 0;
+    for (std::size_t k = 0; k < t.size(); ++k) {
+      const double p = predict(x_rows[k], c.coef);
+      const double e = p > 0 ? (t[k] - p) / p : 1.0;
+      sum += e * e;
+    }
+    c.rms = t.empty() ? 0 : std::sqrt(sum / double(t.size()));
+    tried.push_back(TileTry{tile, c.rms});
+    if (tile > 0 && c.coef[5] <= 0) continue;  // no pass cost: the same model as row_tile 0
+    // A tile must earn its term: 1 % less error than the fit so far (and
+    // more than rounding), else the smaller tile (or none) stays.
+    if (c.rms < win.rms * (1 - kTileGain) - 1e-6) win = c;
   }
+  const Vec& best = win.coef;
   CalibrationFit f;
   auto& c = f.calibration;
   c.overlap = false;
@@ -156,16 +196,20 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
   c.attention_efficiency = 1.0 / std::clamp(best[2], lo[2], hi[2]);
   c.memory_efficiency = 1.0 / std::clamp(best[3], lo[3], hi[3]);
   c.row_overhead_s = std::clamp(best[4], lo[4], hi[4]);
+  c.row_tile = win.row_tile;
+  c.pass_efficiency = win.row_tile > 0 ? 1.0 / std::clamp(best[5], lo[5], hi[5]) : 1.0;
   const Vec value{c.layer_overhead_s, c.compute_efficiency, c.attention_efficiency, c.memory_efficiency,
-                  c.row_overhead_s};
+                  c.row_overhead_s, c.pass_efficiency};
   for (int i = 0; i < kTerms; ++i) {
-    if (best_at[i] == At::free) continue;
+    if (win.at[i] == At::free) continue;
+    if (i == 5 && (win.row_tile == 0 || win.at[i] == At::lower)) continue;  // no pass term
     // An efficiency's upper bound is its coefficient's lower one.
-    const bool coef_upper = best_at[i] == At::upper;
-    const bool efficiency = i >= 1 && i <= 3;
+    const bool coef_upper = win.at[i] == At::upper;
+    const bool efficiency = (i >= 1 && i <= 3) || i == 5;
     f.at_bound.push_back(BoundHit{kNames[i], efficiency ? !coef_upper : coef_upper, value[i]});
   }
   f.rms_error = calibration_rms_error(shape, perf, c, samples);
+  f.tiles = std::move(tried);
   return f;
 }
 

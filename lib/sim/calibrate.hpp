@@ -27,6 +27,14 @@ struct CalibrationBounds {
   double min_memory_efficiency = 0.01, max_memory_efficiency = 1.0;
   double max_layer_overhead_s = 0.01;  ///< per layer per forward
   double max_row_overhead_s = 0.1;     ///< per logits row
+  /// A kernel pass re-reads weights the first pass brought into cache: not
+  /// slower than the triad reads memory. (At 0.1 the fit of stories260K's
+  /// steps on a loaded VM took row tile 2 at 0.16, the disturbed steps'
+  /// noise, and its held-out error rose from 102 to 124 %.)
+  double min_pass_efficiency = 1.0;
+  /// The row tiles tried (plan::Calibration::row_tile; 0: no pass term).
+  /// 1 is left out: its passes are the rows, the GEMM term's regressor.
+  std::vector<int> row_tiles = {0, 2, 4, 8, 16};
 };
 
 /// A constant the fit left at one end of its range: the data would move it
@@ -35,15 +43,23 @@ struct CalibrationBounds {
 /// cannot tell apart from another), or, at a lower bound of 0 overhead, the
 /// data gives that term no cost.
 struct BoundHit {
-  std::string term;  ///< "compute_efficiency", ..., "row_overhead_s"
+  std::string term;  ///< "compute_efficiency", ..., "row_overhead_s", "pass_efficiency"
   bool upper = false;
   double value = 0;
+};
+
+/// One row tile the fit tried: the error of its fit relative to its own
+/// prediction (what the tiles are compared on).
+struct TileTry {
+  int row_tile = 0;
+  double rms = 0;
 };
 
 struct CalibrationFit {
   plan::Calibration calibration;
   double rms_error = 0;            ///< calibration_rms_error on the samples
   std::vector<BoundHit> at_bound;  ///< the constants left at a bound, in term order
+  std::vector<TileTry> tiles;      ///< every row tile tried, in order
 };
 
 /// Fits the cost model's constants to measured steps of a one-stage domain
@@ -52,14 +68,17 @@ struct CalibrationFit {
 /// same cores) a step's time is linear in the constants' inverses:
 ///   t = n_layers x layer_overhead_s + gemm_flop / (TFLOP/s x compute_efficiency)
 ///       + attention_flop / (TFLOP/s x attention_efficiency) + bytes / (GB/s x memory_efficiency)
-///       + logit_rows x row_overhead_s
+///       + logit_rows x row_overhead_s + pass_bytes(row_tile) / (GB/s x pass_efficiency)
 /// solved by least squares on relative error with each constant inside
 /// `bounds` (box-constrained: the best of every choice of constants held at
-/// a bound, the others solved freely). The error is relative to the
+/// a bound, the others solved freely), once per row tile of
+/// `bounds.row_tiles`, in order; a tile replaces the one before when its
+/// fit's error relative to its prediction is 1 % lower (0, no pass term,
+/// unless a tile clearly does better). The error is relative to the
 /// measured time in a first pass, then to the model's prediction (two
 /// passes more), so steps that other processes stretched weigh as much as
 /// the rest and the fit keeps the steps' total time. Throws InputError with
-/// fewer than 5 samples.
+/// fewer than 6 samples.
 CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupPerf& perf,
                                const std::vector<StepSample>& samples, const CalibrationBounds& bounds = {});
 

@@ -76,6 +76,8 @@ json::Json calibration_to_json(const plan::Calibration& c, const plan::GroupPerf
                     {"memory_efficiency", c.memory_efficiency},
                     {"layer_overhead_s", c.layer_overhead_s},
                     {"row_overhead_s", c.row_overhead_s},
+                    {"row_tile", c.row_tile},
+                    {"pass_efficiency", c.pass_efficiency},
                     {"overlap", c.overlap},
                     {"fitted_on", json::Json{{"tflop_s", p.tflop_s}, {"gb_s", p.gb_s}}},
                     {"rms_relative_error", rms_error},
@@ -106,6 +108,14 @@ plan::Calibration read_calibration(const std::string& path) {
     num("memory_efficiency", c.memory_efficiency, true);
     num("layer_overhead_s", c.layer_overhead_s, false);
     num("row_overhead_s", c.row_overhead_s, false);
+    num("pass_efficiency", c.pass_efficiency, true);
+    if (j.contains("row_tile")) {
+      const json::Json& v = j["row_tile"];
+      if (!v.is_number_integer()) throw InputError("row_tile: expected a whole number of rows");
+      const auto n = v.get<std::int64_t>();
+      if (n < 0 || n > 1024) throw InputError("row_tile: " + std::to_string(n) + " is out of range (0 to 1024)");
+      c.row_tile = static_cast<int>(n);
+    }
     if (j.contains("overlap")) {
       if (!j["overlap"].is_boolean()) throw InputError("overlap: expected true or false");
       c.overlap = j["overlap"].get<bool>();

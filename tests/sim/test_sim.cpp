@@ -317,6 +317,70 @@ TEST(Calibration, RecoversTheConstantsOfSyntheticSteps) {
   EXPECT_THROW(sim::calibrate(m, g, {samples[0]}), InputError);
 }
 
+// Steps of 1-16 decode rows (each its own sequence) at contexts 64 and 512,
+// and prefill chunks of 32 and 256 tokens, timed exactly by `truth`.
+std::vector<sim::StepSample> decode_and_prefill_steps(const plan::ModelShape& m, const plan::GroupPerf& g,
+                                                      const plan::Calibration& truth) {
+  std::vector<sim::StepSample> samples;
+  const plan::StageSpan span{m.n_layers, true, true};
+  for (double ctx : {64.0, 512.0}) {
+    for (double rows = 1; rows <= 16; ++rows) {
+      plan::StepWork w{rows, rows * (ctx + 1), rows * (ctx + 1), rows};
+      samples.push_back({w, plan::step_time_s(m, span, g, w, truth)});
+    }
+    for (double tokens : {32.0, 256.0}) {
+      plan::StepWork w{tokens, tokens * (ctx + (tokens + 1) / 2), ctx + tokens, 1};
+      samples.push_back({w, plan::step_time_s(m, span, g, w, truth)});
+    }
+  }
+  return samples;
+}
+
+TEST(Calibration, RecoversTheKernelPassesOfSmallBatches) {
+  auto m = shape_70b();
+  plan::GroupPerf g = a100(1);
+  // The CPU engine's products: kernels of 4 rows (2 and 1 for the rest),
+  // each pass streaming the weights from cache at 5x the memory's rate.
+  plan::Calibration truth = cpu_truth(0.6);
+  truth.row_tile = 4;
+  truth.pass_efficiency = 5;
+  const auto samples = decode_and_prefill_steps(m, g, truth);
+  const auto fit = sim::fit_calibration(m, g, samples);
+  const auto& c = fit.calibration;
+  EXPECT_EQ(c.row_tile, 4);
+  EXPECT_NEAR(c.pass_efficiency, 5, 1e-6);
+  EXPECT_NEAR(c.compute_efficiency, 0.4, 1e-6);
+  EXPECT_NEAR(c.attention_efficiency, 0.1, 1e-6);
+  EXPECT_NEAR(c.memory_efficiency, 0.6, 1e-6);
+  EXPECT_NEAR(c.layer_overhead_s, 30e-6, 1e-9);
+  EXPECT_NEAR(c.row_overhead_s, 1e-4, 1e-9);
+  EXPECT_LT(fit.rms_error, 1e-9);
+  // Without the term the best fit of the same steps misses the decode
+  // steps of 3-8 rows by more than 3 %: the shape the term is for.
+  sim::CalibrationBounds no_pass;
+  no_pass.row_tiles = {0};
+  const auto fit0 = sim::fit_calibration(m, g, samples, no_pass);
+  EXPECT_EQ(fit0.calibration.row_tile, 0);
+  const plan::StageSpan span{m.n_layers, true, true};
+  double worst = 0;
+  for (const auto& s : samples)
+    if (s.work.logit_rows >= 3 && s.work.logit_rows <= 8)
+      worst = std::max(worst, std::abs(plan::step_time_s(m, span, g, s.work, fit0.calibration) / s.seconds - 1));
+  EXPECT_GT(worst, 0.03);
+  // Steps with no pass cost keep the five-term model (row tile 0).
+  const auto plain = sim::fit_calibration(m, g, decode_and_prefill_steps(m, g, cpu_truth(0.6)));
+  EXPECT_EQ(plain.calibration.row_tile, 0);
+  EXPECT_LT(plain.rms_error, 1e-9);
+  // The tile and its efficiency go through the JSON and back.
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ftp-sim-pass-" + std::to_string(::getpid()) + ".json")).string();
+  std::ofstream(path) << sim::calibration_to_json(c, g, fit.rms_error, fit.at_bound).dump();
+  const auto back = sim::read_calibration(path);
+  EXPECT_EQ(back.row_tile, 4);
+  EXPECT_DOUBLE_EQ(back.pass_efficiency, c.pass_efficiency);
+  std::filesystem::remove(path);
+}
+
 TEST(Calibration, KeepsEachConstantInsideItsBoundsAndSaysWhichItHit) {
   auto m = shape_70b();
   plan::GroupPerf g = a100(1);
@@ -429,6 +493,12 @@ TEST(SimServing, EngineNameAndCalibrationErrorsAreNamed) {
   const std::string big = refused(R"({"kind": "ftp.sim-calibration/v1", "layer_overhead_s": 1e300})");
   EXPECT_NE(big.find("layer_overhead_s:"), std::string::npos) << big;
   EXPECT_NE(big.find("out of range (0 to 1 s)"), std::string::npos) << big;
+  EXPECT_NE(refused(R"({"kind": "ftp.sim-calibration/v1", "row_tile": 2.5})").find("row_tile: expected a whole number"),
+            std::string::npos);
+  EXPECT_NE(refused(R"({"kind": "ftp.sim-calibration/v1", "row_tile": -4})").find("row_tile: -4 is out of range"),
+            std::string::npos);
+  EXPECT_NE(refused(R"({"kind": "ftp.sim-calibration/v1", "pass_efficiency": 0})").find("pass_efficiency: must be positive"),
+            std::string::npos);
   std::filesystem::remove(path);
 }
 

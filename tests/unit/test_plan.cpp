@@ -117,6 +117,40 @@ TEST(CostModel, PrefillIsComputeBoundWithAllReduce) {
   EXPECT_NEAR(prefill_time_s(m, all, a100(2), 1000), compute + 64 * ar + 32 * kLayerOverheadS, 1e-9);
 }
 
+TEST(CostModel, KernelPassesAreTilesAndPowerOfTwoEdges) {
+  // A kernel of 4 rows, the remainder in kernels of 2 and 1 (OpenBLAS's SGEMM).
+  const double want[] = {0, 1, 1, 2, 1, 2, 2, 3, 2, 3, 3, 4, 3, 4, 4, 5, 4};
+  for (int t = 0; t <= 16; ++t) EXPECT_EQ(kernel_passes(t, 4), want[t]) << t << " rows";
+  EXPECT_EQ(kernel_passes(256, 4), 64);
+  EXPECT_EQ(kernel_passes(17, 16), 2);
+  EXPECT_EQ(kernel_passes(5, 0), 0);  // no tile: no pass term
+  // Beyond the rows' share of full tiles: none for whole tiles.
+  EXPECT_DOUBLE_EQ(extra_passes(3, 4), 1.25);
+  EXPECT_DOUBLE_EQ(extra_passes(8, 4), 0);
+  EXPECT_DOUBLE_EQ(extra_passes(1, 4), 0.75);
+  EXPECT_DOUBLE_EQ(extra_passes(256, 4), 0);
+  EXPECT_DOUBLE_EQ(extra_passes(15, 4), 1.25);
+}
+
+TEST(CostModel, KernelPassesStreamTheWeightsOnceMore) {
+  ModelShape m = model("llama-7b");
+  StageSpan last{32, false, true};
+  GroupPerf g = a100();
+  Calibration c;
+  c.overlap = false;
+  const StepWork w{3, 3 * 100, 3 * 101, 3};  // three decode rows: passes of 2 and 1, 1.25 beyond 3/4 of a tile
+  const double without = step_time_s(m, last, g, w, c);
+  c.row_tile = 4;
+  c.pass_efficiency = 5;
+  const double bytes = (32 * m.layer_params() + m.head_params()) * 1.25 * m.bytes_per_param;
+  EXPECT_DOUBLE_EQ(pass_bytes(m, last, 1, w, 4), bytes);
+  EXPECT_NEAR(step_time_s(m, last, g, w, c) - without, bytes / (2000e9 * 5), 1e-12);
+  // The head runs on the logits rows alone: a prefill chunk of 256 tokens
+  // (whole tiles: no extra pass), one row (0.75 beyond its quarter tile).
+  const StepWork prefill{256, 256 * 128, 256, 1};
+  EXPECT_DOUBLE_EQ(pass_bytes(m, last, 2, prefill, 4), m.head_params() * 0.75 * m.bytes_per_param / 2);
+}
+
 TEST(CostModel, MemoryAndReplicaThroughput) {
   ModelShape m = model("llama-7b");
   Workload w = resolve(Workload{}, m);
