@@ -9,6 +9,7 @@ source "$(dirname "$0")/common.sh"
 need_stories260k
 tmp=$(mktemp -d)
 export FTP_SOCKET=$tmp/control.sock
+export STATE_DIRECTORY=$tmp/state  # the shift journal, not /var/lib/flextp
 daemon=
 cleanup() { [ -n "$daemon" ] && { kill -TERM "$daemon"; wait "$daemon"; } 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT

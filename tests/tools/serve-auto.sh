@@ -12,6 +12,7 @@ source "$(dirname "$0")/common.sh"
 need_stories260k
 tmp=$(mktemp -d)
 export FTP_SOCKET=$tmp/control.sock
+export STATE_DIRECTORY=$tmp/state  # the shift journal, not /var/lib/flextp
 daemon=; loop=; burst=()
 cleanup() {
   kill "${burst[@]}" $loop 2>/dev/null; [ -n "$daemon" ] && kill -9 $daemon 2>/dev/null
