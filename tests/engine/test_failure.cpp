@@ -77,16 +77,7 @@ struct FailureTest : ::testing::Test {
   static inline std::unique_ptr<WeightStore> store;
   static void SetUpTestSuite() {
     const std::string path = (std::filesystem::temp_directory_path() / "ftp-test-failure.gguf").string();
-    ftp::testing::SyntheticShape s;
-    s.n_layer = 2;
-    s.n_embd = 64;
-    s.n_ff = 192;
-    s.n_head = 4;
-    s.n_head_kv = 2;
-    s.n_vocab = 400;
-    s.n_ctx = 128;
-    s.seed = 7;
-    ftp::testing::write_synthetic_gguf(path, s);
+    ftp::testing::write_synthetic_gguf(path, ftp::testing::small_shape(400, 7));
     model = std::make_unique<ftp::model::Model>(ftp::model::load_model(path));
     store = std::make_unique<WeightStore>(*model);
   }

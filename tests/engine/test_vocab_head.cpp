@@ -69,16 +69,7 @@ struct VocabHead : ::testing::Test {
   static constexpr int kVocab = 401;  // 201 + 200 at TP 2, 101 + 3 x 100 at TP 4
   static void SetUpTestSuite() {
     const std::string path = (std::filesystem::temp_directory_path() / "ftp-test-vocab-head.gguf").string();
-    ftp::testing::SyntheticShape s;
-    s.n_layer = 2;
-    s.n_embd = 64;
-    s.n_ff = 192;
-    s.n_head = 4;
-    s.n_head_kv = 2;
-    s.n_vocab = kVocab;
-    s.n_ctx = 128;
-    s.seed = 11;
-    ftp::testing::write_synthetic_gguf(path, s);
+    ftp::testing::write_synthetic_gguf(path, ftp::testing::small_shape(kVocab, 11));
     model = std::make_unique<ftp::model::Model>(ftp::model::load_model(path));
     store = std::make_unique<WeightStore>(*model);
   }

@@ -36,6 +36,21 @@ struct SyntheticShape {
 /// the shape). Q8_0 and the legacy quants need n_embd, n_ff and n_head x
 /// head_dim to be multiples of 32, the K-quants of 256. Quantized matrices
 /// hold random_blocks. Throws ftp::Error on a bad shape or an I/O error.
+/// The small shape several engine tests share: 2 layers, 64 wide, a
+/// feed-forward of 192, 4 heads over 2 KV heads, context 128, F32.
+inline SyntheticShape small_shape(int n_vocab, std::uint64_t seed) {
+  SyntheticShape s;
+  s.n_layer = 2;
+  s.n_embd = 64;
+  s.n_ff = 192;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.n_vocab = n_vocab;
+  s.n_ctx = 128;
+  s.seed = seed;
+  return s;
+}
+
 void write_synthetic_gguf(const std::string& path, const SyntheticShape& shape);
 
 /// float32 -> IEEE half (round to nearest even; no overflow handling
