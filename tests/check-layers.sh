@@ -1,7 +1,7 @@
 #!/bin/bash
 # The folders of lib/ depend one way (lib/meson.build). A folder may include
 # headers only from the folders listed for it here (kernels/ is the CUDA ops
-# at the top level, used by the backend and the engine's CUDA backend).
+# at the top level, used by lib/hardware and the engine's CUDA backend).
 set -u
 lib=$1
 declare -A allowed=(
@@ -10,19 +10,19 @@ declare -A allowed=(
   [ipc]="core ipc"
   [hub]="core hub"
   [comm]="core doc comm"
-  [backend]="core doc backend kernels"
+  [hardware]="core doc hardware kernels"
   [http]="core http"
-  [serve]="core doc comm backend model engine member topology ipc control plan sim http serve"
-  [member]="core doc comm backend model engine topology member"
-  [api]="core doc comm backend model engine member topology ipc control plan sim http serve api"
-  [engine]="core doc comm backend model engine kernels"
-  [topology]="core doc comm backend topology"
+  [serve]="core doc comm hardware model engine member topology ipc control plan sim http serve"
+  [member]="core doc comm hardware model engine topology member"
+  [api]="core doc comm hardware model engine member topology ipc control plan sim http serve api"
+  [engine]="core doc comm hardware model engine kernels"
+  [topology]="core doc comm hardware topology"
   [plan]="core doc model plan"
   [control]="core doc control"
   [sim]="core doc model engine plan control sim"
   [model]="core doc model"
   [bench]="core doc control bench"
-  [cli]="core doc comm backend topology ipc plan model control engine member sim serve bench cli"
+  [cli]="core doc comm hardware topology ipc plan model control engine member sim serve bench cli"
 )
 bad=0
 for dir in "$lib"/*/; do

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <map>
 
-#include "backend/cpu/cpu_info.hpp"
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/cpu_info.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "core/error.hpp"
 #include "engine/rank_backend.hpp"
 
@@ -75,8 +75,8 @@ BatchLayout make_batch_layout(const std::vector<const SeqChunk*>& chunks, int bl
 }
 
 std::vector<std::vector<int>> resolve_rank_threads(const std::vector<StageLayout>& stages) {
-  std::map<const backend::VirtualDevice*, int> ranks_on;  // the domain's ranks on each device
-  auto device_of = [](const StageLayout& l, int r) -> const backend::VirtualDevice* {
+  std::map<const hardware::VirtualDevice*, int> ranks_on;  // the domain's ranks on each device
+  auto device_of = [](const StageLayout& l, int r) -> const hardware::VirtualDevice* {
     return static_cast<std::size_t>(r) < l.devices.size() ? l.devices[static_cast<std::size_t>(r)] : nullptr;
   };
   for (const StageLayout& l : stages)
@@ -89,7 +89,7 @@ std::vector<std::vector<int>> resolve_rank_threads(const std::vector<StageLayout
     for (int r = 0; r < l.tp; ++r) {
       int n = l.rank_threads;
       if (n <= 0) {
-        const backend::VirtualDevice* d = device_of(l, r);
+        const hardware::VirtualDevice* d = device_of(l, r);
         n = d ? d->threads() / ranks_on[d] : 1;
       }
       t.push_back(std::max(1, n));

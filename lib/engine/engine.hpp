@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/sampler.hpp"
 #include "model/model.hpp"
@@ -17,7 +17,7 @@ namespace ftp::engine {
 /// tensor-parallel ranks, each on its own thread (a CPU virtual device).
 struct StageLayout {
   StageLayout() = default;
-  StageLayout(int first, int n, int tp_, std::vector<backend::VirtualDevice*> devices_ = {}, std::vector<int> gpus_ = {})
+  StageLayout(int first, int n, int tp_, std::vector<hardware::VirtualDevice*> devices_ = {}, std::vector<int> gpus_ = {})
       : first_layer(first), n_layers(n), tp(tp_), devices(std::move(devices_)), gpus(std::move(gpus_)) {}
 
   int first_layer = 0;
@@ -27,7 +27,7 @@ struct StageLayout {
   /// run unpinned and nothing is accounted. With devices, each rank's thread
   /// is pinned to its device's CPUs and its KV pages are reserved against
   /// the device's memory budget (an OutOfDeviceMemory error names it).
-  std::vector<backend::VirtualDevice*> devices;
+  std::vector<hardware::VirtualDevice*> devices;
   /// CUDA backend: the device ordinal of each rank (tp of them), or empty:
   /// every rank on device 0 (several ranks on one GPU).
   std::vector<int> gpus;

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "comm/running_ranks.hpp"
 #include "core/error.hpp"
 
@@ -115,7 +115,7 @@ Executor::Executor(const WeightStore& weights, std::vector<StageLayout> stages, 
       Rank rk;
       rk.index = r;
       // Views of the rank's device's copy in device-memory mode, else of the mapped file.
-      const backend::VirtualDevice* dev = l.devices.empty() ? nullptr : l.devices[static_cast<std::size_t>(r)];
+      const hardware::VirtualDevice* dev = l.devices.empty() ? nullptr : l.devices[static_cast<std::size_t>(r)];
       for (int L = 0; L < l.n_layers; ++L) rk.layers.push_back(w_.layer(l.first_layer + L, l.tp, r, dev));
       rk.be = std::move(ranks[i]);
       rk.thread = std::make_unique<RankThread>();
@@ -234,7 +234,7 @@ void Executor::run_stage_rank(Stage& st, int r, MicroBatch& mb) {
   float* lin = be.buffer(Buf::logits_in, nl * E);
   be.gather_logit_rows(x, lin);
   const int tp = st.layout.tp;
-  const backend::VirtualDevice* dev =
+  const hardware::VirtualDevice* dev =
       st.layout.devices.empty() ? nullptr : st.layout.devices[static_cast<std::size_t>(rk.index)];
   be.rmsnorm(lin, w_.output_norm(dev), xn, static_cast<int>(nl));
   const MatView head = w_.output(tp, rk.index, dev);
@@ -443,7 +443,7 @@ void Executor::run_micro_batches(std::vector<MicroBatch>& mbs) {
         st.ranks[static_cast<std::size_t>(r)].thread->post([this, &st, r, &mbs, b, a, &rank_s, &cause_mu, &cause] {
           Rank& me = st.ranks[static_cast<std::size_t>(r)];
           if (background_.load(std::memory_order_relaxed) && !me.background) {
-            backend::lower_current_thread_priority(kBackgroundNice);  // best effort
+            hardware::lower_current_thread_priority(kBackgroundNice);  // best effort
             me.be->lower_helpers_priority(kBackgroundNice);
             me.background = true;
           }

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <utility>
 
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "engine/ops.hpp"
 
 namespace ftp::engine {
@@ -29,7 +29,7 @@ constexpr int next_of(std::uint64_t c) { return static_cast<int>(c & 0xffff); }
 
 }  // namespace
 
-IntraOpPool::IntraOpPool(int threads, const backend::VirtualDevice* device) {
+IntraOpPool::IntraOpPool(int threads, const hardware::VirtualDevice* device) {
   for (int i = 1; i < std::max(1, threads); ++i) helpers_.emplace_back([this, device] { helper_loop(device); });
 }
 
@@ -104,7 +104,7 @@ void IntraOpPool::work(std::uint32_t gen, bool helper) {
   }
 }
 
-void IntraOpPool::helper_loop(const backend::VirtualDevice* device) {
+void IntraOpPool::helper_loop(const hardware::VirtualDevice* device) {
   if (device) device->bind_current_thread();
   int niced = 0;
   std::uint32_t seen = gen_.load(std::memory_order_acquire);
@@ -126,7 +126,7 @@ void IntraOpPool::helper_loop(const backend::VirtualDevice* device) {
     if (stop_.load(std::memory_order_acquire)) return;
     seen = gen_.load(std::memory_order_acquire);
     if (const int d = nice_delta_.load(std::memory_order_relaxed); d > niced) {
-      backend::lower_current_thread_priority(d - niced);  // best effort
+      hardware::lower_current_thread_priority(d - niced);  // best effort
       niced = d;
     }
     work(seen, true);

@@ -12,7 +12,7 @@
 #include "engine/packed_weights.hpp"
 #include "engine/weight_store.hpp"
 
-namespace ftp::backend {
+namespace ftp::hardware {
 class VirtualDevice;
 }
 
@@ -39,7 +39,7 @@ class IntraOpPool {
 
   /// `threads` >= 1 (1: no helper, run() calls fn inline); `device`: whose
   /// CPUs the helpers pin to (null: unpinned).
-  IntraOpPool(int threads, const backend::VirtualDevice* device);
+  IntraOpPool(int threads, const hardware::VirtualDevice* device);
   ~IntraOpPool();
   IntraOpPool(const IntraOpPool&) = delete;
   IntraOpPool& operator=(const IntraOpPool&) = delete;
@@ -71,7 +71,7 @@ class IntraOpPool {
   void run_parts(int parts, PartFn fn, void* ctx);
   /// Claims and runs parts of job `gen` until none is left.
   void work(std::uint32_t gen, bool helper);
-  void helper_loop(const backend::VirtualDevice* device);
+  void helper_loop(const hardware::VirtualDevice* device);
 
   // claim_: generation (high 32 bits) | parts (16) | next part (low 16).
   std::atomic<std::uint64_t> claim_{0};

@@ -56,7 +56,7 @@ struct RankSpec {
   int block_tokens = 16;         ///< positions per page
   int max_rows = 256;            ///< rows (tokens) of the largest micro-batch expected; buffers grow past it
   KvDtype kv_dtype = KvDtype::automatic;  ///< the KV pages' element type (the backend resolves automatic)
-  backend::VirtualDevice* device = nullptr;  ///< CPU: the virtual device (pinning, accounting); may be null
+  hardware::VirtualDevice* device = nullptr;  ///< CPU: the virtual device (pinning, accounting); may be null
   int threads = 1;               ///< CPU: threads of the rank's operations (resolve_rank_threads)
   int gpu = -1;                  ///< CUDA: device ordinal; -1: the backend's default (0)
 };

@@ -187,7 +187,7 @@ struct WeightStore::DeviceCopy {
     bool holds(const MatView& m) const { return at.holds(m); }
   };
 
-  backend::VirtualDevice* device = nullptr;
+  hardware::VirtualDevice* device = nullptr;
   struct Free {
     void operator()(void* p) const noexcept { std::free(p); }
   };
@@ -234,7 +234,7 @@ WeightStore::~WeightStore() {
   for (auto& [dev, c] : copies_) c->device->release_weights(c->bytes);
 }
 
-const WeightStore::DeviceCopy* WeightStore::copy_of(const backend::VirtualDevice* device) const {
+const WeightStore::DeviceCopy* WeightStore::copy_of(const hardware::VirtualDevice* device) const {
   if (!device || copies_.empty()) return nullptr;
   auto it = copies_.find(device);
   if (it == copies_.end())
@@ -245,7 +245,7 @@ const WeightStore::DeviceCopy* WeightStore::copy_of(const backend::VirtualDevice
   return it->second.get();
 }
 
-RankLayerView WeightStore::layer(int layer, int tp, int rank, const backend::VirtualDevice* device) const {
+RankLayerView WeightStore::layer(int layer, int tp, int rank, const hardware::VirtualDevice* device) const {
   RankLayerView v = mapped_layer(layer, tp, rank);
   const DeviceCopy* c = copy_of(device);
   if (!c) return v;
@@ -275,7 +275,7 @@ model::RowSplit WeightStore::vocab_rows(int tp, int rank) const noexcept {
   return model::row_split(hparams().n_vocab, tp, rank);
 }
 
-MatView WeightStore::on_device(const MatView& m, const backend::VirtualDevice* device, const char* what) const {
+MatView WeightStore::on_device(const MatView& m, const hardware::VirtualDevice* device, const char* what) const {
   const DeviceCopy* c = copy_of(device);
   if (!c || m.rows == 0) return m;
   const DeviceCopy::Segment* s = c->find(m);
@@ -284,13 +284,13 @@ MatView WeightStore::on_device(const MatView& m, const backend::VirtualDevice* d
   return MatView{&s->view, m.r0 - s->at.r0, m.rows, m.c0 - s->at.c0, m.cols};
 }
 
-MatView WeightStore::embedding(int tp, int rank, const backend::VirtualDevice* device) const {
+MatView WeightStore::embedding(int tp, int rank, const hardware::VirtualDevice* device) const {
   const model::TensorView& t = m_.weights.tok_embd;
   const model::RowSplit v = vocab_rows(tp, rank);
   return on_device(MatView{&t, v.begin, v.size(), 0, t.cols}, device, "the embedding");
 }
 
-const float* WeightStore::output_norm(const backend::VirtualDevice* device) const {
+const float* WeightStore::output_norm(const hardware::VirtualDevice* device) const {
   if (const DeviceCopy* c = copy_of(device)) {
     if (c->output_norm.empty())
       throw Error("device-memory mode: device " + device->name() + " holds no copy of the final norm");
@@ -299,7 +299,7 @@ const float* WeightStore::output_norm(const backend::VirtualDevice* device) cons
   return output_norm_.data();
 }
 
-MatView WeightStore::output(int tp, int rank, const backend::VirtualDevice* device) const {
+MatView WeightStore::output(int tp, int rank, const hardware::VirtualDevice* device) const {
   const auto& t = m_.weights.output.data ? m_.weights.output : m_.weights.tok_embd;
   const model::RowSplit v = vocab_rows(tp, rank);
   return on_device(MatView{&t, v.begin, v.size(), 0, t.cols}, device, "the head");
@@ -378,7 +378,7 @@ std::vector<std::pair<const float*, std::size_t>> WeightStore::layer_vectors(int
   return out;
 }
 
-std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const std::vector<RankShard>& shards) {
+std::uint64_t WeightStore::copy_to_device(hardware::VirtualDevice& device, const std::vector<RankShard>& shards) {
   // The map's nodes are made at start only: a released copy is made again
   // in its own node, which no other thread reads (no domain on the device).
   auto slot = copies_.find(&device);
@@ -442,7 +442,7 @@ std::uint64_t WeightStore::copy_to_device(backend::VirtualDevice& device, const 
   return b;
 }
 
-std::uint64_t WeightStore::release_device(backend::VirtualDevice& device) {
+std::uint64_t WeightStore::release_device(hardware::VirtualDevice& device) {
   auto it = copies_.find(&device);
   if (it == copies_.end() || it->second->released) return 0;
   const std::uint64_t b = it->second->bytes;
@@ -454,12 +454,12 @@ std::uint64_t WeightStore::release_device(backend::VirtualDevice& device) {
   return b;
 }
 
-bool WeightStore::released(const backend::VirtualDevice& device) const {
+bool WeightStore::released(const hardware::VirtualDevice& device) const {
   auto it = copies_.find(&device);
   return it != copies_.end() && it->second->released;
 }
 
-std::string WeightStore::missing_on_device(const backend::VirtualDevice& device,
+std::string WeightStore::missing_on_device(const hardware::VirtualDevice& device,
                                            const std::vector<RankShard>& shards) const {
   if (released(device)) return "";
   try {
@@ -477,7 +477,7 @@ std::string WeightStore::missing_on_device(const backend::VirtualDevice& device,
   return "";
 }
 
-std::uint64_t WeightStore::device_bytes(const backend::VirtualDevice* device) const {
+std::uint64_t WeightStore::device_bytes(const hardware::VirtualDevice* device) const {
   auto it = copies_.find(device);
   return it == copies_.end() ? 0 : it->second->bytes;
 }

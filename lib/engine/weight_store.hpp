@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "engine/packed_weights.hpp"
 #include "model/model.hpp"
 #include "model/tp_split.hpp"
@@ -154,19 +154,19 @@ class WeightStore {
   /// With `device`: views of that device's copy where it has one
   /// (copy_to_device); in device-memory mode a device without one, or a
   /// view its copy lacks, is an ftp::Error naming both.
-  RankLayerView layer(int layer, int tp, int rank, const backend::VirtualDevice* device = nullptr) const;
+  RankLayerView layer(int layer, int tp, int rank, const hardware::VirtualDevice* device = nullptr) const;
 
   /// The token embedding rows that rank `rank` of `tp` holds
   /// (model::row_split of the vocabulary: vocabulary-parallel, each rank
   /// embeds the tokens of its rows and the stage sums the ranks' rows);
   /// from `device`'s copy, as layer. Rows r0.. of the view are tokens
   /// embedding_rows(tp, rank).begin...
-  MatView embedding(int tp, int rank, const backend::VirtualDevice* device = nullptr) const;
+  MatView embedding(int tp, int rank, const hardware::VirtualDevice* device = nullptr) const;
   /// Which vocabulary rows (token ids) rank `rank` of `tp` holds of the
   /// embedding and of the head.
   model::RowSplit vocab_rows(int tp, int rank) const noexcept;
   /// [n_embd] the final norm (from `device`'s copy, as layer).
-  const float* output_norm(const backend::VirtualDevice* device = nullptr) const;
+  const float* output_norm(const hardware::VirtualDevice* device = nullptr) const;
   /// [n_rot/2] factors dividing each RoPE pair's frequency (Llama 3
   /// rope_freqs), or null when the model has none.
   const float* rope_freqs() const noexcept { return rope_freqs_.empty() ? nullptr : rope_freqs_.data(); }
@@ -174,8 +174,8 @@ class WeightStore {
   /// from `device`'s copy, as layer): the rows of rank `rank` of `tp`
   /// (vocab_rows; vocabulary-parallel: each rank of a last stage computes
   /// the logits of its rows), all of them at tp 1.
-  MatView output(int tp, int rank, const backend::VirtualDevice* device = nullptr) const;
-  MatView output(const backend::VirtualDevice* device = nullptr) const { return output(1, 0, device); }
+  MatView output(int tp, int rank, const hardware::VirtualDevice* device = nullptr) const;
+  MatView output(const hardware::VirtualDevice* device = nullptr) const { return output(1, 0, device); }
 
   /// The union of what the ranks of `shards` read, as one device holds it
   /// (the rules of copy_to_device below); no allocation of weights.
@@ -190,7 +190,7 @@ class WeightStore {
   /// ones, the layers' vectors, the vocabulary rows of the embedding for a
   /// first stage's ranks and of the head, with the final norm, for a last
   /// stage's), reserving the bytes
-  /// on the device first (backend::OutOfDeviceMemory names it when they do
+  /// on the device first (hardware::OutOfDeviceMemory names it when they do
   /// not fit). The bytes plan::shard_union_bytes counts, but for the layers'
   /// biases and per-head norms, which the plan's shapes do not have. Once
   /// per device, before any domain on it is built (the views are read
@@ -199,21 +199,21 @@ class WeightStore {
   /// while domains on other devices run. Packing for the CPU
   /// backend is off from then on (the copies are read as they are). Returns
   /// the bytes copied.
-  std::uint64_t copy_to_device(backend::VirtualDevice& device, const std::vector<RankShard>& shards);
+  std::uint64_t copy_to_device(hardware::VirtualDevice& device, const std::vector<RankShard>& shards);
   /// Release weight mode in device-memory mode: frees `device`'s copy and
   /// gives its reservation back (no domain on the device may remain);
   /// returns the bytes freed, 0 when it holds none. A later copy_to_device
   /// of the device makes it again (what a shift's reserve phase does); until
   /// then views on the device are an ftp::Error naming it.
-  std::uint64_t release_device(backend::VirtualDevice& device);
+  std::uint64_t release_device(hardware::VirtualDevice& device);
   /// Whether `device`'s copy was released (release_device) and not made again.
-  bool released(const backend::VirtualDevice& device) const;
+  bool released(const hardware::VirtualDevice& device) const;
   /// "" when `device`'s copy holds every view of `shards`, else which view
   /// it lacks (a reloaded gear table must fit the copies made at start). A
   /// released device lacks nothing: its next copy follows the table in force.
-  std::string missing_on_device(const backend::VirtualDevice& device, const std::vector<RankShard>& shards) const;
+  std::string missing_on_device(const hardware::VirtualDevice& device, const std::vector<RankShard>& shards) const;
   /// Bytes of `device`'s copy; 0 without one.
-  std::uint64_t device_bytes(const backend::VirtualDevice* device) const;
+  std::uint64_t device_bytes(const hardware::VirtualDevice* device) const;
   /// Bytes copied onto devices since the store was made: what a shift adds
   /// to it is what it copied (nothing: views of the copies).
   std::uint64_t copied_bytes() const;
@@ -256,16 +256,16 @@ class WeightStore {
   RankLayerView mapped_layer(int layer, int tp, int rank) const;
   struct DeviceCopy;
   /// `device`'s copy; null without one (an ftp::Error in device-memory mode).
-  const DeviceCopy* copy_of(const backend::VirtualDevice* device) const;
+  const DeviceCopy* copy_of(const hardware::VirtualDevice* device) const;
   /// `m` rebased onto `device`'s copy (unchanged without one); `what` names
   /// it in the error when the copy lacks it.
-  MatView on_device(const MatView& m, const backend::VirtualDevice* device, const char* what) const;
+  MatView on_device(const MatView& m, const hardware::VirtualDevice* device, const char* what) const;
   const model::Model& m_;
   /// One layer's vectors as float32 (empty where the layer has none).
   struct LayerVecs {
     std::vector<float> attn_norm, ffn_norm, bq, bk, bv, q_norm, k_norm;
   };
-  std::map<const backend::VirtualDevice*, std::unique_ptr<DeviceCopy>> copies_;
+  std::map<const hardware::VirtualDevice*, std::unique_ptr<DeviceCopy>> copies_;
   std::atomic<std::uint64_t> copied_bytes_{0};
   std::vector<LayerVecs> vecs_;
   std::vector<float> output_norm_, rope_freqs_;

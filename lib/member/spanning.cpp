@@ -100,7 +100,7 @@ class SpanningEngine final : public engine::Engine {
 
 std::unique_ptr<engine::Engine> build_spanning_engine(Leader& leader, const std::string& leader_name,
                                                       const engine::WeightStore& weights, const SpanningDomain& d,
-                                                      const std::function<backend::VirtualDevice*(const std::string&)>& local_device,
+                                                      const std::function<hardware::VirtualDevice*(const std::string&)>& local_device,
                                                       engine::Backend* backend, const comm::GlooOptions& gloo,
                                                       int build_timeout_ms) {
   // Group ranks: the leader 0, then the members in order of appearance.

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "comm/gloo.hpp"
 #include "core/json.hpp"
 #include "engine/engine.hpp"
@@ -47,7 +47,7 @@ bool spans_members(const SpanningDomain& d, const std::string& leader_name);
 /// naming the member or device at fault (the members built so far retire).
 std::unique_ptr<engine::Engine> build_spanning_engine(Leader& leader, const std::string& leader_name,
                                                       const engine::WeightStore& weights, const SpanningDomain& d,
-                                                      const std::function<backend::VirtualDevice*(const std::string&)>& local_device,
+                                                      const std::function<hardware::VirtualDevice*(const std::string&)>& local_device,
                                                       engine::Backend* backend, const comm::GlooOptions& gloo,
                                                       int build_timeout_ms = 60000);
 

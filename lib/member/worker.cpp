@@ -10,8 +10,8 @@
 #include <optional>
 #include <thread>
 
-#include "backend/cpu/cpu_info.hpp"
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/cpu_info.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "core/error.hpp"
 #include "engine/executor.hpp"
 #include "engine/step_plan.hpp"
@@ -105,9 +105,9 @@ int run_worker(const WorkerOptions& o, const model::Model& model, const std::fun
   join_leader(ch, o.secret, json::Json{{"name", o.name}, {"devices", devices}}, o.handshake_timeout_ms);
   log("joined " + o.leader + " as " + o.name + " with " + std::to_string(o.virtual_devices) + " devices");
 
-  auto cpu = backend::discover_cpu();
-  std::map<std::string, std::unique_ptr<backend::VirtualDevice>> vdevs;
-  for (auto& v : backend::split_cpu(o.virtual_devices, cpu.memory_bytes))
+  auto cpu = hardware::discover_cpu();
+  std::map<std::string, std::unique_ptr<hardware::VirtualDevice>> vdevs;
+  for (auto& v : hardware::split_cpu(o.virtual_devices, cpu.memory_bytes))
     vdevs["vd" + std::to_string(v->id())] = std::move(v);
   const engine::WeightStore weights(model);
   const model::HParams& hp = weights.hparams();
@@ -165,7 +165,7 @@ int run_worker(const WorkerOptions& o, const model::Model& model, const std::fun
         if (s >= p->owner.size() || p->owner[s].size() != names.size())
           throw InputError("stage " + std::to_string(s) + ": owners and devices disagree");
         for (std::size_t r = 0; r < names.size(); ++r) {
-          backend::VirtualDevice* v = nullptr;
+          hardware::VirtualDevice* v = nullptr;
           if (p->owner[s][r] == p->self) {
             if (member_of(names[r]) != o.name) throw InputError("device " + names[r] + " is not this member's (" + o.name + ")");
             auto it = vdevs.find(local_name(names[r]));

@@ -5,8 +5,8 @@
 #include <cctype>
 #include <set>
 
-#include "backend/cpu/cpu_info.hpp"
-#include "backend/gpu.hpp"
+#include "hardware/cpu/cpu_info.hpp"
+#include "hardware/gpu.hpp"
 #include "core/error.hpp"
 
 namespace ftp::serve {
@@ -41,7 +41,7 @@ const char* to_string(DevicePool::Kind k) noexcept {
 }
 
 DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const doc::Topology* topology,
-                       std::uint64_t vd_memory, const std::vector<backend::GpuInfo>* gpus)
+                       std::uint64_t vd_memory, const std::vector<hardware::GpuInfo>* gpus)
     : kind_(kind) {
   if (kind == Kind::named) {
     if (topology && !topology->devices.empty()) {
@@ -58,7 +58,7 @@ DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const d
     for (const auto& g : table.gears)
       for (const auto& d : g.devices()) n_vd = std::max(n_vd, vd_index(d) + 1);
   if (kind == Kind::cuda) {
-    for (const auto& gi : gpus ? *gpus : backend::discover_gpus()) {
+    for (const auto& gi : gpus ? *gpus : hardware::discover_gpus()) {
       doc::Device d = device("gpu" + std::to_string(gi.index), "gpu", "");
       d.name = gi.name;
       d.uuid = gi.uuid;
@@ -75,9 +75,9 @@ DevicePool::DevicePool(Kind kind, const doc::GearTable& table, int n_vd, const d
     return;
   }
   if (n_vd > 0) {
-    auto cpu = backend::discover_cpu();
+    auto cpu = hardware::discover_cpu();
     const std::uint64_t total = vd_memory > 0 ? vd_memory * static_cast<std::uint64_t>(n_vd) : cpu.memory_bytes;
-    for (auto& v : backend::split_cpu(n_vd, total)) {
+    for (auto& v : hardware::split_cpu(n_vd, total)) {
       doc::Device d = device("vd" + std::to_string(v->id()), "virtual", "cpu0");
       d.memory_bytes = v->memory_budget();
       d.compute_units = v->threads();

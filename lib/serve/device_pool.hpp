@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/virtual_device.hpp"
-#include "backend/gpu.hpp"
+#include "hardware/cpu/virtual_device.hpp"
+#include "hardware/gpu.hpp"
 #include "core/json.hpp"
 #include "doc/gear_table.hpp"
 #include "doc/topology.hpp"
@@ -18,7 +18,7 @@ namespace ftp::serve {
 /// What a gear's device name stands for on this service.
 struct DeviceBinding {
   std::string name;                         ///< as the gear table names it ("vd2", "gpu1")
-  backend::VirtualDevice* virtual_device = nullptr;  ///< a CPU virtual device, or null
+  hardware::VirtualDevice* virtual_device = nullptr;  ///< a CPU virtual device, or null
   int gpu = -1;                             ///< CUDA ordinal for a GPU (or a share of one), or -1
   std::string member;                       ///< a device of member process `member` ("n1" of "n1/vd0"), or ""
 };
@@ -51,7 +51,7 @@ class DevicePool {
   /// `gpus`: Kind::cuda's GPUs instead of discover_gpus() (tests on a
   /// machine without one; null: discover).
   DevicePool(Kind kind, const doc::GearTable& table, int virtual_devices, const doc::Topology* topology = nullptr,
-             std::uint64_t virtual_device_memory = 0, const std::vector<backend::GpuInfo>* gpus = nullptr);
+             std::uint64_t virtual_device_memory = 0, const std::vector<hardware::GpuInfo>* gpus = nullptr);
 
   Kind kind() const noexcept { return kind_; }
   /// The devices, as a topology document's devices (ids, types, parents).
@@ -103,7 +103,7 @@ class DevicePool {
  private:
   Kind kind_;
   std::vector<doc::Device> devices_;
-  std::map<std::string, std::unique_ptr<backend::VirtualDevice>> vdevs_;  // CPU virtual devices by name
+  std::map<std::string, std::unique_ptr<hardware::VirtualDevice>> vdevs_;  // CPU virtual devices by name
   std::map<std::string, int> gpus_;                                       // device name -> CUDA ordinal
   mutable std::mutex mu_;
   std::map<std::string, std::vector<std::string>> leases_;  // domain -> devices

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "serve/domain_runner.hpp"
 
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -74,7 +74,7 @@ void DomainRunner::loop() {
   bool lowered = false;
   for (;;) {
     if (background_ && !lowered) {
-      backend::lower_current_thread_priority(10);  // best effort, as the engine's ranks
+      hardware::lower_current_thread_priority(10);  // best effort, as the engine's ranks
       lowered = true;
     }
     {

@@ -74,7 +74,7 @@ Service::Service(const model::Model& model, ServiceConfig config)
   pool_->canonicalize(cfg_.gears);  // "GPU-<uuid>", "cuda:1" -> the pool's "gpu1"
   // GPU ranks nest too (a TP-2t shard inside the TP-t one): each GPU's union is its largest shard.
   if (pool_->kind() == DevicePool::Kind::cuda) plan::nest_ranks(cfg_.gears);
-  if (pool_->kind() == DevicePool::Kind::cuda) gpu_signals_ = backend::nvml::GpuSignals::open();
+  if (pool_->kind() == DevicePool::Kind::cuda) gpu_signals_ = hardware::nvml::GpuSignals::open();
   pool_->check(cfg_.gears);
   output_ = std::make_unique<OutputProcessor>(*tok_, eog_, telemetry_, [this] { return now_us(); });
   ShifterConfig sc;
@@ -324,15 +324,15 @@ void Service::check_table_fits() const {
                      std::to_string(d->memory_bytes) + " bytes free");
 }
 
-std::map<backend::VirtualDevice*, Service::DeviceShards> Service::device_shards(const doc::GearTable& table) const {
-  std::map<backend::VirtualDevice*, DeviceShards> out;
+std::map<hardware::VirtualDevice*, Service::DeviceShards> Service::device_shards(const doc::GearTable& table) const {
+  std::map<hardware::VirtualDevice*, DeviceShards> out;
   for (const doc::Gear& g : table.gears)
     for (const doc::Replica& rep : g.replicas)
       for (std::size_t s = 0; s < rep.stages.size(); ++s) {
         const doc::Stage& st = rep.stages[s];
         const int tp = static_cast<int>(st.devices.size());
         for (int r = 0; r < tp; ++r)
-          if (backend::VirtualDevice* vd = pool_->bind(st.devices[static_cast<std::size_t>(r)]).virtual_device) {
+          if (hardware::VirtualDevice* vd = pool_->bind(st.devices[static_cast<std::size_t>(r)]).virtual_device) {
             DeviceShards& d = out[vd];
             if (d.name.empty()) d.name = st.devices[static_cast<std::size_t>(r)];
             d.shards.push_back(engine::RankShard{st.first_layer, st.n_layers, tp, r, s == 0, s + 1 == rep.stages.size()});

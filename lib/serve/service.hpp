@@ -20,8 +20,8 @@
 #include "core/json.hpp"
 #include "doc/control.hpp"
 #include "doc/gear_table.hpp"
-#include "backend/cpu/virtual_device.hpp"
-#include "backend/nvml.hpp"
+#include "hardware/cpu/virtual_device.hpp"
+#include "hardware/nvml.hpp"
 #include "control/router.hpp"
 #include "control/clock.hpp"
 #include "engine/domain.hpp"
@@ -245,7 +245,7 @@ class Service {
     std::vector<engine::RankShard> shards;
   };
   /// Each of this process's CPU virtual devices that `table` uses (device-memory mode).
-  std::map<backend::VirtualDevice*, DeviceShards> device_shards(const doc::GearTable& table) const;
+  std::map<hardware::VirtualDevice*, DeviceShards> device_shards(const doc::GearTable& table) const;
   /// Device-memory mode, at start: copies each device's shard union onto it.
   /// Every CUDA ordinal's shards over the resident gears of `table`.
   std::map<int, std::vector<engine::RankShard>> gpu_shards(const doc::GearTable& table) const;
@@ -306,7 +306,7 @@ class Service {
   // pool's virtual devices as it is destroyed.
   std::unique_ptr<DevicePool> pool_;
   /// NVML's GPU signals on a CUDA service (null on others).
-  std::unique_ptr<backend::nvml::GpuSignals> gpu_signals_;
+  std::unique_ptr<hardware::nvml::GpuSignals> gpu_signals_;
   /// One NVML sample of the pool's GPUs into `gpus`, or why not into
   /// `why`; a GPU NVML says is lost or has ECC errors is marked lost.
   void sample_gpus(std::vector<doc::GpuLoad>& gpus, std::string& why) const;

@@ -51,7 +51,7 @@ std::uint64_t WeightResidency::release(const doc::Gear& from, const std::vector<
   if (store_.device_memory()) {
     for (const auto& d : distinct_devices(from))
       if (leaving(d))
-        if (backend::VirtualDevice* vd = pool_.bind(d).virtual_device) bytes += store_.release_device(*vd);
+        if (hardware::VirtualDevice* vd = pool_.bind(d).virtual_device) bytes += store_.release_device(*vd);
     return bytes;
   }
   // The mapped file: its pages under the views of the leaving ranks.
@@ -91,7 +91,7 @@ std::future<WeightCopy> WeightResidency::restore(const doc::Gear& to) {
     });
   }
   if (store_.device_memory()) {
-    std::vector<std::pair<backend::VirtualDevice*, std::vector<engine::RankShard>>> want;
+    std::vector<std::pair<hardware::VirtualDevice*, std::vector<engine::RankShard>>> want;
     for (const auto& d : distinct_devices(to)) {
       const DeviceBinding b = pool_.bind(d);
       if (b.virtual_device && store_.released(*b.virtual_device)) want.emplace_back(b.virtual_device, shards_of_(b, to));

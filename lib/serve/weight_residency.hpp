@@ -53,7 +53,7 @@ class WeightResidency {
   /// Starts bringing back what `to`'s devices lack (freed by release()); for
   /// a release-mode gear on the mapped file, prefetches its pages. The
   /// future gives the bytes and the time once done, or throws the copy's
-  /// error (backend::OutOfDeviceMemory naming the device).
+  /// error (hardware::OutOfDeviceMemory naming the device).
   std::future<WeightCopy> restore(const doc::Gear& to);
 
   /// Bytes copied onto CPU virtual devices since start (the store's).

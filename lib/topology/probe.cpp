@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <numeric>
 
-#include "backend/cpu/cpu_info.hpp"
-#include "backend/cpu/measure.hpp"
-#include "backend/cpu/virtual_device.hpp"
-#include "backend/gpu.hpp"
+#include "hardware/cpu/cpu_info.hpp"
+#include "hardware/cpu/measure.hpp"
+#include "hardware/cpu/virtual_device.hpp"
+#include "hardware/gpu.hpp"
 #include "comm/inproc.hpp"
 #include "comm/nccl.hpp"
 #include "core/json.hpp"
@@ -35,7 +35,7 @@ doc::AllReduce to_doc(const comm::AllReduceMeasurement& bw, double latency_us, c
   return a;
 }
 
-void add_cpu_devices(doc::Topology& t, const backend::CpuInfo& cpu, const ProbeOptions& o) {
+void add_cpu_devices(doc::Topology& t, const hardware::CpuInfo& cpu, const ProbeOptions& o) {
   if (o.virtual_devices <= 0) {
     doc::Device d;
     d.id = "cpu0";
@@ -46,16 +46,16 @@ void add_cpu_devices(doc::Topology& t, const backend::CpuInfo& cpu, const ProbeO
     d.compute_units = cpu.usable_cpus;
     d.numa_node = cpu.numa_nodes == 1 ? 0 : -1;
     say(o, "measuring cpu0 (" + std::to_string(d.compute_units) + " threads)");
-    d.gemm_tflop_s = backend::measure_cpu_gemm_tflops(d.compute_units, o.quick).value;
+    d.gemm_tflop_s = hardware::measure_cpu_gemm_tflops(d.compute_units, o.quick).value;
     d.gemm_dtype = "f32";
-    d.memory_bandwidth_gb_s = backend::measure_cpu_triad_gbs(d.compute_units, o.quick).value;
+    d.memory_bandwidth_gb_s = hardware::measure_cpu_triad_gbs(d.compute_units, o.quick).value;
     d.perf_source = "measured";
     t.devices.push_back(d);
     t.islands.push_back(doc::Island{"island0", {d.id}, std::nullopt});
     return;
   }
 
-  auto vds = backend::split_cpu(o.virtual_devices, cpu.memory_bytes);
+  auto vds = hardware::split_cpu(o.virtual_devices, cpu.memory_bytes);
   doc::Island island{"island0", {}, std::nullopt};
   for (const auto& vd : vds) {
     doc::Device d;
@@ -70,10 +70,10 @@ void add_cpu_devices(doc::Topology& t, const backend::CpuInfo& cpu, const ProbeO
     d.numa_node = cpu.numa_nodes == 1 ? 0 : -1;
     say(o, "measuring " + d.id + " (" + std::to_string(d.compute_units) + " threads)");
     // Each virtual device is measured alone with its thread share; see
-    // backend::measure_cpu_gemm_tflops for what that number means.
-    d.gemm_tflop_s = backend::measure_cpu_gemm_tflops(vd->threads(), o.quick).value;
+    // hardware::measure_cpu_gemm_tflops for what that number means.
+    d.gemm_tflop_s = hardware::measure_cpu_gemm_tflops(vd->threads(), o.quick).value;
     d.gemm_dtype = "f32";
-    d.memory_bandwidth_gb_s = backend::measure_cpu_triad_gbs(vd->threads(), o.quick).value;
+    d.memory_bandwidth_gb_s = hardware::measure_cpu_triad_gbs(vd->threads(), o.quick).value;
     d.perf_source = "measured";
     island.devices.push_back(d.id);
     t.devices.push_back(d);
@@ -93,14 +93,14 @@ void add_cpu_devices(doc::Topology& t, const backend::CpuInfo& cpu, const ProbeO
 }
 
 void add_gpu_devices(doc::Topology& t, const ProbeOptions& o) {
-  auto gpus = backend::discover_gpus();
+  auto gpus = hardware::discover_gpus();
   if (gpus.empty()) {
-    say(o, "no GPU: " + backend::gpu_runtime_status());
+    say(o, "no GPU: " + hardware::gpu_runtime_status());
     return;
   }
   std::vector<int> ordinals;
   for (const auto& g : gpus) ordinals.push_back(g.index);
-  auto p2p = backend::gpu_p2p_matrix(ordinals);
+  auto p2p = hardware::gpu_p2p_matrix(ordinals);
   for (const auto& g : gpus) {
     doc::Device d;
     d.id = "gpu" + std::to_string(g.index);
@@ -111,9 +111,9 @@ void add_gpu_devices(doc::Topology& t, const ProbeOptions& o) {
     d.compute_units = g.sm_count;
     d.uuid = g.uuid;
     say(o, "measuring " + d.id + " (" + g.name + ")");
-    d.gemm_tflop_s = backend::measure_gpu_gemm_tflops(g.index, o.quick).value;
+    d.gemm_tflop_s = hardware::measure_gpu_gemm_tflops(g.index, o.quick).value;
     d.gemm_dtype = "bf16";
-    d.memory_bandwidth_gb_s = backend::measure_gpu_triad_gbs(g.index, o.quick).value;
+    d.memory_bandwidth_gb_s = hardware::measure_gpu_triad_gbs(g.index, o.quick).value;
     d.perf_source = "measured";
     t.devices.push_back(d);
   }
@@ -153,7 +153,7 @@ void add_gpu_devices(doc::Topology& t, const ProbeOptions& o) {
 
 doc::Topology probe_local(const ProbeOptions& o) {
   if (o.virtual_devices < 0) throw InputError("--virtual-devices: must not be negative, got " + std::to_string(o.virtual_devices));
-  auto cpu = backend::discover_cpu();
+  auto cpu = hardware::discover_cpu();
   doc::Topology t;
   t.source = "probe";
   t.name = cpu.hostname;

@@ -65,8 +65,8 @@
 #include <random>
 #include <sstream>
 
-#include "backend/cpu/cpu_info.hpp"
-#include "backend/cpu/measure.hpp"
+#include "hardware/cpu/cpu_info.hpp"
+#include "hardware/cpu/measure.hpp"
 #include "cli/tool.hpp"
 #include "core/error.hpp"
 #include "engine/domain.hpp"
@@ -324,7 +324,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp, int thr
   // 0: this process's CPUs over the ranks (the domain has no devices, so
   // the engine's own default would be one thread a rank).
   cfg.stages[0].rank_threads =
-      threads > 0 ? threads : std::max(1, static_cast<int>(backend::usable_cpu_ids().size()) / tp);
+      threads > 0 ? threads : std::max(1, static_cast<int>(hardware::usable_cpu_ids().size()) / tp);
   const int per_rank = engine::resolve_rank_threads(cfg.stages)[0][0];
   cfg.block_tokens = 16;
   const int per_seq = std::max(o.prompt, o.context) + o.warmup + std::max(o.steps, (o.steps + 1) * o.paired) + 2;
@@ -393,7 +393,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp, int thr
     for (int k = 0; k < o.paired; ++k) {
       // Let the pool's helpers stop spinning and sleep before the triad.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      const double tri = backend::measure_cpu_triad_gbs(threads, o.shape != "1b").value;
+      const double tri = hardware::measure_cpu_triad_gbs(threads, o.shape != "1b").value;
       d.step();  // untimed: wakes the helpers and refills the caches the triad evicted
       const auto tk = Clock::now();
       for (int i = 0; i < o.steps; ++i)
@@ -542,7 +542,7 @@ int main(int argc, char** argv) {
     // threads as its domain computes with (tp x threads per rank); the
     // 1-thread triad and, where the machine has them, the 2-thread one are
     // always measured, to read a fraction against either.
-    std::map<int, backend::Measurement> triad, gemm, int8;
+    std::map<int, hardware::Measurement> triad, gemm, int8;
     const bool any_q8 = std::find(o.dtypes.begin(), o.dtypes.end(), "q8_0") != o.dtypes.end();
     std::set<int> thread_counts = {1};
     if (std::thread::hardware_concurrency() >= 2) thread_counts.insert(2);
@@ -554,9 +554,9 @@ int main(int argc, char** argv) {
         split_threads.push_back(per);
     }
     for (int n : thread_counts) {
-      triad.emplace(n, backend::measure_cpu_triad_gbs(n, quick));
-      gemm.emplace(n, backend::measure_cpu_gemm_tflops(n, quick));
-      if (any_q8) int8.emplace(n, backend::measure_cpu_int8_tops(n, quick));
+      triad.emplace(n, hardware::measure_cpu_triad_gbs(n, quick));
+      gemm.emplace(n, hardware::measure_cpu_gemm_tflops(n, quick));
+      if (any_q8) int8.emplace(n, hardware::measure_cpu_int8_tops(n, quick));
     }
     bool gate_ok = true;
     for (auto& r : runs) {

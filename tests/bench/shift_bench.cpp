@@ -31,7 +31,7 @@
 #include <random>
 #include <thread>
 
-#include "backend/cpu/measure.hpp"
+#include "hardware/cpu/measure.hpp"
 #include "cli/tool.hpp"
 #include "doc/gear_table.hpp"
 #include "model/model.hpp"
@@ -257,8 +257,8 @@ int main(int argc, char** argv) {
     }
     // The machine's own noise, with the domains idle: the tail of
     // sub-millisecond TTFTs sits on it.
-    backend::CpuStalls noise_before, noise_after;
-    if (noise_s > 0) noise_before = backend::measure_cpu_stalls(noise_s);
+    hardware::CpuStalls noise_before, noise_after;
+    if (noise_s > 0) noise_before = hardware::measure_cpu_stalls(noise_s);
     Load during{svc, prompt};
     if (rate > 0)
       during.start_open(rate, max_tokens);
@@ -328,7 +328,7 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(window);
     auto ttft_all = during.finish();
-    if (noise_s > 0) noise_after = backend::measure_cpu_stalls(noise_s);
+    if (noise_s > 0) noise_after = hardware::measure_cpu_stalls(noise_s);
     ByGear steady_by_gear, shift_by_gear;
     std::map<std::string, std::vector<double>> by_phase, by_shift;
     double shifting_s = 0;

@@ -66,9 +66,9 @@
 #include <random>
 #include <thread>
 
-#include "backend/cpu/measure.hpp"
-#include "backend/cpu/cpu_info.hpp"
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/measure.hpp"
+#include "hardware/cpu/cpu_info.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "bench/bench.hpp"
 #include "cli/tool.hpp"
 #include "control/trace.hpp"
@@ -293,10 +293,10 @@ engine::DomainConfig domain_config() {
 /// `n_vd` ways (1: all of them; the shift workload's service splits them 2
 /// ways, so its calibration runs on the same share).
 /// This process's CPUs split `n` ways (made once per n).
-const std::vector<std::unique_ptr<backend::VirtualDevice>>& cpu_shares(int n) {
-  static std::map<int, std::vector<std::unique_ptr<backend::VirtualDevice>>> split;
+const std::vector<std::unique_ptr<hardware::VirtualDevice>>& cpu_shares(int n) {
+  static std::map<int, std::vector<std::unique_ptr<hardware::VirtualDevice>>> split;
   auto& vds = split[n];
-  if (vds.empty()) vds = backend::split_cpu(n, backend::discover_cpu().memory_bytes);
+  if (vds.empty()) vds = hardware::split_cpu(n, hardware::discover_cpu().memory_bytes);
   return vds;
 }
 
@@ -656,10 +656,10 @@ int main(int argc, char** argv) {
       const int threads = cpu_shares(n_vd)[0]->threads();
       plan::GroupPerf perf;
       perf.tp = 1;
-      if (int8) perf.tflop_s = backend::measure_cpu_int8_tops(threads, true).value;
+      if (int8) perf.tflop_s = hardware::measure_cpu_int8_tops(threads, true).value;
       int8 = int8 && perf.tflop_s > 0;  // no VNNI here: the float GEMM
-      if (!int8) perf.tflop_s = backend::measure_cpu_gemm_tflops(threads, true).value;
-      perf.gb_s = backend::measure_cpu_triad_gbs(threads, true).value;
+      if (!int8) perf.tflop_s = hardware::measure_cpu_gemm_tflops(threads, true).value;
+      perf.gb_s = hardware::measure_cpu_triad_gbs(threads, true).value;
       std::cerr << "probe: " << perf.tflop_s * 1e3 << (int8 ? " GOP/s int8 VNNI, " : " GFLOP/s GEMM, ") << perf.gb_s
                 << " GB/s triad (" << threads << " thread" << (threads == 1 ? "" : "s") << ", one of " << n_vd
                 << " CPU share" << (n_vd == 1 ? "" : "s") << "); load average " << load_average() << "\n";

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "doc/gear_table.hpp"
@@ -29,7 +29,7 @@
 #include "test_data.hpp"
 
 using namespace ftp::engine;
-using ftp::backend::VirtualDevice;
+using ftp::hardware::VirtualDevice;
 
 namespace {
 
@@ -233,7 +233,7 @@ TEST_F(Stories, ACopyOverTheBudgetIsRefused) {
   try {
     store.copy_to_device(small, {RankShard{0, 5, 1, 0, true, true}});
     ADD_FAILURE() << "the whole model fit 100000 bytes";
-  } catch (const ftp::backend::OutOfDeviceMemory& e) {
+  } catch (const ftp::hardware::OutOfDeviceMemory& e) {
     EXPECT_NE(std::string(e.what()).find("cpu:7: weights"), std::string::npos) << e.what();
   }
   EXPECT_EQ(small.memory_used(), 0u);

@@ -603,7 +603,7 @@ TEST_F(Fixture, StopTokensAndStopCheck) {
 }
 
 TEST_F(Fixture, VirtualDevicesAccountKvAndRefuseWhatDoesNotFit) {
-  auto devs = ftp::backend::split_cpu(2, 2ull << 20);  // 1 MiB each
+  auto devs = ftp::hardware::split_cpu(2, 2ull << 20);  // 1 MiB each
   DomainConfig cfg;
   cfg.stages = {StageLayout{0, 5, 2, {devs[0].get(), devs[1].get()}}};
   cfg.kv_blocks = 8;
@@ -623,7 +623,7 @@ TEST_F(Fixture, VirtualDevicesAccountKvAndRefuseWhatDoesNotFit) {
   try {
     Domain d(*store, cfg);
     ADD_FAILURE() << "a KV pool over the device budget was accepted";
-  } catch (const ftp::backend::OutOfDeviceMemory& e) {
+  } catch (const ftp::hardware::OutOfDeviceMemory& e) {
     EXPECT_NE(std::string(e.what()).find("cpu:0"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("KV cache of stage 0 rank 0"), std::string::npos) << e.what();
   }

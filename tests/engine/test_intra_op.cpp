@@ -15,8 +15,8 @@
 #include <random>
 #include <stdexcept>
 
-#include "backend/cpu/cpu_info.hpp"
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/cpu_info.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 #include "engine/executor.hpp"
 #include "engine/intra_op.hpp"
 #include "engine/ops.hpp"
@@ -164,7 +164,7 @@ TEST(SplitMatmul, BitIdenticalToOneThreadForEveryDtype) {
 }
 
 TEST(RankThreads, FollowTheDevicesCpus) {
-  ftp::backend::VirtualDevice two(0, 2, {0, 1}, 1 << 20), one_a(1, 1, {0}, 1 << 20), one_b(2, 1, {1}, 1 << 20);
+  ftp::hardware::VirtualDevice two(0, 2, {0, 1}, 1 << 20), one_a(1, 1, {0}, 1 << 20), one_b(2, 1, {1}, 1 << 20);
   // TP 1 on a device of two CPUs: both.
   EXPECT_EQ(resolve_rank_threads({StageLayout{0, 4, 1, {&two}}}), (std::vector<std::vector<int>>{{2}}));
   // TP 2 on two devices of one CPU: one each (no helper threads).

@@ -50,7 +50,7 @@
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/gpu.hpp"
+#include "hardware/gpu.hpp"
 #include "comm/nccl.hpp"
 #include "core/error.hpp"
 #include "engine/cuda/cuda_backend.hpp"
@@ -424,15 +424,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu-bench: error: %s\n", e.what());
     return 2;
   }
-  std::vector<backend::GpuInfo> gpus;
+  std::vector<hardware::GpuInfo> gpus;
   try {
-    gpus = backend::discover_gpus();
+    gpus = hardware::discover_gpus();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu-bench: error: %s\n", e.what());
     return 5;
   }
   if (gpus.empty()) {
-    std::printf("SKIP: no GPU found (%s)\n", backend::gpu_runtime_status().c_str());
+    std::printf("SKIP: no GPU found (%s)\n", hardware::gpu_runtime_status().c_str());
     return 77;
   }
   const std::string dtype_name = o.dtype == "q4_k_m" ? "Q4_K_M" : o.dtype == "q4_0" ? "Q4_0" : "BF16";
@@ -442,7 +442,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     std::filesystem::create_directories(dir);
-    const backend::Measurement triad = backend::measure_gpu_triad_gbs(0, o.shape != "8b");
+    const hardware::Measurement triad = hardware::measure_gpu_triad_gbs(0, o.shape != "8b");
     std::printf("cuda:0 %s: triad %.0f GB/s (%s)\n", gpus[0].name.c_str(), triad.value, triad.method.c_str());
     doc["triad_gb_s"] = triad.value;
 

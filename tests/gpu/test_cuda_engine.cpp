@@ -19,7 +19,7 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
-#include "backend/gpu.hpp"
+#include "hardware/gpu.hpp"
 #include "comm/nccl.hpp"
 #include "engine/cuda/cuda_backend.hpp"
 #include "engine/domain.hpp"
@@ -581,7 +581,7 @@ void vocab_head_on_device(Backend& cuda, const std::filesystem::path& dir, int n
 }
 
 int main() {
-  std::vector<ftp::backend::GpuInfo> gpus;
+  std::vector<ftp::hardware::GpuInfo> gpus;
   if (int rc = ftp::test::discover_gpus_or_skip(gpus); rc != 0) return rc;
   const auto dir = std::filesystem::temp_directory_path() / ("ftp-cuda-engine-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

@@ -5,12 +5,12 @@
 #include <exception>
 #include <vector>
 
-#include "backend/cpu/measure.hpp"
-#include "backend/gpu.hpp"
+#include "hardware/cpu/measure.hpp"
+#include "hardware/gpu.hpp"
 #include "comm/nccl.hpp"
 #include "gpu_tests.hpp"
 
-using namespace ftp::backend;
+using namespace ftp::hardware;
 
 namespace {
 

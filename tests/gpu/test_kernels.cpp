@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/gpu.hpp"
+#include "hardware/gpu.hpp"
 #include "engine/kv_cache.hpp"
 #include "engine/ops.hpp"
 #include "engine/quant_matmul.hpp"
@@ -1204,7 +1204,7 @@ void test_attention_16bit(int hd, k::KvElem elem) {
 /// activation quants of zero), against the triad bandwidth of the same run. Printed, not asserted (timings are
 /// not a unit test's business).
 void report_matvec_bandwidth() {
-  const auto triad = ftp::backend::measure_gpu_triad_gbs(0, true);
+  const auto triad = ftp::hardware::measure_gpu_triad_gbs(0, true);
   struct Shape {
     k::WeightDType dt;
     DType model;
@@ -1288,7 +1288,7 @@ void test_logprobs() {
 }
 
 int main() {
-  std::vector<ftp::backend::GpuInfo> gpus;
+  std::vector<ftp::hardware::GpuInfo> gpus;
   if (int rc = ftp::test::discover_gpus_or_skip(gpus); rc != 0) return rc;
   try {
     cu(cudaSetDevice(0), "cudaSetDevice");

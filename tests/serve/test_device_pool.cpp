@@ -108,8 +108,8 @@ TEST(DevicePool, LeasesAndLostDevices) {
 namespace {
 
 /// Two GPUs as discover_gpus() would describe them (no GPU here).
-std::vector<ftp::backend::GpuInfo> two_fake_gpus() {
-  std::vector<ftp::backend::GpuInfo> g(2);
+std::vector<ftp::hardware::GpuInfo> two_fake_gpus() {
+  std::vector<ftp::hardware::GpuInfo> g(2);
   for (int i = 0; i < 2; ++i) {
     g[static_cast<std::size_t>(i)].index = i;
     g[static_cast<std::size_t>(i)].name = "fake GPU";
@@ -152,7 +152,7 @@ TEST(DevicePool, CudaRefusesADeviceTheTopologyLacksNeverGpu0) {
   EXPECT_NE(error_of([&] { p.check(table({{"gpu0"}, {"gpu0", "gpu5"}})); }).find("gear g1: device \"gpu5\""),
             std::string::npos);
   // No GPU at all (CI): every GPU name is refused, none falls back to a default.
-  const std::vector<ftp::backend::GpuInfo> none;
+  const std::vector<ftp::hardware::GpuInfo> none;
   DevicePool empty(DevicePool::Kind::cuda, table({{"gpu0"}}), 0, nullptr, 0, &none);
   EXPECT_NE(error_of([&] { empty.bind("gpu0"); }).find("(none)"), std::string::npos);
 }

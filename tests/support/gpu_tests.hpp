@@ -5,7 +5,7 @@
 #include <exception>
 #include <vector>
 
-#include "backend/gpu.hpp"
+#include "hardware/gpu.hpp"
 
 /// The start of every GPU test program (tests/gpu): plain programs, so that
 /// exit 77 is a skip.
@@ -14,16 +14,16 @@ namespace ftp::test {
 /// Fills `gpus` and returns 0 when at least one GPU is visible. Otherwise
 /// prints why and returns the exit code to leave with: 77 (skip) where no
 /// GPU is visible, 1 when discovery itself fails.
-inline int discover_gpus_or_skip(std::vector<backend::GpuInfo>& gpus) {
+inline int discover_gpus_or_skip(std::vector<hardware::GpuInfo>& gpus) {
   try {
-    gpus = backend::discover_gpus();
+    gpus = hardware::discover_gpus();
   } catch (const std::exception& e) {
     std::printf("FAIL: discover_gpus: %s\n", e.what());
     return 1;
   }
   if (gpus.empty()) {
-    std::printf("SKIP: no GPU found (built with CUDA: %s; %s)\n", backend::cuda_built() ? "yes" : "no",
-                backend::gpu_runtime_status().c_str());
+    std::printf("SKIP: no GPU found (built with CUDA: %s; %s)\n", hardware::cuda_built() ? "yes" : "no",
+                hardware::gpu_runtime_status().c_str());
     return 77;
   }
   return 0;

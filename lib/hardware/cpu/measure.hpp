@@ -3,9 +3,9 @@
 
 #include <vector>
 
-#include "backend/measurement.hpp"
+#include "hardware/measurement.hpp"
 
-namespace ftp::backend {
+namespace ftp::hardware {
 
 /// Single-precision GEMM rate of the CPU with `threads` OpenBLAS threads:
 /// C = A x B, square m = n = k (1024 with `quick`, 2048 otherwise), counted
@@ -61,4 +61,4 @@ CpuStalls measure_cpu_stalls(double seconds);
 /// The reference triad used to check device kernels: a[i] = b[i] + s * c[i].
 void cpu_triad(float* a, const float* b, const float* c, float scalar, std::size_t n);
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware

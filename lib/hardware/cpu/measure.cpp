@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "backend/cpu/measure.hpp"
+#include "hardware/cpu/measure.hpp"
 
 #include <cblas.h>
 #include <sched.h>
@@ -16,10 +16,10 @@
 #include <immintrin.h>
 #endif
 
-#include "backend/cpu/cpu_info.hpp"
+#include "hardware/cpu/cpu_info.hpp"
 #include "core/error.hpp"
 
-namespace ftp::backend {
+namespace ftp::hardware {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -269,4 +269,4 @@ CpuStalls measure_cpu_stalls(double seconds) {
   return r;
 }
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware

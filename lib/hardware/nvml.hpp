@@ -14,7 +14,7 @@
 /// no link-time dependency, so builds and CI without a driver are
 /// unaffected): per-GPU utilization and memory, what other processes hold
 /// and compute on it, ECC and lost-GPU events (issue 17).
-namespace ftp::backend::nvml {
+namespace ftp::hardware::nvml {
 
 /// The part of NVML's C ABI used here, as nvml.h declares it (nvml.h is
 /// not in the CUDA toolkit of every machine that builds this).
@@ -97,4 +97,4 @@ class GpuSignals {
   std::map<unsigned int, unsigned long long> last_seen_;  // NVML index -> last process sample time, us
 };
 
-}  // namespace ftp::backend::nvml
+}  // namespace ftp::hardware::nvml

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "backend/nvml.hpp"
+#include "hardware/nvml.hpp"
 
 #include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
 
-namespace ftp::backend::nvml {
+namespace ftp::hardware::nvml {
 namespace {
 
 std::string error_text(const Api& api, int rc) {
@@ -168,4 +168,4 @@ std::vector<doc::GpuLoad> GpuSignals::sample(const std::map<std::string, std::st
   return out;
 }
 
-}  // namespace ftp::backend::nvml
+}  // namespace ftp::hardware::nvml

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace ftp::backend {
+namespace ftp::hardware {
 
 /// What this machine's CPU offers to this process.
 struct CpuInfo {
@@ -34,4 +34,4 @@ CpuInfo discover_cpu();
 /// to 0..n-1 with n from sysconf if the call fails.
 std::vector<int> usable_cpu_ids();
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware

@@ -9,7 +9,7 @@
 
 #include "core/error.hpp"
 
-namespace ftp::backend {
+namespace ftp::hardware {
 
 /// A reservation that does not fit a device's memory budget. Exit code 1:
 /// it is a capacity error of the plan, not a failure of the backend.
@@ -95,4 +95,4 @@ std::vector<std::unique_ptr<VirtualDevice>> split_cpu(int n, std::uint64_t total
 /// is needed). Returns false where it cannot; the thread then runs as before.
 bool lower_current_thread_priority(int delta);
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware

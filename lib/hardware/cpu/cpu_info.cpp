@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "backend/cpu/cpu_info.hpp"
+#include "hardware/cpu/cpu_info.hpp"
 
 #include <sched.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 
 #include "core/error.hpp"
 
-namespace ftp::backend {
+namespace ftp::hardware {
 namespace {
 
 std::string trim(std::string s) {
@@ -117,4 +117,4 @@ CpuInfo discover_cpu() {
   return info;
 }
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware

@@ -6,10 +6,10 @@
 
 #include <cstring>
 
-#include "backend/nvml.hpp"
+#include "hardware/nvml.hpp"
 #include "doc/control.hpp"
 
-namespace nvml = ftp::backend::nvml;
+namespace nvml = ftp::hardware::nvml;
 
 namespace {
 

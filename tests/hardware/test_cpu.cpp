@@ -7,13 +7,13 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu/cpu_info.hpp"
-#include "backend/cpu/measure.hpp"
-#include "backend/cpu/virtual_device.hpp"
-#include "backend/gpu.hpp"
+#include "hardware/cpu/cpu_info.hpp"
+#include "hardware/cpu/measure.hpp"
+#include "hardware/cpu/virtual_device.hpp"
+#include "hardware/gpu.hpp"
 #include "ftp_config.h"
 
-using namespace ftp::backend;
+using namespace ftp::hardware;
 
 TEST(CpuInfo, Sane) {
   CpuInfo cpu = discover_cpu();

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/measurement.hpp"
+#include "hardware/measurement.hpp"
 
-namespace ftp::backend {
+namespace ftp::hardware {
 
 /// One CUDA device as the CUDA runtime exposes it: a whole GPU or a MIG
 /// slice. The runtime only shows MIG slices named in CUDA_VISIBLE_DEVICES
@@ -63,4 +63,4 @@ Measurement measure_gpu_triad_gbs(int device, bool quick);
 /// in and out): a = b + scalar * c. For tests of the kernel against the CPU.
 void gpu_triad(int device, float* a, const float* b, const float* c, float scalar, std::size_t n);
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware

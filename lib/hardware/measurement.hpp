@@ -3,7 +3,7 @@
 
 #include <string>
 
-namespace ftp::backend {
+namespace ftp::hardware {
 
 /// One measured rate of a device (GEMM TFLOP/s, memory GB/s).
 /// `value` is the best repetition's rate, the one ftp-probe reports:
@@ -17,4 +17,4 @@ struct Measurement {
   std::string method;       ///< what was run, e.g. "openblas sgemm m=n=k=2048 threads=2"
 };
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware

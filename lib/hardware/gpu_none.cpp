@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // GPU entry points of a build without CUDA: no devices, and measurements
 // that say why they cannot run.
-#include "backend/gpu.hpp"
+#include "hardware/gpu.hpp"
 
 #include "core/error.hpp"
 
-namespace ftp::backend {
+namespace ftp::hardware {
 namespace {
 
 [[noreturn]] void no_cuda(const char* what) {
@@ -22,4 +22,4 @@ Measurement measure_gpu_gemm_tflops(int, bool) { no_cuda("gpu gemm"); }
 Measurement measure_gpu_triad_gbs(int, bool) { no_cuda("gpu triad"); }
 void gpu_triad(int, float*, const float*, const float*, float, std::size_t) { no_cuda("gpu triad"); }
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware

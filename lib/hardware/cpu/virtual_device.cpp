@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "backend/cpu/virtual_device.hpp"
+#include "hardware/cpu/virtual_device.hpp"
 
 #include <sched.h>
 #include <sys/resource.h>
@@ -10,9 +10,9 @@
 
 #include <algorithm>
 
-#include "backend/cpu/cpu_info.hpp"
+#include "hardware/cpu/cpu_info.hpp"
 
-namespace ftp::backend {
+namespace ftp::hardware {
 
 VirtualDevice::VirtualDevice(int id, int threads, std::vector<int> cpus, std::uint64_t memory_budget_bytes,
                              bool oversubscribed)
@@ -119,4 +119,4 @@ std::vector<std::unique_ptr<VirtualDevice>> split_cpu(int n, std::uint64_t total
   return split_cpu(n, total_memory_bytes, usable_cpu_ids());
 }
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // GPU discovery and measurement with the CUDA runtime and cuBLAS.
-#include "backend/gpu.hpp"
+#include "hardware/gpu.hpp"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -16,7 +16,7 @@
 #include "kernels/triad.cuh"
 
 
-namespace ftp::backend {
+namespace ftp::hardware {
 namespace {
 
 void cuda_check(cudaError_t e, const char* call, const char* what, int device) {
@@ -258,4 +258,4 @@ void gpu_triad(int device, float* a, const float* b, const float* c, float scala
   cuda_check(cudaMemcpy(a, da.as<void>(), n * 4, cudaMemcpyDeviceToHost), "cudaMemcpy", what, device);
 }
 
-}  // namespace ftp::backend
+}  // namespace ftp::hardware
