@@ -887,13 +887,18 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     urgent_from_.clear();
   }
   calm_since_ms_.reset();
+  // The backlog as weighed: now, or backlog_lead_s ahead at its growth.
+  const std::string weighed =
+      num(backlog_s) + " s" +
+      (backlog_ahead_s != backlog_s ? " (" + num(backlog_ahead_s) + " s in " + num(gs.backlog_lead_s) + " s at its growth)"
+                                    : "");
   std::string reason =
-      std::string(what) + ": " + (urgent ? "urgent, token backlog " + num(backlog_s) + " s > " +
+      std::string(what) + ": " + (urgent ? "urgent, token backlog " + weighed + " > " +
                                                num(gs.urgent_backlog_s) + " s of " + o.gear + "'s prefill; " : "") +
       (latency_driven ? (ttft_slow ? "TTFT P99 " + num(o.ttft_ms.p99) + " ms > SLO " + num(gs.ttft_slo_ms) + " ms"
                                    : "TPOT P99 " + num(o.tpot_ms.p99) + " ms > SLO " + num(gs.tpot_slo_ms) + " ms") +
                             " of " + o.gear + " with queue " + num(o.queue_depth_mean) + ", forecast " + fc
-       : backlog_driven ? "token backlog " + num(backlog_s) + " s > " + num(gs.backlog_drive_s) + " s of " + o.gear +
+       : backlog_driven ? "token backlog " + weighed + " > " + num(gs.backlog_drive_s) + " s of " + o.gear +
                             "'s prefill, forecast " + fc
                       : "forecast " + fc + " " +
                             (dir > 0 ? "> " + num(gs.up_threshold) + " x safe " + num(safe)

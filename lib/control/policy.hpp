@@ -38,7 +38,7 @@ struct GearShifterConfig {
   /// ours: down-shift also when the forecast, in the next smaller gear's
   /// work, is under down_fit x that gear's safe capacity: the band's lower
   /// edge follows the ladder's spacing (a fixed down_threshold of the
-  /// current gear is 0.47 of TP4's capacity from TP8, 0.57 from TP4 to
+  /// current gear is 0.47 of TP4's capacity from TP8, 0.54 from TP4 to
   /// TP2, and held TP8 where TP4 carried the load); 0: off (down_threshold alone)
   double down_fit = 0.7;
   int confirmations = 3;               ///< consecutive agreeing observations needed

@@ -1307,7 +1307,7 @@ TEST(GearShifter, BacklogLeadShiftsBeforeTheQueueIsPastTheSlo) {
   const Decision d = second(2);
   ASSERT_EQ(d.action, "shift") << d.reason;
   EXPECT_EQ(d.to, "standard");
-  EXPECT_CONTAINS(d.reason, "urgent");
+  EXPECT_CONTAINS(d.reason, "urgent, token backlog 1.66667 s (3.66667 s in 2 s at its growth) > 2 s of economy's prefill");
   EXPECT_EQ(second(0).action, "hold");
 }
 
