@@ -67,6 +67,7 @@ def main():
           f"SLA {sla:.3f} at {gh:.4g} GPU-hours = {100 * gh / best[1]['gpu_hours']:.0f} % "
           f"of the best static gear {best[0]}'s")
     sla, gh = account(lambda i: max(need[max(0, i - 1 - hold):i] or [0]))
+    print()  # a paragraph of its own in Markdown
     print(f"reactive bound (the same gear known one interval late, held {hold * 10} s, shifts free): "
           f"SLA {sla:.3f} at {gh:.4g} GPU-hours = {100 * gh / best[1]['gpu_hours']:.0f} %")
 
