@@ -183,7 +183,7 @@ jq '.name = "llama-3.1-8b-128k" | .context_length = 131072 | .comment = "Llama-3
   --layout tp1:tp=1 --layout tp2:tp=2 --layout tp4:tp=4 --layout tp8:tp=8 --json=short >"$out/c-gears.json"
 # Ablations: the gear shifter with the rules added for the goal turned off one at a time, and all of
 # them (the seed's rules only).
-echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300,"down_peak_window_s":0,"backlog_drive_s":0,"backlog_derate_floor":1,"ttft_slo_ms":0,"tpot_slo_ms":0,"urgent_backlog_s":0}}' >"$out/c-seed.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300,"down_peak_window_s":0,"backlog_drive_s":0,"backlog_derate_floor":1,"ttft_slo_ms":0,"tpot_slo_ms":0,"urgent_backlog_s":0,"down_fit":0}}' >"$out/c-seed.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"up_dwell_s":300}}' >"$out/c-no-up-dwell.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"down_peak_window_s":0}}' >"$out/c-no-down-peak.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_drive_s":0}}' >"$out/c-no-backlog-drive.json"
@@ -191,10 +191,16 @@ echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_derate_floor":1}}' >"$out
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"ttft_slo_ms":0,"tpot_slo_ms":0}}' >"$out/c-no-latency-drive.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"tpot_slo_ms":0}}' >"$out/c-no-tpot-drive.json"
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"urgent_backlog_s":0}}' >"$out/c-no-urgent.json"
-# The burst return is off by default; this row turns it on (30 s).
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"urgent_ramp":[]}}' >"$out/c-no-urgent-ramp.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"down_fit":0}}' >"$out/c-no-down-fit.json"
+# The forecast's EWMA weight per observation (1 s apart) instead of per 10 s.
+echo '{"kind":"ftp.policy/v1","predictor":{"alpha_period_s":0}}' >"$out/c-per-sample-alpha.json"
+# The burst return and the backlog lead are off by default; these rows turn them on (30 s, 2 s).
 echo '{"kind":"ftp.policy/v1","gear_shifter":{"burst_return_s":30}}' >"$out/c-burst-return.json"
+echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_lead_s":2}}' >"$out/c-backlog-lead.json"
 c_policies="static:tp1 static:tp2 static:tp4 static:tp8 gear-shifter dynamic-tp:$here/dynamic-tp.json naive"
-for a in seed no-up-dwell no-down-peak no-backlog-drive no-derate no-latency-drive no-tpot-drive no-urgent burst-return; do
+for a in seed no-up-dwell no-down-peak no-backlog-drive no-derate no-latency-drive no-tpot-drive no-urgent no-urgent-ramp \
+         no-down-fit per-sample-alpha burst-return backlog-lead; do
   c_policies+=" gear-shifter:$out/c-$a.json"
 done
 
@@ -276,7 +282,7 @@ done
 # seed's rules and the ablations of the two rules added last.
 if want h; then
   c_policies="static:tp1 static:tp2 static:tp4 static:tp8 gear-shifter"
-  for a in seed no-urgent no-tpot-drive; do c_policies+=" gear-shifter:$out/c-$a.json"; done
+  for a in seed no-urgent no-tpot-drive no-urgent-ramp no-down-fit per-sample-alpha; do c_policies+=" gear-shifter:$out/c-$a.json"; done
   echo "## (h) held out" | tee -a "$md"
   echo | tee -a "$md"
   goal h-bursty-seed11 "held out: bursty synthetic, seed 11" \

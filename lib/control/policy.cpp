@@ -48,6 +48,14 @@ class Section {
     known_.insert(std::string(key));
     if (node_ && node_->has(key)) out = static_cast<std::uint64_t>(node_->positive_integer(key, true));
   }
+  void numbers(std::string_view key, std::vector<double>& out) {
+    known_.insert(std::string(key));
+    if (!node_ || !node_->has(key)) return;
+    const Node a = node_->at(key);
+    a.expect_array();
+    out.clear();
+    for (const auto& n : a.items()) out.push_back(n.number());
+  }
   void one_of(std::string_view key, std::string& out, const std::vector<std::string>& choices) {
     known_.insert(std::string(key));
     if (node_ && node_->has(key)) out = node_->one_of(key, choices);
@@ -100,7 +108,11 @@ Json to_json(const PolicyConfig& c) {
   const auto& t = c.tp_planner;
   return Json{
       {"kind", doc::kind::policy},
-      {"predictor", {{"alpha", p.alpha}, {"horizon_s", p.horizon_s}, {"peak_window_s", p.peak_window_s}}},
+      {"predictor",
+       {{"alpha", p.alpha},
+        {"horizon_s", p.horizon_s},
+        {"peak_window_s", p.peak_window_s},
+        {"alpha_period_s", p.alpha_period_s}}},
       {"capacity",
        {{"safe_fraction", k.safe_fraction},
         {"refresh_every_s", k.refresh_every_s},
@@ -112,6 +124,7 @@ Json to_json(const PolicyConfig& c) {
         {"down_peak_window_s", g.down_peak_window_s},
         {"up_threshold", g.up_threshold},
         {"down_threshold", g.down_threshold},
+        {"down_fit", g.down_fit},
         {"confirmations", g.confirmations},
         {"confirmation_period_s", g.confirmation_period_s},
         {"min_agreeing_signals", g.min_agreeing_signals},
@@ -129,6 +142,9 @@ Json to_json(const PolicyConfig& c) {
         {"tpot_slo_ms", g.tpot_slo_ms},
         {"latency_hold_s", g.latency_hold_s},
         {"urgent_backlog_s", g.urgent_backlog_s},
+        {"backlog_lead_s", g.backlog_lead_s},
+        {"urgent_ramp", g.urgent_ramp},
+        {"urgent_ramp_step_s", g.urgent_ramp_step_s},
         {"burst_return_s", g.burst_return_s},
         {"kv_pressure_up", g.kv_pressure_up},
         {"kv_pressure_down", g.kv_pressure_down},
@@ -170,6 +186,7 @@ PolicyConfig policy_config_from_json(const Json& j) {
   {
     Section s(root, "predictor");
     s.number("alpha", c.predictor.alpha);
+    s.number("alpha_period_s", c.predictor.alpha_period_s);
     s.number("horizon_s", c.predictor.horizon_s);
     s.number("peak_window_s", c.predictor.peak_window_s);
     s.finish();
@@ -190,6 +207,7 @@ PolicyConfig policy_config_from_json(const Json& j) {
     s.number("down_peak_window_s", g.down_peak_window_s);
     s.number("up_threshold", g.up_threshold);
     s.number("down_threshold", g.down_threshold);
+    s.number("down_fit", g.down_fit);
     s.integer("confirmations", g.confirmations);
     s.number("confirmation_period_s", g.confirmation_period_s);
     s.integer("min_agreeing_signals", g.min_agreeing_signals);
@@ -209,6 +227,9 @@ PolicyConfig policy_config_from_json(const Json& j) {
     s.number("tpot_slo_ms", g.tpot_slo_ms);
     s.number("latency_hold_s", g.latency_hold_s);
     s.number("urgent_backlog_s", g.urgent_backlog_s);
+    s.number("backlog_lead_s", g.backlog_lead_s);
+    s.numbers("urgent_ramp", g.urgent_ramp);
+    s.number("urgent_ramp_step_s", g.urgent_ramp_step_s);
     s.number("burst_return_s", g.burst_return_s);
     s.number("kv_pressure_up", g.kv_pressure_up);
     s.number("kv_pressure_down", g.kv_pressure_down);
@@ -263,6 +284,7 @@ PolicyConfig policy_config_from_json(const Json& j) {
 
 void validate(const PolicyConfig& c) {
   ratio("predictor.alpha", c.predictor.alpha);
+  nonneg("predictor.alpha_period_s", c.predictor.alpha_period_s);
   nonneg("predictor.horizon_s", c.predictor.horizon_s);
   nonneg("predictor.peak_window_s", c.predictor.peak_window_s);
 
@@ -278,6 +300,8 @@ void validate(const PolicyConfig& c) {
   ratio("gear_shifter.down_threshold", g.down_threshold);
   check(g.up_threshold > g.down_threshold && g.up_threshold <= 1, "gear_shifter.up_threshold",
         "must be in (down_threshold, 1] = (" + num(g.down_threshold) + ", 1]", g.up_threshold);
+  check(g.down_fit >= 0 && g.down_fit < g.up_threshold, "gear_shifter.down_fit",
+        "must be in [0, up_threshold) = [0, " + num(g.up_threshold) + ")", g.down_fit);
   check(g.confirmations >= 1, "gear_shifter.confirmations", "must be at least 1", g.confirmations);
   nonneg("gear_shifter.confirmation_period_s", g.confirmation_period_s);
   check(g.min_agreeing_signals >= 1 && g.min_agreeing_signals <= 7, "gear_shifter.min_agreeing_signals",
@@ -294,6 +318,13 @@ void validate(const PolicyConfig& c) {
   nonneg("gear_shifter.tpot_slo_ms", g.tpot_slo_ms);
   nonneg("gear_shifter.latency_hold_s", g.latency_hold_s);
   nonneg("gear_shifter.urgent_backlog_s", g.urgent_backlog_s);
+  nonneg("gear_shifter.backlog_lead_s", g.backlog_lead_s);
+  for (std::size_t i = 0; i < g.urgent_ramp.size(); ++i)
+    check(g.urgent_ramp[i] > 0 && g.urgent_ramp[i] <= 1 && (i == 0 || g.urgent_ramp[i] > g.urgent_ramp[i - 1]),
+          "gear_shifter.urgent_ramp[" + std::to_string(i) + "]", "shares must increase within (0, 1]", g.urgent_ramp[i]);
+  if (!g.urgent_ramp.empty())
+    check(g.urgent_ramp.back() == 1.0, "gear_shifter.urgent_ramp", "must end at 1 (100 %)", g.urgent_ramp.back());
+  nonneg("gear_shifter.urgent_ramp_step_s", g.urgent_ramp_step_s);
   nonneg("gear_shifter.burst_return_s", g.burst_return_s);
   check(g.backlog_derate_floor > 0 && g.backlog_derate_floor <= 1, "gear_shifter.backlog_derate_floor",
         "must be in (0, 1]", g.backlog_derate_floor);
@@ -533,6 +564,16 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
 
   // The queue's token backlog in seconds of this gear's prefill (0: not measured).
   const double backlog_s = cap.prefill_tokens_s > 0 ? o.queued_prompt_tokens / cap.prefill_tokens_s : 0;
+  // The backlog backlog_lead_s ahead at its growth since the last
+  // observation (only growth counts): what the drive and the urgent path
+  // weigh, so that a shift starts before the queue is past the SLO.
+  double backlog_ahead_s = backlog_s;
+  if (gs.backlog_lead_s > 0 && last_backlog_ && o.t_ms > last_backlog_->first && cap.prefill_tokens_s > 0) {
+    const double growth = (o.queued_prompt_tokens - last_backlog_->second) /
+                          (static_cast<double>(o.t_ms - last_backlog_->first) / 1000.0);
+    backlog_ahead_s += std::max(0.0, growth) * gs.backlog_lead_s / cap.prefill_tokens_s;
+  }
+  last_backlog_ = std::make_pair(o.t_ms, o.queued_prompt_tokens);
   // Load direction from the forecast, or up from a token backlog the gear
   // does not clear; the other signals vote.
   int dir = 0;
@@ -545,21 +586,36 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   const bool tpot_slow = gs.tpot_slo_ms > 0 && o.tpot_ms.p99 > gs.tpot_slo_ms;
   const bool too_slow = ttft_slow || tpot_slow;
   bool latency_driven = false;
+  // The lower edge of the band, in this gear's work: down_threshold x its
+  // safe capacity, or, higher, the load at which the next smaller gear
+  // would run at down_fit x its own safe capacity (the band then follows
+  // the ladder's spacing: hysteresis against that gear's up_threshold).
+  double down_line = gs.down_threshold * safe;
+  if (gs.down_fit > 0) {
+    const std::vector<int> ranked_now = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
+    const auto at = std::find(ranked_now.begin(), ranked_now.end(), cur);
+    if (at != ranked_now.end() && at != ranked_now.begin()) {
+      const std::string& smaller = table_.gears[static_cast<std::size_t>(*(at - 1))].name;
+      const double per_rps_here = load_on(o.gear, 1.0), per_rps_there = load_on(smaller, 1.0);
+      if (per_rps_there > 0)
+        down_line = std::max(down_line, gs.down_fit * safe_of(smaller) * per_rps_here / per_rps_there);
+    }
+  }
   if (!in_guard) {
     if (load > gs.up_threshold * safe) dir = +1;
-    else if (gs.backlog_drive_s > 0 && backlog_s > gs.backlog_drive_s) dir = +1, backlog_driven = true;
+    else if (gs.backlog_drive_s > 0 && backlog_ahead_s > gs.backlog_drive_s) dir = +1, backlog_driven = true;
     else if (too_slow) dir = +1, latency_driven = true;
-    else if (load < gs.down_threshold * safe) dir = -1;
+    else if (load < down_line) dir = -1;
   }
   // The urgent path: the queue's tail already misses the TTFT SLO.
-  const bool urgent = dir > 0 && gs.urgent_backlog_s > 0 && backlog_s > gs.urgent_backlog_s;
+  const bool urgent = dir > 0 && gs.urgent_backlog_s > 0 && backlog_ahead_s > gs.urgent_backlog_s;
   const std::string fc = num(forecast) + " req/s" + (load != forecast ? " (" + num(load) + " req/s in work)" : "");
   // A signal with a band: it agrees going up above `up`, going down below `down`.
   auto band = [dir](const char* name, double value, double up, double down) {
     return doc::Signal{name, value, dir < 0 ? down : up, dir > 0 ? value > up : dir < 0 && value < down};
   };
   std::vector<doc::Signal> sig;
-  sig.push_back(band("forecast_load", load, gs.up_threshold * safe, gs.down_threshold * safe));
+  sig.push_back(band("forecast_load", load, gs.up_threshold * safe, down_line));
   sig.push_back(band("queue_depth", o.queue_depth_mean, gs.queue_depth_up, gs.queue_depth_down));
   sig.push_back(band("queue_time_ms", o.est_queue_time_ms, gs.queue_time_up_ms, gs.queue_time_down_ms));
   sig.push_back({"token_backlog_s", backlog_s, gs.backlog_up_s, dir > 0 && backlog_s > gs.backlog_up_s});
@@ -750,7 +806,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     if (in_guard)
       return hold(o, name(), "memory guard: KV watermark " + num(o.kv_watermark) + " not below " +
                                  num(gs.memory_guard_exit_kv), sig);
-    return hold(o, name(), "forecast " + fc + " inside the band [" + num(gs.down_threshold * safe) +
+    return hold(o, name(), "forecast " + fc + " inside the band [" + num(down_line) +
                                ", " + num(gs.up_threshold * safe) + "] of " + o.gear + "'s safe capacity " + num(safe),
                 sig);
   }
@@ -831,20 +887,33 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     urgent_from_.clear();
   }
   calm_since_ms_.reset();
+  // The backlog as weighed: now, or backlog_lead_s ahead at its growth.
+  const std::string weighed =
+      num(backlog_s) + " s" +
+      (backlog_ahead_s != backlog_s ? " (" + num(backlog_ahead_s) + " s in " + num(gs.backlog_lead_s) + " s at its growth)"
+                                    : "");
   std::string reason =
-      std::string(what) + ": " + (urgent ? "urgent, token backlog " + num(backlog_s) + " s > " +
+      std::string(what) + ": " + (urgent ? "urgent, token backlog " + weighed + " > " +
                                                num(gs.urgent_backlog_s) + " s of " + o.gear + "'s prefill; " : "") +
       (latency_driven ? (ttft_slow ? "TTFT P99 " + num(o.ttft_ms.p99) + " ms > SLO " + num(gs.ttft_slo_ms) + " ms"
                                    : "TPOT P99 " + num(o.tpot_ms.p99) + " ms > SLO " + num(gs.tpot_slo_ms) + " ms") +
                             " of " + o.gear + " with queue " + num(o.queue_depth_mean) + ", forecast " + fc
-       : backlog_driven ? "token backlog " + num(backlog_s) + " s > " + num(gs.backlog_drive_s) + " s of " + o.gear +
+       : backlog_driven ? "token backlog " + weighed + " > " + num(gs.backlog_drive_s) + " s of " + o.gear +
                             "'s prefill, forecast " + fc
                       : "forecast " + fc + " " +
-                            (dir > 0 ? "> " + num(gs.up_threshold) : dir == -1 ? "< " + num(gs.down_threshold) : "vs") +
-                            " x safe " + num(safe) + " of " + o.gear) +
+                            (dir > 0 ? "> " + num(gs.up_threshold) + " x safe " + num(safe)
+                             : dir == -1 ? "< " + num(down_line) + " (the band's lower edge)"
+                                         : "vs safe " + num(safe)) +
+                            " of " + o.gear) +
       ", " + std::to_string(agree) + " signals agree over " + std::to_string(gs.confirmations) + " observations";
   rollback_ = RollbackMonitor(config_.rollback);
-  return shift(o, table_.gears[target].name, reason, sig, true, true);
+  doc::Decision d = shift(o, table_.gears[target].name, reason, sig, true, true);
+  if (urgent && dir > 0 && !gs.urgent_ramp.empty()) {
+    // The old gear is past the SLO already: its own, shorter ramp.
+    d.ramp = gs.urgent_ramp;
+    d.ramp_step_ms = static_cast<std::int64_t>(gs.urgent_ramp_step_s * 1000);
+  }
+  return d;
 }
 
 // ---------------------------------------------------------------- TP planner
@@ -852,7 +921,10 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
 TpPlanner::TpPlanner(const doc::GearTable& table, const PolicyConfig& config)
     : table_(table),
       config_(config.tp_planner),
-      predictor_(PredictorConfig{config.tp_planner.alpha, config.tp_planner.reserve_ahead_s, 0}),
+      predictor_(PredictorConfig{.alpha = config.tp_planner.alpha,
+                                  .horizon_s = config.tp_planner.reserve_ahead_s,
+                                  .peak_window_s = 0,
+                                  .alpha_period_s = 0}),  // per sample, as the design's planner
       ladder_(normal_gears(table)) {
   validate(config);
   flops_per_token_ = config_.flops_per_token > 0 ? config_.flops_per_token : 2.0 * static_cast<double>(table.model.n_params);

@@ -35,6 +35,12 @@ struct GearShifterConfig {
   double down_peak_window_s = 300;
   double up_threshold = 0.85;          ///< up-shift when forecast > up_threshold x safe capacity
   double down_threshold = 0.30;        ///< down-shift when forecast < down_threshold x safe capacity
+  /// ours: down-shift also when the forecast, in the next smaller gear's
+  /// work, is under down_fit x that gear's safe capacity: the band's lower
+  /// edge follows the ladder's spacing (a fixed down_threshold of the
+  /// current gear is 0.47 of TP4's capacity from TP8, 0.54 from TP4 to
+  /// TP2, and held TP8 where TP4 carried the load); 0: off (down_threshold alone)
+  double down_fit = 0.7;
   int confirmations = 3;               ///< consecutive agreeing observations needed
   double confirmation_period_s = 10;   ///< spacing of the observations that count as confirmations, s
   int min_agreeing_signals = 2;        ///< signals that must agree, the forecast included
@@ -84,6 +90,21 @@ struct GearShifterConfig {
   /// the up-shift is decided at once, with no confirmation, second signal
   /// or up dwell; 0: off
   double urgent_backlog_s = 2;
+  /// ours: the ramp of an urgent up-shift (new domains' traffic shares,
+  /// increasing, ending at 1), with urgent_ramp_step_s of wait and a check
+  /// before each share under 1. The executor's ramp (10 %, 50 %, 100 %, 1 s
+  /// each) guards against a bad new domain, but with the old gear past the
+  /// SLO already, every second it keeps 90 % or 50 % of a burst costs more
+  /// than the risk; one half-second step at 50 % keeps one check (a
+  /// failing new domain is rolled back at its end). {1}: no check; empty:
+  /// the executor's ramp
+  std::vector<double> urgent_ramp{0.5, 1.0};
+  double urgent_ramp_step_s = 0.5;     ///< ours: the wait at each step of urgent_ramp, s
+  /// ours: the backlog drive and the urgent path weigh the token backlog
+  /// this far ahead, s, at its growth since the last observation (only
+  /// growth counts): a shift takes seconds, and a queue that grows past
+  /// the SLO by then is better met now; 0: the backlog now
+  double backlog_lead_s = 0;
   /// ours: after an urgent up-shift the gear it left is taken back, by
   /// itself (no dwell, forecast or down-peak window, which the burst
   /// inflated), once for this long the queue is empty (30 s mean at most
@@ -138,7 +159,9 @@ struct NaiveConfig {
 
 /// ftp.policy/v1: every parameter of the control policies.
 struct PolicyConfig {
-  PredictorConfig predictor;
+  /// The gear shifter's forecast: alpha per 10 s (alpha_period_s), the
+  /// observation period it was chosen for, whatever the observer's period.
+  PredictorConfig predictor{.alpha_period_s = 10};
   CapacityConfig capacity;
   GearShifterConfig gear_shifter;
   RollbackConfig rollback;
@@ -273,6 +296,7 @@ class GearShifter final : public Policy {
   std::string urgent_from_;
   std::optional<std::int64_t> calm_since_ms_;
   std::optional<std::int64_t> last_shift_ms_;
+  std::optional<std::pair<std::int64_t, double>> last_backlog_;  ///< (t_ms, queued prompt tokens) last observed
   int confirm_dir_ = 0, confirm_count_ = 0;
   std::int64_t confirm_t_ms_ = 0;
   int contention_count_ = 0;           ///< observations in a row with a contended current GPU (o.gpus)

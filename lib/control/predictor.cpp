@@ -9,7 +9,7 @@ namespace ftp::control {
 Predictor::Predictor(PredictorConfig config) : config_(config) {}
 
 void Predictor::observe(std::int64_t t_ms, double rate) {
-  const double a = config_.alpha;
+  double a = config_.alpha;
   if (n_ == 0) {
     level_ = rate;
     trend_ = 0;
@@ -23,6 +23,7 @@ void Predictor::observe(std::int64_t t_ms, double rate) {
     trend_ = 0;
   } else {
     double dt = static_cast<double>(t_ms - last_t_ms_) / 1000.0;
+    if (config_.alpha_period_s > 0) a = 1 - std::pow(1 - config_.alpha, dt / config_.alpha_period_s);
     double prev = level_;
     level_ = std::max(0.0, a * rate + (1 - a) * (level_ + trend_ * dt));  // a rate is never negative
     trend_ = a * (level_ - prev) / dt + (1 - a) * trend_;

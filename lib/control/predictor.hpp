@@ -12,13 +12,21 @@ struct PredictorConfig {
   double alpha = 0.25;         ///< EWMA weight of the newest sample, (0, 1]
   double horizon_s = 45;       ///< how far ahead the forecast looks, s (design: 30-60 s)
   double peak_window_s = 60;   ///< how long a recent peak of the level is remembered, s; 0: no peak memory
+  /// ours: the spacing of samples `alpha` is the weight for, s: a sample dt
+  /// after the last weighs 1 - (1 - alpha)^(dt / alpha_period_s), so that
+  /// observations 1 s or 10 s apart give the same dynamics in time (the
+  /// EWMA's time constant is -alpha_period_s / ln(1 - alpha): 35 s for
+  /// 0.25 and 10 s); 0 (the default here; the gear shifter's policy config
+  /// sets 10): alpha per sample, whatever their spacing
+  double alpha_period_s = 0;
 };
 
 /// Request-rate forecast: an EWMA level with a trend (Holt's linear method,
-/// both smoothed with `alpha`) and a recent-peak memory:
+/// both smoothed with a weight a) and a recent-peak memory:
 ///
-///   level_k = alpha x rate_k + (1 - alpha) x (level_{k-1} + trend_{k-1} x dt)
-///   trend_k = alpha x (level_k - level_{k-1}) / dt + (1 - alpha) x trend_{k-1}      (per second)
+///   a = 1 - (1 - alpha)^(dt / alpha_period_s)    (alpha_period_s 0: a = alpha)
+///   level_k = a x rate_k + (1 - a) x (level_{k-1} + trend_{k-1} x dt)
+///   trend_k = a x (level_k - level_{k-1}) / dt + (1 - a) x trend_{k-1}      (per second)
 ///   forecast = max(level + max(trend, 0) x horizon_s, max of level over the last peak_window_s)
 ///
 /// The level is clamped at 0; after a gap longer than horizon_s (and than

@@ -47,7 +47,7 @@ struct ReplayConfig {
   double duration_s = 0;         ///< ... for this long (trace time), s; 0: to the end
   double rate_scale = 1;         ///< arrivals are compressed in time by this factor (2: twice the rate)
   double interval_s = 10;        ///< one ftp.sim-interval/v1 record per this much virtual time, s
-  double observation_period_s = 10;  ///< the policy sees an observation this often, s
+  double observation_period_s = 1;   ///< the policy sees an observation this often, s (as ftp-serve --auto)
   double slo_ttft_ms = 2000;     ///< a request meets the SLA with TTFT <= this ...
   double slo_tpot_ms = 100;      ///< ... and TPOT <= this, ms
   double prefill_share = 0.2;    ///< share of the service time before the first token

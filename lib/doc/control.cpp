@@ -175,6 +175,8 @@ Json to_json(const Decision& d) {
   o["reason"] = d.reason;
   o["signals"] = signals;
   if (d.not_before_ms) o["not_before_ms"] = d.not_before_ms;
+  if (!d.ramp.empty()) o["ramp"] = d.ramp;
+  if (d.ramp_step_ms >= 0) o["ramp_step_ms"] = d.ramp_step_ms;
   return o;
 }
 
@@ -201,6 +203,17 @@ Decision decision_from_json(const Json& j) {
     }
   }
   d.not_before_ms = r.integer_or("not_before_ms", 0);
+  if (auto ramp = r.find("ramp")) {
+    ramp->expect_array();
+    for (const auto& n : ramp->items()) {
+      const double share = n.number();
+      if (!(share > 0 && share <= 1) || (!d.ramp.empty() && share <= d.ramp.back()))
+        n.fail("a ramp's shares increase within (0, 1], got " + json::dump(n.value(), json::Style::short_));
+      d.ramp.push_back(share);
+    }
+    if (d.ramp.empty() || d.ramp.back() != 1.0) ramp->fail("a ramp ends at 1 (100 %)");
+  }
+  if (r.has("ramp_step_ms")) d.ramp_step_ms = r.positive_integer("ramp_step_ms", true);
   return d;
 }
 

@@ -113,6 +113,11 @@ struct Decision {
   std::string reason;                 ///< for people: why
   std::vector<Signal> signals;
   std::int64_t not_before_ms = 0;     ///< staggered start; 0 for now
+  /// The shift's ramp (new domains' traffic shares, increasing, ending at
+  /// 1) and its wait per step, ms, where the policy asks for its own (the
+  /// gear shifter's urgent path); empty and < 0: the executor's.
+  std::vector<double> ramp;
+  std::int64_t ramp_step_ms = -1;
 };
 
 /// ftp.shift-event/v1: one step of a shift as it happens (phase records) or

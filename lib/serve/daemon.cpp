@@ -287,6 +287,8 @@ int run_daemon(DaemonOptions o) {
             Service::ShiftOptions so;
             so.to = pending->to;
             so.trigger = "policy:" + pending->policy;
+            so.ramp = pending->ramp;  // the policy's own (urgent path), else the daemon's
+            so.step_interval_ms = static_cast<int>(std::min<std::int64_t>(pending->ramp_step_ms, 3600000));
             pending.reset();
             auto done = svc.shift(so, [&](const doc::ShiftEvent& e) {
               log("auto: shift " + e.shift_id + " " + std::string(doc::to_string(e.phase)) + " " + e.message);

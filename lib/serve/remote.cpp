@@ -137,6 +137,8 @@ int execute_decisions(ipc::Client& client, std::istream& in, const ShiftRequest&
     ShiftRequest r = defaults;
     r.to = d.to;
     r.trigger = "policy:" + d.policy;
+    if (!d.ramp.empty()) r.ramp = d.ramp;  // the policy's own (urgent path), else the defaults'
+    if (d.ramp_step_ms >= 0) r.step_interval_ms = static_cast<int>(std::min<std::int64_t>(d.ramp_step_ms, 3600000));
     // A fresh connection for each shift: between decisions (holds, often
     // minutes of them) the daemon closes an idle one (ftp.IdleTimeout).
     client.close();

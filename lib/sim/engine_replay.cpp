@@ -156,6 +156,8 @@ class EngineReplay {
     std::vector<int> fresh, old;
     std::vector<int> reserved;       // device indices held by the reservation
     bool rolled_back = false;
+    std::vector<double> ramp;        // its traffic shares on the new domains
+    double ramp_step_s = 0;          // its wait at each step before the check, s
   };
 
   // --- set-up
@@ -187,7 +189,8 @@ class EngineReplay {
   bool has_work(const SimDomain& d) const { return !d.backlog.empty() || !d.dom->idle(); }
   void maybe_retire(int di, double t);
   // --- control plane
-  void start_shift(int to, double t);
+  /// Starts a shift to gear `to` with the ramp and step wait of its decision.
+  void start_shift(int to, double t, std::vector<double> ramp, double ramp_step_s);
   void advance_shift(double t);
   void apply_share(double share);
   void end_shift();
@@ -232,7 +235,15 @@ class EngineReplay {
 
   // Shifts.
   std::optional<Shift> shift_;
-  std::optional<std::pair<int, double>> pending_;  // gear, not before s
+  /// A decided shift not yet started: its gear, not-before time (s), and
+  /// the decision's own ramp and step wait (empty, < 0: the config's).
+  struct PendingShift {
+    int to;
+    double not_before;
+    std::vector<double> ramp;
+    double ramp_step_s;
+  };
+  std::optional<PendingShift> pending_;
   int shifts_ = 0, rollbacks_ = 0, decisions_ = 0, iv_shifts_ = 0;
   std::map<int, double> gear_time_;
   double gear_since_ = 0;
@@ -637,9 +648,11 @@ void EngineReplay::maybe_retire(int di, double t) {
     end_shift();
 }
 
-void EngineReplay::start_shift(int to, double t) {
+void EngineReplay::start_shift(int to, double t, std::vector<double> ramp, double ramp_step_s) {
   if (shift_ || to == gear_) return;
   Shift s;
+  s.ramp = std::move(ramp);
+  s.ramp_step_s = ramp_step_s;
   s.from = gear_;
   s.to = to;
   for (std::size_t i = 0; i < doms_.size(); ++i)
@@ -731,7 +744,7 @@ void EngineReplay::advance_shift(double t) {
       return;
   }
   // The next ramp step.
-  const double share = ec_.shift.ramp[s.ramp_i];
+  const double share = s.ramp[s.ramp_i];
   apply_share(share);
   for (int i : s.fresh) {
     SimDomain& d = doms_[static_cast<std::size_t>(i)];
@@ -740,7 +753,7 @@ void EngineReplay::advance_shift(double t) {
   }
   if (share < 1.0) {
     s.step_start = t;
-    s.next = t + ec_.shift.ramp_step_s;
+    s.next = t + s.ramp_step_s;
     return;
   }
   // 100 %: the old domains drain while the new ones serve; the gear is the new one.
@@ -849,7 +862,9 @@ void EngineReplay::observe(double t) {
     const int to = table_.index_of(dec.to);
     if (to < 0) throw Error(std::string(policy_.name()) + ": decided a shift to an unknown gear \"" + dec.to + "\"");
     ++decisions_;
-    pending_ = std::make_pair(to, std::max(static_cast<double>(dec.not_before_ms) / 1000.0, t));
+    pending_ = PendingShift{to, std::max(static_cast<double>(dec.not_before_ms) / 1000.0, t),
+                            dec.ramp.empty() ? ec_.shift.ramp : dec.ramp,
+                            dec.ramp_step_ms >= 0 ? static_cast<double>(dec.ramp_step_ms) / 1000.0 : ec_.shift.ramp_step_s};
   }
 }
 
@@ -951,7 +966,7 @@ json::Json EngineReplay::run(const std::string& start_gear) {
     const double ta = ai < reqs_.size() ? reqs_[ai].arrival : kInf;
     const double td = heap_.empty() ? kInf : heap_.top().first;
     const double ts = shift_ ? shift_->next : kInf;
-    const double tp = pending_ && !shift_ ? pending_->second : kInf;
+    const double tp = pending_ && !shift_ ? pending_->not_before : kInf;
     const double tc = std::min({next_sample, next_obs, next_int});
     t = std::min({ta, td, ts, tp, tc});
     if (t > hard_end) t = hard_end;
@@ -960,9 +975,9 @@ json::Json EngineReplay::run(const std::string& start_gear) {
     if (ts <= t) {
       advance_shift(t);
     } else if (tp <= t) {
-      const int to = pending_->first;
+      PendingShift p = std::move(*pending_);
       pending_.reset();
-      start_shift(to, t);
+      start_shift(p.to, t, std::move(p.ramp), p.ramp_step_s);
     } else if (ta <= t) {
       arrive(static_cast<int>(ai++), t);
     } else if (tc <= t) {

@@ -1201,3 +1201,127 @@ TEST(GearShifter, KvPressureIsAVoice) {
   EXPECT_EQ(d.action, "shift");
   EXPECT_TRUE(signal(d, "kv_pressure")->agrees);
 }
+
+// ------------------------------------------------------------------ issue 18, item 4: time base, down fit, urgent ramp, lead
+
+TEST(Predictor, AlphaPeriodMakesTheDynamicsTimeBased) {
+  // A step from 0 to 100 req/s, seen 20 s later: observed every 10 s with
+  // alpha 0.25 per 10 s, by hand level 25 at 10 s and 48.4 at 20 s.
+  // Observed every second with the same alpha_period_s the level must be
+  // close to that (the trend, updated ten times as often, adds a little);
+  // with alpha per sample it has nearly caught up with the step after 20
+  // samples: the forecast of a daemon observing each second would be ten
+  // times as quick as the one the rules were set for.
+  auto level_at_20s = [](int step_ms, double alpha_period_s) {
+    PredictorConfig c;
+    c.alpha_period_s = alpha_period_s;
+    Predictor p(c);
+    p.observe(0, 0);
+    for (int t = step_ms; t <= 20000; t += step_ms) p.observe(t, 100);
+    return p.level();
+  };
+  EXPECT_DOUBLE_EQ(level_at_20s(10000, 10), 48.4375);
+  EXPECT_DOUBLE_EQ(level_at_20s(10000, 0), 48.4375) << "10 s apart, alpha per sample is alpha per 10 s";
+  EXPECT_NEAR(level_at_20s(1000, 10), 48.4375, 0.15 * 48.4375);
+  EXPECT_GT(level_at_20s(1000, 0), 90);
+  // The gear shifter's config sets the 10 s base; the predictor's own default is per sample.
+  EXPECT_DOUBLE_EQ(PolicyConfig{}.predictor.alpha_period_s, 10);
+  EXPECT_DOUBLE_EQ(PredictorConfig{}.alpha_period_s, 0);
+}
+
+TEST(GearShifter, DownFitFollowsTheLaddersSpacing) {
+  // performance (safe 960) at 300 req/s: above down_threshold x 960 = 288,
+  // so the seed's band holds; standard would run at 300 of its safe 480
+  // (0.63 < down_fit 0.7: the lower edge is 0.7 x 480 = 336 req/s), so the
+  // fit rule shifts down once the down-peak window (300 s) has been seen.
+  auto run = [](double down_fit) {
+    PolicyConfig c;
+    c.gear_shifter.down_fit = down_fit;
+    Shifter s(c);
+    Decision d;
+    for (int t = 0; t <= 330; t += 10) {
+      d = s(obs(t, "performance", 300));
+      if (d.action == "shift") return std::make_pair(t, d);
+    }
+    return std::make_pair(-1, d);
+  };
+  auto [t, d] = run(0.7);
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(t, 300);
+  EXPECT_EQ(d.to, "standard");
+  EXPECT_CONTAINS(d.reason, "< 336 (the band's lower edge)");
+  EXPECT_DOUBLE_EQ(signal(d, "forecast_load")->threshold, 336);
+  EXPECT_TRUE(signal(d, "forecast_load")->agrees);
+  auto [t0, d0] = run(0);
+  EXPECT_EQ(t0, -1) << "down_fit 0: the seed's band; " << d0.reason;
+  EXPECT_CONTAINS(d0.reason, "inside the band [288, 816]");
+}
+
+TEST(GearShifter, AnUrgentShiftCarriesItsOwnRamp) {
+  // economy, 45000 queued prompt tokens = 3 s of its prefill: urgent. The
+  // decision carries urgent_ramp (50 % for 0.5 s, then 100 %); a shift
+  // decided by the forecast after its confirmations carries none (the
+  // executor's ramp), and so does an urgent one with urgent_ramp empty.
+  const ftp::doc::GearTable table = token_gears();
+  Observation o = obs(0, "economy", 60);
+  o.queued_prompt_tokens = 45000;
+  GearShifter g(table, PolicyConfig{});
+  Decision d = g.observe(o);
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.ramp, (std::vector<double>{0.5, 1.0}));
+  EXPECT_EQ(d.ramp_step_ms, 500);
+  const Json j = ftp::doc::to_json(d);
+  EXPECT_EQ(j.at("ramp"), Json::array({0.5, 1.0}));
+  EXPECT_EQ(j.at("ramp_step_ms"), 500);
+  Shifter s;
+  for (int t = 0; t <= 20; t += 10) d = s(busy(t, "standard", 420));
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_TRUE(d.ramp.empty());
+  EXPECT_EQ(d.ramp_step_ms, -1);
+  EXPECT_FALSE(ftp::doc::to_json(d).contains("ramp")) << "no ramp of its own: the record as before";
+  PolicyConfig off;
+  off.gear_shifter.urgent_ramp.clear();
+  GearShifter h(table, off);
+  d = h.observe(o);
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_TRUE(d.ramp.empty());
+}
+
+TEST(GearShifter, BacklogLeadShiftsBeforeTheQueueIsPastTheSlo) {
+  // economy prefills 15000 tokens/s. Its backlog grows from 10000 to 25000
+  // tokens in a second (1.67 s of prefill, under urgent_backlog_s 2 s):
+  // 2 s ahead at that growth it is 55000 tokens, 3.67 s: with
+  // backlog_lead_s 2 the urgent path shifts up now; without, it waits.
+  const ftp::doc::GearTable table = token_gears();
+  auto second = [&](double lead_s) {
+    PolicyConfig c;
+    c.gear_shifter.backlog_lead_s = lead_s;
+    GearShifter g(table, c);
+    Observation o = obs(0, "economy", 60);
+    o.queued_prompt_tokens = 10000;
+    EXPECT_EQ(g.observe(o).action, "hold");
+    o = obs(1, "economy", 60);
+    o.queued_prompt_tokens = 25000;
+    return g.observe(o);
+  };
+  const Decision d = second(2);
+  ASSERT_EQ(d.action, "shift") << d.reason;
+  EXPECT_EQ(d.to, "standard");
+  EXPECT_CONTAINS(d.reason, "urgent, token backlog 1.66667 s (3.66667 s in 2 s at its growth) > 2 s of economy's prefill");
+  EXPECT_EQ(second(0).action, "hold");
+}
+
+TEST(PolicyConfig, NewGearShifterFieldsAreValidated) {
+  auto err = [](Json j) {
+    j["kind"] = "ftp.policy/v1";
+    return error_of([&] { policy_config_from_json(j); });
+  };
+  EXPECT_EQ(err({{"gear_shifter", {{"urgent_ramp", {0.5, 0.4, 1.0}}}}}),
+            "gear_shifter.urgent_ramp[1]: shares must increase within (0, 1], got 0.4");
+  EXPECT_EQ(err({{"gear_shifter", {{"urgent_ramp", {0.5}}}}}), "gear_shifter.urgent_ramp: must end at 1 (100 %), got 0.5");
+  EXPECT_EQ(err({{"gear_shifter", {{"down_fit", 0.9}}}}), "gear_shifter.down_fit: must be in [0, up_threshold) = [0, 0.85), got 0.9");
+  EXPECT_EQ(err({{"gear_shifter", {{"backlog_lead_s", -1}}}}), "gear_shifter.backlog_lead_s: must not be negative, got -1");
+  EXPECT_EQ(err({{"predictor", {{"alpha_period_s", -1}}}}), "predictor.alpha_period_s: must not be negative, got -1");
+  PolicyConfig c = policy_config_from_json(Json{{"kind", "ftp.policy/v1"}, {"gear_shifter", {{"urgent_ramp", Json::array()}}}});
+  EXPECT_TRUE(c.gear_shifter.urgent_ramp.empty()) << "empty: the executor's ramp";
+}

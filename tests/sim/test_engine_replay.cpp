@@ -169,6 +169,7 @@ TEST(EngineReplay, AShiftHoldsBothGearsUntilTheOldDrains) {
   control::ReplayConfig rc;
   rc.duration_s = 60;
   rc.interval_s = 1;
+  rc.observation_period_s = 10;
   Replayed r = replay(one_request(50000, 10, 2), t, topo, "static:tp2", "tp1", rc);
   EXPECT_EQ(r.summary.at("shifts"), 1);
   EXPECT_EQ(r.summary.at("final_gear"), "tp2");
@@ -275,6 +276,61 @@ class Recorder final : public control::Policy {
 
 }  // namespace
 
+namespace {
+
+/// Shifts to `to` at its first observation, with the decision's own ramp.
+class RampedShift final : public control::Policy {
+ public:
+  RampedShift(std::string to, std::vector<double> ramp, std::int64_t step_ms)
+      : to_(std::move(to)), ramp_(std::move(ramp)), step_ms_(step_ms) {}
+  doc::Decision observe(const doc::Observation& o) override {
+    doc::Decision d;
+    d.t_ms = o.t_ms;
+    d.from = o.gear;
+    if (o.gear != to_ && !o.shifting && !sent_) {
+      d.action = "shift";
+      d.to = to_;
+      d.ramp = ramp_;
+      d.ramp_step_ms = step_ms_;
+      sent_ = true;
+    }
+    return d;
+  }
+  std::string_view name() const noexcept override { return "ramped"; }
+
+ private:
+  std::string to_;
+  std::vector<double> ramp_;
+  std::int64_t step_ms_;
+  bool sent_ = false;
+};
+
+}  // namespace
+
+TEST(EngineReplay, ADecisionsOwnRampReplacesTheConfigs) {
+  // As AShiftHoldsBothGearsUntilTheOldDrains (first observation at 10 s,
+  // reserve 0.5 s, warm 2 s and the warm-up request), but the decision asks
+  // for its own ramp: straight to 100 % ends the shift at 12.5 s instead of
+  // 14.5 s; 50 % for 0.25 s at 12.75 s; none of its own: the config's.
+  const doc::Topology topo = cluster(2);
+  const doc::GearTable t = table(topo, llama7b(), {"tp1:tp=1", "tp2:tp=2"});
+  auto tp1_time = [&](std::vector<double> ramp, std::int64_t step_ms) {
+    sim::EngineReplayConfig ec;
+    ec.shape = llama7b();
+    ec.topology = topo;
+    control::ReplayConfig rc;
+    rc.duration_s = 60;
+    rc.observation_period_s = 10;
+    RampedShift p("tp2", std::move(ramp), step_ms);
+    json::Json s = sim::replay_engine(one_request(50000, 10, 2), p, "ramped", t, "tp1", rc, ec, [](const json::Json&) {});
+    EXPECT_EQ(s.at("shifts"), 1);
+    return s.at("gear_time_s").at("tp1").get<double>();
+  };
+  EXPECT_NEAR(tp1_time({1.0}, -1), 12.5, 0.1);
+  EXPECT_NEAR(tp1_time({0.5, 1.0}, 250), 12.75, 0.1);
+  EXPECT_NEAR(tp1_time({}, -1), 14.5, 0.1);
+}
+
 TEST(EngineReplay, ObservationsCarryTheLoadInTokens) {
   const doc::Topology topo = cluster(1);
   const doc::GearTable t = table(topo, llama7b(), {"tp1:tp=1"});
@@ -288,7 +344,9 @@ TEST(EngineReplay, ObservationsCarryTheLoadInTokens) {
   ec.shape = llama7b();
   ec.topology = topo;
   Recorder rec;
-  sim::replay_engine(tr, rec, "recorder", t, "tp1", control::ReplayConfig{}, ec, [](const json::Json&) {});
+  control::ReplayConfig rc;
+  rc.observation_period_s = 10;
+  sim::replay_engine(tr, rec, "recorder", t, "tp1", rc, ec, [](const json::Json&) {});
   ASSERT_GE(rec.seen.size(), 11u);
   double prompt = 0, decode = 0, rate = 0;
   for (std::size_t i = 2; i < 11; ++i) {  // 20 s to 110 s: the steady part

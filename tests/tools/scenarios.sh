@@ -79,16 +79,24 @@ for v in bursty code conv mooncake; do
       "$(s c-$v-tp-planner)" "$(s c-$v-naive)" "$(s c-$v-gear-shifter)"
 done
 check "(c), (h) results.md: a hindsight bound per trace" test "$(grep -c '^hindsight bound' "$tmp/results.md")" -eq "$(ls "$tmp"/[ch]-*-gear-shifter.summary.json | wc -l)"
+check "(c), (h) results.md: a reactive bound per trace" test "$(grep -c '^reactive bound' "$tmp/results.md")" -eq "$(ls "$tmp"/[ch]-*-gear-shifter.summary.json | wc -l)"
 # (h) held out: the same default policy on traffic the new rules were not chosen on. The README's
-# claim: the urgent path and the TPOT drive each hold or raise the SLA attainment on every one.
+# claims: the urgent path, its own ramp and the TPOT drive each hold or raise the SLA attainment on
+# every one; the down fit holds or lowers the GPU-hours on every one.
 for f in "$tmp"/h-*-gear-shifter.summary.json; do
   [ -r "$f" ] || { echo "skip: (h) not run"; break; }
   v=${f%-gear-shifter.summary.json}
-  for a in no-urgent no-tpot-drive; do
+  for a in no-urgent no-urgent-ramp no-tpot-drive; do
     check "(h) $(basename "$v"): the gear shifter's SLA >= its $a ablation's" \
       jq -e --slurpfile x "$v-gear-shifter-$a.summary.json" '.sla_attainment >= $x[0].sla_attainment' "$f"
   done
+  check "(h) $(basename "$v"): the gear shifter's GPU-hours <= its no-down-fit ablation's" \
+    jq -e --slurpfile x "$v-gear-shifter-no-down-fit.summary.json" '.gpu_hours <= $x[0].gpu_hours' "$f"
 done
+[ -r "$(s h-bursty-seed11-gear-shifter)" ] &&
+  check "(h) bursty seed 11: the gear shifter meets the goal against static tp8" \
+    jq -e --slurpfile t8 "$(s h-bursty-seed11-static-tp8)" \
+      '.sla_attainment >= $t8[0].sla_attainment - 0.01 and .gpu_hours <= 0.6 * $t8[0].gpu_hours' "$(s h-bursty-seed11-gear-shifter)"
 check "(c) bursty: the gear shifter meets the goal against the best static gear (tp8)" \
   jq -e --slurpfile t8 "$(s c-bursty-static-tp8)" --slurpfile t4 "$(s c-bursty-static-tp4)" \
     '$t8[0].sla_attainment >= $t4[0].sla_attainment and .sla_attainment >= $t8[0].sla_attainment - 0.01 and .gpu_hours <= 0.6 * $t8[0].gpu_hours' \

@@ -78,6 +78,12 @@ printf '%s\n' '{"kind":"ftp.decision/v1","t_ms":1,"action":"hold","from":"standa
 check "from-stdin: bad line warned" grep -q "stdin:2:" "$tmp/err"
 check "from-stdin: shift executed" jq -se '.[0].to=="pipelined" and .[0].outcome=="committed" and .[0].trigger=="policy:test"' "$tmp/dec.jsonl"
 check "from-stdin: exit 2 for the skipped line" test $rc -eq 2
+# A decision's own ramp (the gear shifter's urgent path) replaces the daemon's 10 %, 50 %, 100 %.
+printf '%s\n' '{"kind":"ftp.decision/v1","t_ms":3,"action":"shift","from":"pipelined","to":"standard","policy":"test","ramp":[0.5,1.0],"ramp_step_ms":50}' \
+  | "$shift_tool" --from-stdin --follow --json=short >"$tmp/ramp.jsonl" 2>"$tmp/err"; rc=$?
+check "from-stdin: a decision's own ramp, exit 0" test $rc -eq 0
+check "from-stdin: the shift ramps 50 %, 100 % as the decision says" \
+  jq -se '[.[] | select(.phase=="ramp") | .traffic_share] == [0.5, 1] and (map(select(.outcome)) | .[0].outcome) == "committed"' "$tmp/ramp.jsonl"
 
 status=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d '{"prompt": ')
 check "malformed body: 400" test "$status" = 400

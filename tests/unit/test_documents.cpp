@@ -280,7 +280,23 @@ TEST(Decision, RoundTrip) {
   hold.policy = "tp-planner";
   Json hj = to_json(hold);
   EXPECT_FALSE(hj.contains("to"));
+  EXPECT_FALSE(hj.contains("ramp"));
+  EXPECT_FALSE(hj.contains("ramp_step_ms"));
   EXPECT_EQ(to_json(decision_from_json(hj)), hj);
+  // A decision's own ramp (the gear shifter's urgent path).
+  d.ramp = {0.5, 1.0};
+  d.ramp_step_ms = 500;
+  j = to_json(d);
+  EXPECT_EQ(j.at("ramp"), Json::array({0.5, 1.0}));
+  EXPECT_EQ(j.at("ramp_step_ms"), 500);
+  const Decision back = decision_from_json(j);
+  EXPECT_EQ(back.ramp, d.ramp);
+  EXPECT_EQ(back.ramp_step_ms, 500);
+  bad = j;
+  bad["ramp"] = Json::array({0.5, 0.4, 1.0});
+  EXPECT_EQ(error_of([&] { decision_from_json(bad); }), "ramp[1]: a ramp's shares increase within (0, 1], got 0.4");
+  bad["ramp"] = Json::array({0.5});
+  EXPECT_EQ(error_of([&] { decision_from_json(bad); }), "ramp: a ramp ends at 1 (100 %)");
 }
 
 TEST(ShiftEvent, RoundTrip) {

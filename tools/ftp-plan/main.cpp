@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   sim->add_option("--rate-scale", rc.rate_scale, "Compress the trace in time by this factor (default 1)")->check(ftp::cli::positive());
   sim->add_option("--interval", rc.interval_s, "Virtual seconds per interval record (default 10)")->check(ftp::cli::positive());
   sim->add_option("--observe-interval-s", rc.observation_period_s,
-                  "Virtual seconds between the policy's observations (default 10; the daemon's: 1)")
+                  "Virtual seconds between the policy's observations (default 1, as the daemon's control loop)")
       ->check(ftp::cli::positive());
   sim->add_option("--slo-ttft-ms", rc.slo_ttft_ms, "SLO on time to first token, ms (default 2000)")->check(ftp::cli::positive());
   sim->add_option("--slo-tpot-ms", rc.slo_tpot_ms, "SLO on time per output token, ms (default 100)")->check(ftp::cli::positive());
