@@ -94,7 +94,11 @@ class CpuRank final : public RankBackend {
     for (int r = 0; r < rows; ++r) ops::rmsnorm(row(x, r, hp_.n_embd), w, row(out, r, hp_.n_embd), hp_.n_embd, hp_.rms_eps);
   }
   void matmul(const float* x, const MatView& w, float* out, int rows) override {
-    split_matmul(pool_, x, w, packed_ ? packed_->find(w.t) : nullptr, out, rows);
+    if (!packed_) return split_matmul(pool_, x, w, nullptr, out, rows);
+    // The store's huge-page copy of a quantized matrix: the same bytes.
+    MatView v = w;
+    if (const model::TensorView* c = packed_->copy_of(w.t)) v.t = c;
+    split_matmul(pool_, x, v, packed_->find(w.t), out, rows);
   }
   void add_bias(float* x, const VecView& b) override {
     const float* bias = b.data();

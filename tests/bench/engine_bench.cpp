@@ -47,7 +47,11 @@
 // Q8_0 on the CPU backend reads the store's packed copy (PackedWeights,
 // made once before the domain: the "layout" column says packed, the JSON
 // gives its bytes and packing time); FTP_Q8_PACK=0 in the environment reads
-// the mapped file's blocks instead (the A/B of the packed layout).
+// the mapped file's blocks instead (the A/B of the packed layout). The other
+// block-quantized matrices are read from the store's copy of them on huge
+// pages (layout "copy"); --huge-copy on,off runs each dtype with the copy
+// and with the mapped file's pages side by side (FTP_HUGE_COPY=0 in the
+// child for off).
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -94,6 +98,7 @@ struct Options {
   std::vector<std::string> dtypes = {"f16", "q8_0", "q4_0", "q4_k_m"};
   std::vector<int> tps;   // empty: 1 and the machine's cores (default_tps)
   std::vector<int> rank_threads = {0};  // threads per rank, each a run; 0: the engine's default
+  std::vector<std::string> huge_copy = {"on"};  // on, off: each a run (off: FTP_HUGE_COPY=0)
   int steps = 8;          // timed decode steps per batch size
   int warmup = 2;         // untimed decode steps first
   int prompt = 128;       // prefill tokens
@@ -257,7 +262,8 @@ json::Json time_kernel_rate(int calls, const std::vector<int>& split_threads) {
 /// output), split by dtype (Q4_K_M mixes Q4_K and Q6_K), each pass over every
 /// layer's matrix of that kind so that the weights stream from memory as in a
 /// decode step (one layer's matrix alone would sit in the L3). The kernels
-/// are the backend's (ops::matmul, or matmul_packed for a packed Q8_0).
+/// are the backend's (ops::matmul, or matmul_packed for a packed Q8_0; the
+/// huge-page copy of the other quantized matrices where the store has one).
 json::Json time_matvec(const model::Model& m, const engine::PackedWeights* packed, int passes) {
   struct Kind {
     std::vector<const model::TensorView*> t;
@@ -286,7 +292,8 @@ json::Json time_matvec(const model::Model& m, const engine::PackedWeights* packe
   auto product = [&](const model::TensorView* t) {
     const engine::MatView w{t, 0, t->rows, 0, t->cols};
     if (const engine::PackedQ8* p = packed ? packed->find(t) : nullptr) return engine::ops::matmul_packed(x.data(), *p, w, out.data(), 1);
-    engine::ops::matmul(x.data(), w, out.data(), 1);
+    const model::TensorView* c = packed ? packed->copy_of(t) : nullptr;
+    engine::ops::matmul(x.data(), c ? engine::MatView{c, 0, t->rows, 0, t->cols} : w, out.data(), 1);
   };
   // Interleave the kinds pass by pass (as a step does), timing each kind's run of layers.
   for (int pass = -1; pass < passes; ++pass)
@@ -423,7 +430,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp, int thr
   j["weight_bytes_per_decode_step"] = per_step;
   j["flops_per_token"] = 2.0 * static_cast<double>(step_elements(m));
   j["write_seconds"] = write_s;
-  j["layout"] = packed ? "packed" : "mapped";
+  j["layout"] = !packed ? "mapped" : packed->copied_tensors() == packed->tensors() ? "copy" : "packed";
   j["packed"] = {{"bytes", store.packed_bytes()},
                  {"seconds", pack_s},
                  {"released_file_bytes", packed ? packed->released_bytes() : 0}};
@@ -439,7 +446,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp, int thr
 }
 
 /// Runs run_one in a child process; its JSON comes back through a pipe.
-json::Json run_child(const Options& o, const std::string& dt, int tp, int threads) {
+json::Json run_child(const Options& o, const std::string& dt, int tp, int threads, bool huge_copy) {
   int fds[2];
   if (pipe(fds) != 0) throw Error("pipe failed");
   std::fflush(nullptr);
@@ -447,6 +454,7 @@ json::Json run_child(const Options& o, const std::string& dt, int tp, int thread
   if (pid < 0) throw Error("fork failed");
   if (pid == 0) {
     close(fds[0]);
+    if (!huge_copy) setenv("FTP_HUGE_COPY", "0", 1);
     std::string out;
     int rc = 0;
     try {
@@ -492,6 +500,12 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(ftp::cli::non_negative())
       ->capture_default_str();
+  app.add_option("--huge-copy", o.huge_copy,
+                 "on, off: each a run of every dtype side by side, the quantized matrices read from the store's copy "
+                 "on huge pages (on) or from the mapped file (off: FTP_HUGE_COPY=0)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "Timed decode steps per batch size")->check(ftp::cli::positive())->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed decode steps first")->check(ftp::cli::non_negative())->capture_default_str();
   app.add_option("--prompt", o.prompt, "Prefill tokens")->check(ftp::cli::positive())->capture_default_str();
@@ -526,10 +540,12 @@ int main(int argc, char** argv) {
     try {
       for (const auto& dt : o.dtypes)
         for (int tp : o.tps)
-          for (int th : o.rank_threads) {
-            tool.progress("engine-bench: " + dt + " tp " + std::to_string(tp) + " rank threads " + std::to_string(th) + " ...");
-            runs.push_back(run_child(o, dt, tp, th));
-          }
+          for (int th : o.rank_threads)
+            for (const auto& hc : o.huge_copy) {
+              tool.progress("engine-bench: " + dt + " tp " + std::to_string(tp) + " rank threads " + std::to_string(th) +
+                            " huge copy " + hc + " ...");
+              runs.push_back(run_child(o, dt, tp, th, hc == "on"));
+            }
     } catch (...) {
       if (own_dir && !o.keep) std::filesystem::remove_all(o.dir);
       throw;
@@ -653,9 +669,10 @@ int main(int argc, char** argv) {
     for (const auto& r : runs) {
       const auto& d1 = r["decode"][0];
       if (!d1.contains("paired")) continue;
-      std::snprintf(line, sizeof line, "paired b1 (triad, then %d steps; %zu rounds): %s tp %d thr %d median %.3f of triad; rounds",
+      std::snprintf(line, sizeof line, "paired b1 (triad, then %d steps; %zu rounds): %s tp %d thr %d %s median %.3f of triad; rounds",
                     o.steps, d1["paired"]["rounds"].size(), r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(),
-                    r["threads_per_rank"].get<int>(), d1["paired"]["median_bandwidth_fraction"].get<double>());
+                    r["threads_per_rank"].get<int>(), r["layout"].get<std::string>().c_str(),
+                    d1["paired"]["median_bandwidth_fraction"].get<double>());
       t << line;
       for (const auto& p : d1["paired"]["rounds"]) {
         std::snprintf(line, sizeof line, " %.2f/%.1f=%.3f", p["weight_bytes_per_s"].get<double>() / 1e9,
