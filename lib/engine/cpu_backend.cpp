@@ -209,8 +209,8 @@ class CpuRank final : public RankBackend {
       const auto* k16 = static_cast<const std::uint16_t*>(kv_->k(layer, table[b], kvj));
       const auto* v16 = static_cast<const std::uint16_t*>(kv_->v(layer, table[b], kvj));
       if (half) {
-        for (std::size_t i = 0; i < page; ++i) kw[i] = model::quant::f16_to_f32(k16[i]);
-        for (std::size_t i = 0; i < page; ++i) vw[i] = model::quant::f16_to_f32(v16[i]);
+        ops::widen_f16(k16, kw, page);
+        ops::widen_f16(v16, vw, page);
       } else {
         for (std::size_t i = 0; i < page; ++i) kw[i] = bf16_to_f32(k16[i]);
         for (std::size_t i = 0; i < page; ++i) vw[i] = bf16_to_f32(v16[i]);
