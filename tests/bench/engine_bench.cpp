@@ -62,6 +62,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <iostream>
 #include <map>
 #include <set>
@@ -110,6 +111,7 @@ struct Options {
   int matvec = 0;         // --matvec passes (0: none)
   int kernel_rate = 0;    // --kernel-rate calls per kernel family (0: none)
   int paired = 0;         // --paired rounds of (triad, batch-1 steps) (0: none)
+  bool paired_mapped = false;  // --paired-mapped: each round also times a domain reading the mapped file
 };
 
 testing::SyntheticShape shape_of_dims(const std::string& name);
@@ -391,30 +393,69 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp, int thr
   // bandwidth other tenants leave is about the same for the numerator and
   // the denominator.
   if (o.paired > 0) {
-    d.submit(request("paired", random_prompt(o.context, hp.n_vocab, 99), o.warmup + (o.steps + 1) * o.paired + 1));
-    d.step();
-    for (int i = 0; i < o.warmup; ++i) d.step();
+    // --paired-mapped: a second store and domain on the same mapped file,
+    // without the huge-page copy, timed in the same rounds against the same
+    // triad (first or second in alternate rounds).
+    std::unique_ptr<engine::WeightStore> mapped_store;
+    std::unique_ptr<engine::Domain> mapped;
+    if (o.paired_mapped) {
+      setenv("FTP_HUGE_COPY", "0", 1);
+      mapped_store = std::make_unique<engine::WeightStore>(m);
+      mapped = std::make_unique<engine::Domain>(*mapped_store, cfg);
+      unsetenv("FTP_HUGE_COPY");
+    }
+    const int tokens = o.warmup + (o.steps + 1) * o.paired + 1;
+    for (engine::Domain* dd : {&d, mapped.get()}) {
+      if (!dd) continue;
+      dd->submit(request("paired", random_prompt(o.context, hp.n_vocab, 99), tokens));
+      dd->step();
+      for (int i = 0; i < o.warmup; ++i) dd->step();
+    }
+    // One untimed step (wakes the helpers, refills the caches the triad
+    // evicted), then o.steps timed ones: steps per second.
+    auto timed = [&](engine::Domain& dd) {
+      dd.step();
+      const auto tk = Clock::now();
+      for (int i = 0; i < o.steps; ++i)
+        if (dd.step() != 1) throw Error("paired decode step at batch 1 computed another count of tokens");
+      return o.steps / since(tk);
+    };
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const std::size_t n = v.size();
+      return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    };
     const int threads = tp * per_rank;
-    json::Json rounds = json::Json::array();
-    std::vector<double> f;
+    json::Json rounds = json::Json::array(), mapped_rounds = json::Json::array();
+    std::vector<double> f, fm, ratio;
     for (int k = 0; k < o.paired; ++k) {
       // Let the pool's helpers stop spinning and sleep before the triad.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       const double tri = backend::measure_cpu_triad_gbs(threads, o.shape != "1b").value;
-      d.step();  // untimed: wakes the helpers and refills the caches the triad evicted
-      const auto tk = Clock::now();
-      for (int i = 0; i < o.steps; ++i)
-        if (d.step() != 1) throw Error("paired decode step at batch 1 computed another count of tokens");
-      const double sps = o.steps / since(tk);
+      double sps_mapped = 0;
+      if (mapped && k % 2 == 1) sps_mapped = timed(*mapped);
+      const double sps = timed(d);
+      if (mapped && k % 2 == 0) sps_mapped = timed(*mapped);
       const double bps = sps * static_cast<double>(per_step);
       f.push_back(bps / (tri * 1e9));
       rounds.push_back(
           {{"triad_gbs", tri}, {"tokens_per_s", sps}, {"weight_bytes_per_s", bps}, {"bandwidth_fraction", f.back()}});
+      if (mapped) {
+        const double bm = sps_mapped * static_cast<double>(per_step);
+        fm.push_back(bm / (tri * 1e9));
+        ratio.push_back(sps / sps_mapped);
+        mapped_rounds.push_back({{"triad_gbs", tri}, {"tokens_per_s", sps_mapped}, {"weight_bytes_per_s", bm},
+                                 {"bandwidth_fraction", fm.back()}});
+      }
     }
     while (!d.idle()) d.step();
-    std::sort(f.begin(), f.end());
-    const std::size_t n = f.size();
-    decode[0]["paired"] = {{"rounds", rounds}, {"median_bandwidth_fraction", n % 2 ? f[n / 2] : (f[n / 2 - 1] + f[n / 2]) / 2}};
+    if (mapped)
+      while (!mapped->idle()) mapped->step();
+    decode[0]["paired"] = {{"rounds", rounds}, {"median_bandwidth_fraction", median(f)}};
+    if (mapped)
+      decode[0]["paired"]["mapped"] = {{"rounds", mapped_rounds},
+                                       {"median_bandwidth_fraction", median(fm)},
+                                       {"median_speedup_over_mapped", median(ratio)}};
   }
   const std::uint64_t weights = store.weight_bytes();
   const std::uint64_t budget = static_cast<std::uint64_t>(static_cast<double>(weights + kv_bytes) * 1.1);
@@ -521,6 +562,10 @@ int main(int argc, char** argv) {
                  "Also run this many rounds of a triad followed by --steps batch-1 steps, each round's fraction against "
                  "its own triad, and report their median (0: not)")
       ->check(ftp::cli::non_negative());
+  app.add_flag("--paired-mapped", o.paired_mapped,
+               "With --paired: each round also times --steps batch-1 steps of a second domain whose store reads the "
+               "quantized matrices from the mapped file (FTP_HUGE_COPY=0), against the same triad, before or after "
+               "the first in alternate rounds");
   app.add_option("--min-bw-fraction", min_bw_fraction,
                  "Exit 6 when a batch-1 bandwidth fraction (the paired median with --paired) is below this (0: no gate)")
       ->check(ftp::cli::non_negative());
@@ -673,13 +718,23 @@ int main(int argc, char** argv) {
                     o.steps, d1["paired"]["rounds"].size(), r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(),
                     r["threads_per_rank"].get<int>(), r["layout"].get<std::string>().c_str(),
                     d1["paired"]["median_bandwidth_fraction"].get<double>());
-      t << line;
-      for (const auto& p : d1["paired"]["rounds"]) {
-        std::snprintf(line, sizeof line, " %.2f/%.1f=%.3f", p["weight_bytes_per_s"].get<double>() / 1e9,
-                      p["triad_gbs"].get<double>(), p["bandwidth_fraction"].get<double>());
+      auto rounds = [&](const json::Json& ps) {
         t << line;
-      }
-      t << " (GB/s / triad GB/s)\n";
+        for (const auto& p : ps) {
+          std::snprintf(line, sizeof line, " %.2f/%.1f=%.3f", p["weight_bytes_per_s"].get<double>() / 1e9,
+                        p["triad_gbs"].get<double>(), p["bandwidth_fraction"].get<double>());
+          t << line;
+        }
+        t << " (GB/s / triad GB/s)\n";
+      };
+      rounds(d1["paired"]["rounds"]);
+      if (!d1["paired"].contains("mapped")) continue;
+      const auto& pm = d1["paired"]["mapped"];
+      std::snprintf(line, sizeof line,
+                    "  the same rounds, mapped file: median %.3f of triad, %s over mapped x%.3f (median of rounds); rounds",
+                    pm["median_bandwidth_fraction"].get<double>(), r["layout"].get<std::string>().c_str(),
+                    pm["median_speedup_over_mapped"].get<double>());
+      rounds(pm["rounds"]);
     }
     for (const auto& r : runs) {
       if (!r.contains("matvec")) continue;
