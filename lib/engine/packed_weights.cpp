@@ -137,8 +137,9 @@ PackedWeights::PackedWeights(const model::Model& m) {
     for (const model::TensorView* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) todo.push_back(t);
   // The classifier as WeightStore::output() names it (the embedding when tied).
   todo.push_back(m.weights.output.data ? &m.weights.output : &m.weights.tok_embd);
+  const std::vector<const model::TensorView*> none;
   try {
-    for (const model::TensorView* t : wanted() ? todo : std::vector<const model::TensorView*>{}) {
+    for (const model::TensorView* t : wanted() ? todo : none) {
       if (t->empty() || t->dtype != model::DType::q8_0 || t->cols % 32 != 0 || packed_.count(t)) continue;
       const std::size_t len = packed_size(*t);
       void* mem = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
