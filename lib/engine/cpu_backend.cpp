@@ -94,7 +94,11 @@ class CpuRank final : public RankBackend {
     for (int r = 0; r < rows; ++r) ops::rmsnorm(row(x, r, hp_.n_embd), w, row(out, r, hp_.n_embd), hp_.n_embd, hp_.rms_eps);
   }
   void matmul(const float* x, const MatView& w, float* out, int rows) override {
-    split_matmul(pool_, x, w, packed_ ? packed_->find(w.t) : nullptr, out, rows);
+    if (!packed_) return split_matmul(pool_, x, w, nullptr, out, rows);
+    // The store's huge-page copy of a quantized matrix: the same bytes.
+    MatView v = w;
+    if (const model::TensorView* c = packed_->copy_of(w.t)) v.t = c;
+    split_matmul(pool_, x, v, packed_->find(w.t), out, rows);
   }
   void add_bias(float* x, const VecView& b) override {
     const float* bias = b.data();
@@ -205,8 +209,8 @@ class CpuRank final : public RankBackend {
       const auto* k16 = static_cast<const std::uint16_t*>(kv_->k(layer, table[b], kvj));
       const auto* v16 = static_cast<const std::uint16_t*>(kv_->v(layer, table[b], kvj));
       if (half) {
-        for (std::size_t i = 0; i < page; ++i) kw[i] = model::quant::f16_to_f32(k16[i]);
-        for (std::size_t i = 0; i < page; ++i) vw[i] = model::quant::f16_to_f32(v16[i]);
+        ops::widen_f16(k16, kw, page);
+        ops::widen_f16(v16, vw, page);
       } else {
         for (std::size_t i = 0; i < page; ++i) kw[i] = bf16_to_f32(k16[i]);
         for (std::size_t i = 0; i < page; ++i) vw[i] = bf16_to_f32(v16[i]);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/quant_matmul.hpp"
+#include "model/quant.hpp"
 
 namespace ftp::engine::ops {
 
@@ -963,6 +964,22 @@ void silu_mul(float* g, const float* u, std::size_t n) {
   if (wide_elementwise()) return silu_mul512(g, u, n);
 #endif
   for (std::size_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+#if FTP_X86
+FTP_AVX2 void widen_f16_f16c(const std::uint16_t* h, float* out, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) out[i] = model::quant::f16_to_f32(h[i]);
+}
+#endif
+
+void widen_f16(const std::uint16_t* h, float* out, std::size_t n) {
+#if FTP_X86
+  if (have_avx2()) return widen_f16_f16c(h, out, n);
+#endif
+  for (std::size_t i = 0; i < n; ++i) out[i] = model::quant::f16_to_f32(h[i]);
 }
 
 void softmax(float* x, int n) {

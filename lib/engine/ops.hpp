@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "engine/weight_store.hpp"
 
@@ -88,6 +89,13 @@ void attention_head(const float* q, const float* const* kp, const float* const* 
 /// order), scalar elsewhere and under FTP_MATMUL=avx2|reference: the same
 /// results for the same inputs and kernels, whatever the gear or the batch.
 void softmax(float* x, int n);
+
+/// out[i] = h[i] widened from IEEE half to float, exact: the values
+/// model::quant::f16_to_f32 gives (a NaN stays a NaN), eight at a time
+/// with F16C where the CPU has it. The CPU backend widens its 16-bit KV
+/// pages with it for attention every step: the scalar conversion took
+/// 5 % of a batch-1 Q4_K_M step (docs/benchmarks.md, 2026-12-06).
+void widen_f16(const std::uint16_t* h, float* out, std::size_t n);
 
 /// Sets the BLAS library to run single-threaded in each caller: a virtual
 /// device's rank thread is its compute. Called once by the engine.

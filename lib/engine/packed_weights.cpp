@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <string_view>
 
@@ -12,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "engine/ops.hpp"
+#include "model/quant.hpp"
 
 namespace ftp::engine {
 
@@ -20,6 +22,8 @@ namespace {
 constexpr std::size_t kQ8Block = 34;  // bytes: f16 scale + 32 int8
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+constexpr std::size_t kHugePage = std::size_t{2} << 20;  // x86-64's PMD size
 
 }  // namespace
 
@@ -78,15 +82,64 @@ bool PackedWeights::wanted() {
   return ops::packed_kernels_available();
 }
 
+bool PackedWeights::copies_wanted() {
+  const char* e = std::getenv("FTP_HUGE_COPY");
+  if (e && std::string_view(e) == "0") return false;
+  // Without huge pages a copy reads no faster than the mapped file.
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes;
+  return std::getline(f, modes) && modes.find("[never]") == std::string::npos;
+}
+
+void PackedWeights::release_source(const model::Model& m, const model::TensorView& t) {
+  if (!m.weights_file_mapped) return;
+  // Whole pages inside the tensor's span only: never a neighbour's.
+  const std::uintptr_t page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<std::uintptr_t>(t.data), b = a + t.bytes;
+  const std::uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
+  if (pb > pa && ::madvise(reinterpret_cast<void*>(pa), pb - pa, MADV_DONTNEED) == 0) released_ += pb - pa;
+}
+
+void PackedWeights::copy_quantized(const model::Model& m, const std::vector<const model::TensorView*>& todo) {
+  std::vector<const model::TensorView*> mine;
+  std::size_t len = 0;
+  for (const model::TensorView* t : todo) {
+    if (t->empty() || !model::quant::is_quantized(t->dtype) || t->dtype == model::DType::q8_0 ||
+        std::find(mine.begin(), mine.end(), t) != mine.end())
+      continue;
+    mine.push_back(t);
+    len += round_up(t->bytes, 64);
+  }
+  if (mine.empty()) return;
+  // One region, on a huge-page boundary, so that the small matrices (a
+  // layer's K and V) share huge pages with their neighbours.
+  const std::size_t map_len = round_up(len, kHugePage) + kHugePage;
+  void* mem = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED)
+    throw Error("copying the quantized matrices for the CPU backend: cannot map " + std::to_string(map_len) + " bytes");
+  regions_.push_back(Region{mem, map_len});
+  auto* at = reinterpret_cast<std::uint8_t*>(round_up(reinterpret_cast<std::uintptr_t>(mem), kHugePage));
+  ::madvise(at, round_up(len, kHugePage), MADV_HUGEPAGE);
+  for (const model::TensorView* t : mine) {
+    model::TensorView c = *t;
+    std::memcpy(at, t->data, t->bytes);
+    c.data = at;
+    copies_.emplace(t, std::move(c));
+    at += round_up(t->bytes, 64);
+    bytes_ += t->bytes;
+    release_source(m, *t);
+  }
+}
+
 PackedWeights::PackedWeights(const model::Model& m) {
   std::vector<const model::TensorView*> todo;
   for (const auto& l : m.weights.layers)
     for (const model::TensorView* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) todo.push_back(t);
   // The classifier as WeightStore::output() names it (the embedding when tied).
   todo.push_back(m.weights.output.data ? &m.weights.output : &m.weights.tok_embd);
-  const std::uintptr_t page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const std::vector<const model::TensorView*> none;
   try {
-    for (const model::TensorView* t : todo) {
+    for (const model::TensorView* t : wanted() ? todo : none) {
       if (t->empty() || t->dtype != model::DType::q8_0 || t->cols % 32 != 0 || packed_.count(t)) continue;
       const std::size_t len = packed_size(*t);
       void* mem = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -100,13 +153,9 @@ PackedWeights::PackedWeights(const model::Model& m) {
       pack(*t, static_cast<std::uint8_t*>(mem), p);
       packed_.emplace(t, p);
       bytes_ += len;
-      if (m.weights_file_mapped) {
-        // Whole pages inside the tensor's span only: never a neighbour's.
-        const auto a = reinterpret_cast<std::uintptr_t>(t->data), b = a + t->bytes;
-        const std::uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
-        if (pb > pa && ::madvise(reinterpret_cast<void*>(pa), pb - pa, MADV_DONTNEED) == 0) released_ += pb - pa;
-      }
+      release_source(m, *t);
     }
+    if (copies_wanted()) copy_quantized(m, todo);
   } catch (...) {
     for (const Region& r : regions_) ::munmap(r.addr, r.len);
     throw;
@@ -120,6 +169,11 @@ PackedWeights::~PackedWeights() {
 const PackedQ8* PackedWeights::find(const model::TensorView* t) const noexcept {
   auto it = packed_.find(t);
   return it == packed_.end() ? nullptr : &it->second;
+}
+
+const model::TensorView* PackedWeights::copy_of(const model::TensorView* t) const noexcept {
+  auto it = copies_.find(t);
+  return it == copies_.end() ? nullptr : &it->second;
 }
 
 }  // namespace ftp::engine

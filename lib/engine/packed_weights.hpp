@@ -43,22 +43,35 @@ struct PackedQ8 {
   }
 };
 
-/// The CPU backend's packed copies of a WeightStore's Q8_0 matrices (the
-/// seven of every layer and the classifier), made once per process by the
-/// store's one-time preparation (WeightStore::packed_for_cpu) and then read
-/// by every domain of every gear: like the CUDA backend's device weights,
-/// an engine-internal copy in the backend's layout; MatView stays the view
+/// The CPU backend's own copies of a WeightStore's matrices (the seven of
+/// every layer and the classifier), made once per process by the store's
+/// one-time preparation (WeightStore::packed_for_cpu) and then read by
+/// every domain of every gear: like the CUDA backend's device weights, an
+/// engine-internal copy in the backend's layout; MatView stays the view
 /// type and still names the mapped tensor (the CUDA backend, the portable
-/// kernels and release mode read that).
+/// kernels and release mode read that). Two kinds:
 ///
-/// Packing goes tensor by tensor and gives each packed tensor's source
+/// - Q8_0 matrices packed for the AVX-512 VNNI kernel (PackedQ8, find),
+///   where wanted();
+/// - the other block-quantized matrices (Q4_0 .. Q6_K) byte for byte, in
+///   one anonymous region on transparent huge pages (copy_of), where
+///   copies_wanted(). The kernels stream every matrix once per decode step,
+///   and from the mapped file's 4 KiB pages a plain two-thread read of a
+///   Q4_K_M step's matrices reached 0.71 of the STREAM triad where the same
+///   read of a huge-page copy reached 1.03 (docs/benchmarks.md,
+///   2026-12-06): the page walks, not the memory, bound the mapped file.
+///   The kernels and their sums are the same, so are the outputs.
+///
+/// Copying goes tensor by tensor and gives each copied tensor's source
 /// pages back to the system (madvise MADV_DONTNEED on the whole pages inside
 /// its span, only where the weights are a file mapping: they come back from
 /// the file on the next touch), so the copy does not double the resident
-/// memory: the peak is the packed copy plus one tensor.
+/// memory: the peak is the copies plus one tensor.
 class PackedWeights {
  public:
-  /// Packs the Q8_0 matrices of `m` whose width is a multiple of 32.
+  /// Packs the Q8_0 matrices of `m` whose width is a multiple of 32 (where
+  /// wanted()) and copies its other block-quantized matrices (where
+  /// copies_wanted()).
   explicit PackedWeights(const model::Model& m);
   ~PackedWeights();
   PackedWeights(const PackedWeights&) = delete;
@@ -66,16 +79,27 @@ class PackedWeights {
 
   /// The packed copy of tensor `t` (a view of the store's model), or null.
   const PackedQ8* find(const model::TensorView* t) const noexcept;
-  /// Bytes of the packed copies (allocated once, anonymous memory).
+  /// The huge-page copy of tensor `t` (a view of the store's model): the
+  /// same name, type, shape and bytes, its data in the copy; or null.
+  const model::TensorView* copy_of(const model::TensorView* t) const noexcept;
+  /// Bytes of the packed copies and the huge-page copies (allocated once,
+  /// anonymous memory).
   std::uint64_t bytes() const noexcept { return bytes_; }
-  /// Bytes of the mapped file advised away after packing.
+  /// Bytes of the mapped file advised away after packing or copying.
   std::uint64_t released_bytes() const noexcept { return released_; }
-  std::size_t tensors() const noexcept { return packed_.size(); }
+  /// Tensors packed (Q8_0) and copied (the other block types).
+  std::size_t tensors() const noexcept { return packed_.size() + copies_.size(); }
+  std::size_t copied_tensors() const noexcept { return copies_.size(); }
 
   /// Whether this process packs at all: the CPU has AVX-512 (F/BW/VL/VNNI),
   /// ops::matmul_kernels() is `best`, and FTP_Q8_PACK is not "0" (A/B runs
   /// of engine-bench). Read once per call.
   static bool wanted();
+  /// Whether this process copies the other block-quantized matrices: the
+  /// kernel offers transparent huge pages (not "[never]" in
+  /// /sys/kernel/mm/transparent_hugepage/enabled) and FTP_HUGE_COPY is not
+  /// "0" (A/B runs of engine-bench). Read once per call.
+  static bool copies_wanted();
 
   /// Packs one Q8_0 tensor (cols % 32 == 0) into `out` (at least
   /// packed_size(t) bytes, 64-aligned); fills `p` (p.data = out). For tests.
@@ -87,7 +111,12 @@ class PackedWeights {
     void* addr = nullptr;
     std::size_t len = 0;
   };
+  /// Gives the whole pages inside t's span of the mapped file back.
+  void release_source(const model::Model& m, const model::TensorView& t);
+  void copy_quantized(const model::Model& m, const std::vector<const model::TensorView*>& todo);
+
   std::unordered_map<const model::TensorView*, PackedQ8> packed_;
+  std::unordered_map<const model::TensorView*, model::TensorView> copies_;
   std::vector<Region> regions_;
   std::uint64_t bytes_ = 0, released_ = 0;
 };

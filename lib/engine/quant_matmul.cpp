@@ -700,20 +700,29 @@ FTP_AVX512 void q4_0_vl(const std::int8_t* xq, const float* xd, const std::int32
   const __m256i low = _mm256_set1_epi8(0x0f);
   const __m256i shift = _mm256_setr_epi64x(0, 0, 4, 4);
   for (int b = 0; b < nb; ++b) {
+    // The R rows' scales d_w x d_x, each the product q4_0_int forms in its
+    // lanes: one conversion of the R halves and one multiply per token.
+    __m128i h4 = _mm_setzero_si128();
+    for (int r = 0; r < R; ++r) {
+      std::uint16_t h;
+      std::memcpy(&h, rows[r] + static_cast<std::ptrdiff_t>(b) * 18, 2);
+      h4 = _mm_insert_epi16(h4, static_cast<short>(h), r);
+    }
+    const __m256 dw4 = _mm256_castps128_ps256(_mm_cvtph_ps(h4));
+    __m256 dd[T];
+    for (int u = 0; u < T; ++u) dd[u] = _mm256_mul_ps(dw4, _mm256_set1_ps(xd[static_cast<std::ptrdiff_t>(u) * nb + b]));
     for (int r = 0; r < R; ++r) {
       const std::uint8_t* blk = rows[r] + static_cast<std::ptrdiff_t>(b) * 18;
       if (pf && (b & 3) == 0) prefetch<2>(blk + pf);  // 72 bytes every 4 blocks
-      std::uint16_t h;
-      std::memcpy(&h, blk, 2);
-      const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h)));
       // Weights 0..15 (low nibbles) in the low lane, 16..31 (high) in the high lane.
       const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
       const __m256i w = _mm256_and_si256(_mm256_srlv_epi64(q, shift), low);
+      const __m256i lane = _mm256_set1_epi32(r);
       for (int u = 0; u < T; ++u) {
         const std::ptrdiff_t o = static_cast<std::ptrdiff_t>(u) * nb + b;
         const __m256i p = _mm256_dpbusd_epi32(load256(ncorr + 8 * o), w,
                                               load256(xq + static_cast<std::ptrdiff_t>(u) * k + b * 32));
-        acc[r][u] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[o])), _mm256_cvtepi32_ps(p), acc[r][u]);
+        acc[r][u] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd[u], lane), _mm256_cvtepi32_ps(p), acc[r][u]);
       }
     }
   }

@@ -155,7 +155,7 @@ const PackedWeights* WeightStore::packed_for_cpu() const {
   std::lock_guard lk(pack_mu_);
   if (!pack_tried_) {
     pack_tried_ = true;
-    if (!release_mode_ && copies_.empty() && PackedWeights::wanted()) {
+    if (!release_mode_ && copies_.empty() && (PackedWeights::wanted() || PackedWeights::copies_wanted())) {
       auto p = std::make_unique<PackedWeights>(m_);
       if (p->tensors() > 0) packed_ = std::move(p);
     }
@@ -165,7 +165,7 @@ const PackedWeights* WeightStore::packed_for_cpu() const {
 
 void WeightStore::use_release_mode() {
   std::lock_guard lk(pack_mu_);
-  if (packed_) throw Error("weight store: release mode after the CPU backend packed the Q8_0 weights");
+  if (packed_) throw Error("weight store: release mode after the CPU backend made its copy of the weights (packed Q8_0, huge-page copies)");
   release_mode_ = true;
 }
 
@@ -386,7 +386,7 @@ std::uint64_t WeightStore::copy_to_device(hardware::VirtualDevice& device, const
     throw Error("device-memory mode: device " + device.name() + " has its copy already");
   {
     std::lock_guard lk(pack_mu_);
-    if (packed_) throw Error("weight store: device-memory mode after the CPU backend packed the Q8_0 weights");
+    if (packed_) throw Error("weight store: device-memory mode after the CPU backend made its copy of the weights (packed Q8_0, huge-page copies)");
     pack_tried_ = true;  // the copies are read as they are, never packed
   }
   const ShardUnion u = shard_union(shards);

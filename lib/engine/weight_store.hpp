@@ -123,9 +123,10 @@ struct ShardUnion {
 /// Building a domain takes views: no weight byte is copied.
 ///
 /// One exception, made once per store and not per domain: the CPU backend's
-/// packed copy of the Q8_0 matrices (PackedWeights, packed_for_cpu), the
-/// store's one-time preparation for that backend, counted apart
-/// (packed_bytes). Every domain of every gear then reads that one copy.
+/// packed copy of the Q8_0 matrices and huge-page copy of the other
+/// quantized ones (PackedWeights, packed_for_cpu), the store's one-time
+/// preparation for that backend, counted apart (packed_bytes). Every domain
+/// of every gear then reads that one copy.
 ///
 /// Device-memory mode (copy_to_device; ftp-serve --device-memory) gives a
 /// CPU virtual device what a GPU would hold: a private copy of exactly the
@@ -220,11 +221,12 @@ class WeightStore {
   /// Whether any device holds a copy (device-memory mode).
   bool device_memory() const;
 
-  /// The CPU backend's packed copies of the Q8_0 matrices: made on the first
-  /// call (thread-safe; the CPU backend calls it when it builds a stage),
-  /// the same object afterwards. Null when nothing is packed: packing is
-  /// off (PackedWeights::wanted(), or release mode), or the model has no
-  /// Q8_0 matrix.
+  /// The CPU backend's packed copies of the Q8_0 matrices and huge-page
+  /// copies of the other quantized ones: made on the first call
+  /// (thread-safe; the CPU backend calls it when it builds a stage), the
+  /// same object afterwards. Null when nothing is copied: both are off
+  /// (PackedWeights::wanted() and copies_wanted(), or release or
+  /// device-memory mode), or the model has no quantized matrix.
   const PackedWeights* packed_for_cpu() const;
   /// Release weight mode reads the mapped tensors only: release_rank must
   /// free what the domains read, and a packed copy would stay resident. So a

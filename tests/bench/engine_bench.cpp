@@ -47,7 +47,11 @@
 // Q8_0 on the CPU backend reads the store's packed copy (PackedWeights,
 // made once before the domain: the "layout" column says packed, the JSON
 // gives its bytes and packing time); FTP_Q8_PACK=0 in the environment reads
-// the mapped file's blocks instead (the A/B of the packed layout).
+// the mapped file's blocks instead (the A/B of the packed layout). The other
+// block-quantized matrices are read from the store's copy of them on huge
+// pages (layout "copy"); --huge-copy on,off runs each dtype with the copy
+// and with the mapped file's pages side by side (FTP_HUGE_COPY=0 in the
+// child for off).
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,6 +62,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <iostream>
 #include <map>
 #include <set>
@@ -94,6 +99,7 @@ struct Options {
   std::vector<std::string> dtypes = {"f16", "q8_0", "q4_0", "q4_k_m"};
   std::vector<int> tps;   // empty: 1 and the machine's cores (default_tps)
   std::vector<int> rank_threads = {0};  // threads per rank, each a run; 0: the engine's default
+  std::vector<std::string> huge_copy = {"on"};  // on, off: each a run (off: FTP_HUGE_COPY=0)
   int steps = 8;          // timed decode steps per batch size
   int warmup = 2;         // untimed decode steps first
   int prompt = 128;       // prefill tokens
@@ -105,6 +111,7 @@ struct Options {
   int matvec = 0;         // --matvec passes (0: none)
   int kernel_rate = 0;    // --kernel-rate calls per kernel family (0: none)
   int paired = 0;         // --paired rounds of (triad, batch-1 steps) (0: none)
+  bool paired_mapped = false;  // --paired-mapped: each round also times a domain reading the mapped file
 };
 
 testing::SyntheticShape shape_of_dims(const std::string& name);
@@ -257,7 +264,8 @@ json::Json time_kernel_rate(int calls, const std::vector<int>& split_threads) {
 /// output), split by dtype (Q4_K_M mixes Q4_K and Q6_K), each pass over every
 /// layer's matrix of that kind so that the weights stream from memory as in a
 /// decode step (one layer's matrix alone would sit in the L3). The kernels
-/// are the backend's (ops::matmul, or matmul_packed for a packed Q8_0).
+/// are the backend's (ops::matmul, or matmul_packed for a packed Q8_0; the
+/// huge-page copy of the other quantized matrices where the store has one).
 json::Json time_matvec(const model::Model& m, const engine::PackedWeights* packed, int passes) {
   struct Kind {
     std::vector<const model::TensorView*> t;
@@ -286,7 +294,8 @@ json::Json time_matvec(const model::Model& m, const engine::PackedWeights* packe
   auto product = [&](const model::TensorView* t) {
     const engine::MatView w{t, 0, t->rows, 0, t->cols};
     if (const engine::PackedQ8* p = packed ? packed->find(t) : nullptr) return engine::ops::matmul_packed(x.data(), *p, w, out.data(), 1);
-    engine::ops::matmul(x.data(), w, out.data(), 1);
+    const model::TensorView* c = packed ? packed->copy_of(t) : nullptr;
+    engine::ops::matmul(x.data(), c ? engine::MatView{c, 0, t->rows, 0, t->cols} : w, out.data(), 1);
   };
   // Interleave the kinds pass by pass (as a step does), timing each kind's run of layers.
   for (int pass = -1; pass < passes; ++pass)
@@ -384,30 +393,69 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp, int thr
   // bandwidth other tenants leave is about the same for the numerator and
   // the denominator.
   if (o.paired > 0) {
-    d.submit(request("paired", random_prompt(o.context, hp.n_vocab, 99), o.warmup + (o.steps + 1) * o.paired + 1));
-    d.step();
-    for (int i = 0; i < o.warmup; ++i) d.step();
+    // --paired-mapped: a second store and domain on the same mapped file,
+    // without the huge-page copy, timed in the same rounds against the same
+    // triad (first or second in alternate rounds).
+    std::unique_ptr<engine::WeightStore> mapped_store;
+    std::unique_ptr<engine::Domain> mapped;
+    if (o.paired_mapped) {
+      setenv("FTP_HUGE_COPY", "0", 1);
+      mapped_store = std::make_unique<engine::WeightStore>(m);
+      mapped = std::make_unique<engine::Domain>(*mapped_store, cfg);
+      unsetenv("FTP_HUGE_COPY");
+    }
+    const int tokens = o.warmup + (o.steps + 1) * o.paired + 1;
+    for (engine::Domain* dd : {&d, mapped.get()}) {
+      if (!dd) continue;
+      dd->submit(request("paired", random_prompt(o.context, hp.n_vocab, 99), tokens));
+      dd->step();
+      for (int i = 0; i < o.warmup; ++i) dd->step();
+    }
+    // One untimed step (wakes the helpers, refills the caches the triad
+    // evicted), then o.steps timed ones: steps per second.
+    auto timed = [&](engine::Domain& dd) {
+      dd.step();
+      const auto tk = Clock::now();
+      for (int i = 0; i < o.steps; ++i)
+        if (dd.step() != 1) throw Error("paired decode step at batch 1 computed another count of tokens");
+      return o.steps / since(tk);
+    };
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const std::size_t n = v.size();
+      return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    };
     const int threads = tp * per_rank;
-    json::Json rounds = json::Json::array();
-    std::vector<double> f;
+    json::Json rounds = json::Json::array(), mapped_rounds = json::Json::array();
+    std::vector<double> f, fm, ratio;
     for (int k = 0; k < o.paired; ++k) {
       // Let the pool's helpers stop spinning and sleep before the triad.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       const double tri = hardware::measure_cpu_triad_gbs(threads, o.shape != "1b").value;
-      d.step();  // untimed: wakes the helpers and refills the caches the triad evicted
-      const auto tk = Clock::now();
-      for (int i = 0; i < o.steps; ++i)
-        if (d.step() != 1) throw Error("paired decode step at batch 1 computed another count of tokens");
-      const double sps = o.steps / since(tk);
+      double sps_mapped = 0;
+      if (mapped && k % 2 == 1) sps_mapped = timed(*mapped);
+      const double sps = timed(d);
+      if (mapped && k % 2 == 0) sps_mapped = timed(*mapped);
       const double bps = sps * static_cast<double>(per_step);
       f.push_back(bps / (tri * 1e9));
       rounds.push_back(
           {{"triad_gbs", tri}, {"tokens_per_s", sps}, {"weight_bytes_per_s", bps}, {"bandwidth_fraction", f.back()}});
+      if (mapped) {
+        const double bm = sps_mapped * static_cast<double>(per_step);
+        fm.push_back(bm / (tri * 1e9));
+        ratio.push_back(sps / sps_mapped);
+        mapped_rounds.push_back({{"triad_gbs", tri}, {"tokens_per_s", sps_mapped}, {"weight_bytes_per_s", bm},
+                                 {"bandwidth_fraction", fm.back()}});
+      }
     }
     while (!d.idle()) d.step();
-    std::sort(f.begin(), f.end());
-    const std::size_t n = f.size();
-    decode[0]["paired"] = {{"rounds", rounds}, {"median_bandwidth_fraction", n % 2 ? f[n / 2] : (f[n / 2 - 1] + f[n / 2]) / 2}};
+    if (mapped)
+      while (!mapped->idle()) mapped->step();
+    decode[0]["paired"] = {{"rounds", rounds}, {"median_bandwidth_fraction", median(f)}};
+    if (mapped)
+      decode[0]["paired"]["mapped"] = {{"rounds", mapped_rounds},
+                                       {"median_bandwidth_fraction", median(fm)},
+                                       {"median_speedup_over_mapped", median(ratio)}};
   }
   const std::uint64_t weights = store.weight_bytes();
   const std::uint64_t budget = static_cast<std::uint64_t>(static_cast<double>(weights + kv_bytes) * 1.1);
@@ -423,7 +471,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp, int thr
   j["weight_bytes_per_decode_step"] = per_step;
   j["flops_per_token"] = 2.0 * static_cast<double>(step_elements(m));
   j["write_seconds"] = write_s;
-  j["layout"] = packed ? "packed" : "mapped";
+  j["layout"] = !packed ? "mapped" : packed->copied_tensors() == packed->tensors() ? "copy" : "packed";
   j["packed"] = {{"bytes", store.packed_bytes()},
                  {"seconds", pack_s},
                  {"released_file_bytes", packed ? packed->released_bytes() : 0}};
@@ -439,7 +487,7 @@ json::Json run_one(const Options& o, const std::string& dt_name, int tp, int thr
 }
 
 /// Runs run_one in a child process; its JSON comes back through a pipe.
-json::Json run_child(const Options& o, const std::string& dt, int tp, int threads) {
+json::Json run_child(const Options& o, const std::string& dt, int tp, int threads, bool huge_copy) {
   int fds[2];
   if (pipe(fds) != 0) throw Error("pipe failed");
   std::fflush(nullptr);
@@ -447,6 +495,7 @@ json::Json run_child(const Options& o, const std::string& dt, int tp, int thread
   if (pid < 0) throw Error("fork failed");
   if (pid == 0) {
     close(fds[0]);
+    if (!huge_copy) setenv("FTP_HUGE_COPY", "0", 1);
     std::string out;
     int rc = 0;
     try {
@@ -492,6 +541,12 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(ftp::cli::non_negative())
       ->capture_default_str();
+  app.add_option("--huge-copy", o.huge_copy,
+                 "on, off: each a run of every dtype side by side, the quantized matrices read from the store's copy "
+                 "on huge pages (on) or from the mapped file (off: FTP_HUGE_COPY=0)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "Timed decode steps per batch size")->check(ftp::cli::positive())->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed decode steps first")->check(ftp::cli::non_negative())->capture_default_str();
   app.add_option("--prompt", o.prompt, "Prefill tokens")->check(ftp::cli::positive())->capture_default_str();
@@ -507,6 +562,10 @@ int main(int argc, char** argv) {
                  "Also run this many rounds of a triad followed by --steps batch-1 steps, each round's fraction against "
                  "its own triad, and report their median (0: not)")
       ->check(ftp::cli::non_negative());
+  app.add_flag("--paired-mapped", o.paired_mapped,
+               "With --paired: each round also times --steps batch-1 steps of a second domain whose store reads the "
+               "quantized matrices from the mapped file (FTP_HUGE_COPY=0), against the same triad, before or after "
+               "the first in alternate rounds");
   app.add_option("--min-bw-fraction", min_bw_fraction,
                  "Exit 6 when a batch-1 bandwidth fraction (the paired median with --paired) is below this (0: no gate)")
       ->check(ftp::cli::non_negative());
@@ -526,10 +585,12 @@ int main(int argc, char** argv) {
     try {
       for (const auto& dt : o.dtypes)
         for (int tp : o.tps)
-          for (int th : o.rank_threads) {
-            tool.progress("engine-bench: " + dt + " tp " + std::to_string(tp) + " rank threads " + std::to_string(th) + " ...");
-            runs.push_back(run_child(o, dt, tp, th));
-          }
+          for (int th : o.rank_threads)
+            for (const auto& hc : o.huge_copy) {
+              tool.progress("engine-bench: " + dt + " tp " + std::to_string(tp) + " rank threads " + std::to_string(th) +
+                            " huge copy " + hc + " ...");
+              runs.push_back(run_child(o, dt, tp, th, hc == "on"));
+            }
     } catch (...) {
       if (own_dir && !o.keep) std::filesystem::remove_all(o.dir);
       throw;
@@ -653,16 +714,27 @@ int main(int argc, char** argv) {
     for (const auto& r : runs) {
       const auto& d1 = r["decode"][0];
       if (!d1.contains("paired")) continue;
-      std::snprintf(line, sizeof line, "paired b1 (triad, then %d steps; %zu rounds): %s tp %d thr %d median %.3f of triad; rounds",
+      std::snprintf(line, sizeof line, "paired b1 (triad, then %d steps; %zu rounds): %s tp %d thr %d %s median %.3f of triad; rounds",
                     o.steps, d1["paired"]["rounds"].size(), r["dtype"].get<std::string>().c_str(), r["tp"].get<int>(),
-                    r["threads_per_rank"].get<int>(), d1["paired"]["median_bandwidth_fraction"].get<double>());
-      t << line;
-      for (const auto& p : d1["paired"]["rounds"]) {
-        std::snprintf(line, sizeof line, " %.2f/%.1f=%.3f", p["weight_bytes_per_s"].get<double>() / 1e9,
-                      p["triad_gbs"].get<double>(), p["bandwidth_fraction"].get<double>());
+                    r["threads_per_rank"].get<int>(), r["layout"].get<std::string>().c_str(),
+                    d1["paired"]["median_bandwidth_fraction"].get<double>());
+      auto rounds = [&](const json::Json& ps) {
         t << line;
-      }
-      t << " (GB/s / triad GB/s)\n";
+        for (const auto& p : ps) {
+          std::snprintf(line, sizeof line, " %.2f/%.1f=%.3f", p["weight_bytes_per_s"].get<double>() / 1e9,
+                        p["triad_gbs"].get<double>(), p["bandwidth_fraction"].get<double>());
+          t << line;
+        }
+        t << " (GB/s / triad GB/s)\n";
+      };
+      rounds(d1["paired"]["rounds"]);
+      if (!d1["paired"].contains("mapped")) continue;
+      const auto& pm = d1["paired"]["mapped"];
+      std::snprintf(line, sizeof line,
+                    "  the same rounds, mapped file: median %.3f of triad, %s over mapped x%.3f (median of rounds); rounds",
+                    pm["median_bandwidth_fraction"].get<double>(), r["layout"].get<std::string>().c_str(),
+                    pm["median_speedup_over_mapped"].get<double>());
+      rounds(pm["rounds"]);
     }
     for (const auto& r : runs) {
       if (!r.contains("matvec")) continue;

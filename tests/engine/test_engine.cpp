@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -23,6 +24,7 @@
 #include "engine/ops.hpp"
 #include "engine/weight_store.hpp"
 #include "model/model.hpp"
+#include "model/quant.hpp"
 #include "synthetic_gguf.hpp"
 #include "test_data.hpp"
 
@@ -644,6 +646,31 @@ void for_both_kernel_sets(F body) {
     body();
   }
   ftp::engine::ops::set_matmul_kernels(ftp::engine::ops::MatmulKernels::best);
+}
+
+// The KV pages' widening: every half (zeros, subnormals, infinities, the
+// largest) to the float model::quant::f16_to_f32 gives, bit for bit, at
+// every offset of the vector loop and its scalar tail; a NaN stays a NaN.
+TEST(ElementwiseOps, WidenF16IsExactForEveryHalf) {
+  std::vector<std::uint16_t> h(65536 + 7);
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::uint16_t>(i);
+  for (std::size_t first : {0, 1, 3}) {
+    const std::size_t n = 65536 + 7 - first;
+    std::vector<float> out(n, -1.0f);
+    ftp::engine::ops::widen_f16(h.data() + first, out.data(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t v = h[first + i];
+      const float want = ftp::model::quant::f16_to_f32(v);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(out[i])) << std::hex << v;
+        continue;
+      }
+      std::uint32_t a, b;
+      std::memcpy(&a, &out[i], 4);
+      std::memcpy(&b, &want, 4);
+      ASSERT_EQ(a, b) << "half 0x" << std::hex << v << " at offset " << std::dec << first;
+    }
+  }
 }
 
 TEST(ElementwiseOps, MatchDoublePrecisionFormulas) { for_both_kernel_sets([] {

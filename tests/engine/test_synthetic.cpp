@@ -649,18 +649,80 @@ TEST(PackedQ8, TheStorePacksOnceAndTheEngineUsesIt) {
 }
 
 // Release weight mode reads the mapped tensors: a store in that mode never
-// packs, and switching to it after packing is refused.
-TEST(PackedQ8, ReleaseModeDoesNotPack) {
+// packs (Q8_0) nor copies (the other quantized types), and switching to it
+// after either is refused.
+TEST(PackedQ8, ReleaseModeNeitherPacksNorCopies) {
   TempDir dir;
-  const std::string path = (dir.path / "tiny.gguf").string();
-  ftp::testing::write_synthetic_gguf(path, tiny(DType::q8_0));
+  for (DType dt : {DType::q8_0, DType::q4_0}) {
+    const std::string path = (dir.path / (std::string(ftp::model::dtype_name(dt)) + ".gguf")).string();
+    ftp::testing::write_synthetic_gguf(path, tiny(dt));
+    ftp::model::Model m = ftp::model::load_model(path);
+    WeightStore released(m);
+    released.use_release_mode();
+    EXPECT_EQ(released.packed_for_cpu(), nullptr) << path;
+    EXPECT_EQ(released.packed_bytes(), 0u) << path;
+    if (!(dt == DType::q8_0 ? PackedWeights::wanted() : PackedWeights::copies_wanted())) continue;
+    WeightStore packed(m);
+    ASSERT_NE(packed.packed_for_cpu(), nullptr) << path;
+    const ftp::model::TensorView* wq = &m.weights.layers[0].wq;
+    EXPECT_TRUE(dt == DType::q8_0 ? packed.packed_for_cpu()->find(wq) != nullptr
+                                  : packed.packed_for_cpu()->copy_of(wq) != nullptr) << path;
+    EXPECT_THROW(packed.use_release_mode(), ftp::Error) << path;
+  }
+}
+
+// The CPU backend's huge-page copy of the block-quantized matrices other
+// than Q8_0 (PackedWeights::copy_of): made once by the store, the same
+// bytes, type and shape as each mapped tensor; the engine reads the copy
+// (a copy changed after the fact changes the tokens) and gives the tokens
+// of the mapped file's pages.
+TEST(HugeCopy, TheStoreCopiesQuantizedMatricesAndTheEngineReadsThem) {
+  if (!PackedWeights::copies_wanted()) GTEST_SKIP() << "no transparent huge pages here (or FTP_HUGE_COPY=0)";
+  TempDir dir;
+  SyntheticShape shape = tiny(DType::q4_k);
+  shape.q4_k_m = true;  // Q4_K and Q6_K matrices
+  const std::string path = (dir.path / "q4km.gguf").string();
+  ftp::testing::write_synthetic_gguf(path, shape);
   ftp::model::Model m = ftp::model::load_model(path);
-  WeightStore released(m);
-  released.use_release_mode();
-  EXPECT_EQ(released.packed_for_cpu(), nullptr);
-  EXPECT_EQ(released.packed_bytes(), 0u);
-  if (!PackedWeights::wanted()) return;
-  WeightStore packed(m);
-  ASSERT_NE(packed.packed_for_cpu(), nullptr);
-  EXPECT_THROW(packed.use_release_mode(), ftp::Error);
+  const std::vector<int> prompt = {1, 300, 301, 302, 303};
+  std::vector<int> mapped_tokens;
+  {
+    ::setenv("FTP_HUGE_COPY", "0", 1);
+    WeightStore mapped(m);
+    EXPECT_EQ(mapped.packed_for_cpu(), nullptr);
+    ::unsetenv("FTP_HUGE_COPY");
+    mapped_tokens = generate(mapped, {{0, 4, 1}}, 1, prompt, 12);
+  }
+  WeightStore store(m);
+  const PackedWeights* p = store.packed_for_cpu();
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p, store.packed_for_cpu());  // once
+  std::vector<const ftp::model::TensorView*> mats = {&m.weights.output};
+  for (const auto& l : m.weights.layers)
+    for (const auto* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) mats.push_back(t);
+  std::uint64_t bytes = 0;
+  for (const auto* t : mats) {
+    const ftp::model::TensorView* c = p->copy_of(t);
+    ASSERT_NE(c, nullptr) << t->name;
+    EXPECT_NE(c->data, t->data) << t->name;
+    EXPECT_EQ(c->name, t->name);
+    EXPECT_EQ(c->dtype, t->dtype) << t->name;
+    EXPECT_EQ(c->rows, t->rows) << t->name;
+    EXPECT_EQ(c->cols, t->cols) << t->name;
+    ASSERT_EQ(c->bytes, t->bytes) << t->name;
+    EXPECT_EQ(std::memcmp(c->data, t->data, t->bytes), 0) << t->name;
+    bytes += t->bytes;
+  }
+  EXPECT_EQ(p->copy_of(&m.weights.tok_embd), nullptr);  // the embedding is read a row a token
+  EXPECT_EQ(p->find(mats[0]), nullptr);                  // nothing packed: no Q8_0
+  EXPECT_EQ(p->copied_tensors(), mats.size());
+  EXPECT_EQ(store.packed_bytes(), bytes);
+  const auto copy_tokens = generate(store, {{0, 4, 1}}, 1, prompt, 12);
+  EXPECT_EQ(copy_tokens, mapped_tokens);
+  EXPECT_EQ(generate(store, {{0, 2, 2}, {2, 2, 2}}, 2, prompt, 12), mapped_tokens);
+  // The classifier's copy zeroed: every logit 0, so the tokens change;
+  // the mapped file's classifier is untouched.
+  const ftp::model::TensorView* head = p->copy_of(&m.weights.output);
+  std::memset(const_cast<void*>(head->data), 0, head->bytes);
+  EXPECT_NE(generate(store, {{0, 4, 1}}, 1, prompt, 12), mapped_tokens);
 }
