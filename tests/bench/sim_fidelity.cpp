@@ -102,6 +102,8 @@ struct Options {
   int calibration_requests = 40;
   double concurrency = 3;
   int prompt_min = 8, prompt_max = 96, output_min = 8, output_max = 64;
+  double calibration_long_share = 0.2;  // calibration requests with a long prompt
+  int long_prompt_min = 256, long_prompt_max = 1024;
   std::uint64_t seed = 1;
   bool check = false;
   std::string write_calibration;
@@ -118,14 +120,26 @@ struct Workload {
   std::vector<int> output;
 };
 
-Workload make_workload(const Options& o, int n, double rate, std::uint64_t seed, int n_vocab) {
+/// `n` requests, Poisson arrivals at `rate`, prompt and output lengths drawn
+/// uniformly; with `n_ctx` > 0, every request whose index is a multiple of
+/// 1 / o.calibration_long_share (the calibration runs) has a long prompt
+/// instead, of o.long_prompt_min..o.long_prompt_max tokens within the
+/// model's context `n_ctx`, so that the fit sees attention at the positions
+/// the trace workloads reach.
+Workload make_workload(const Options& o, int n, double rate, std::uint64_t seed, int n_vocab, int n_ctx = 0) {
   Workload w;
   w.at = bench::arrival_times(rate, bench::Arrivals{"poisson", 1.0, seed}, n, 0);
-  std::mt19937_64 rng(seed * 7919 + 1);
+  std::mt19937_64 rng(seed * 7919 + 1), long_rng(seed * 7919 + 2);
   std::uniform_int_distribution<int> plen(o.prompt_min, o.prompt_max), olen(o.output_min, o.output_max),
       tok(3, n_vocab - 1);
+  const int long_max = std::min(o.long_prompt_max, n_ctx - o.output_max - 1);
+  std::uniform_int_distribution<int> long_len(std::min(o.long_prompt_min, long_max), std::max(long_max, 2));
+  const int long_every =
+      n_ctx > 0 && o.calibration_long_share > 0 ? std::max(1, static_cast<int>(std::lround(1 / o.calibration_long_share))) : 0;
   for (int i = 0; i < n; ++i) {
-    std::vector<int> p(static_cast<std::size_t>(plen(rng)));
+    const int short_len = plen(rng);
+    const bool is_long = long_every > 0 && i % long_every == long_every - 1;
+    std::vector<int> p(static_cast<std::size_t>(is_long ? long_len(long_rng) : short_len));
     p[0] = 1;
     for (std::size_t k = 1; k < p.size(); ++k) p[k] = tok(rng);
     w.prompt.push_back(std::move(p));
@@ -604,6 +618,16 @@ int main(int argc, char** argv) {
   app.add_option("--requests", o.requests, "Requests of the evaluation workload (default 40)")->check(ftp::cli::in_range(2, 100000));
   app.add_option("--calibration-requests", o.calibration_requests, "Requests of the calibration run (default 40)")
       ->check(ftp::cli::in_range(5, 100000));
+  app.add_option("--calibration-long-share", o.calibration_long_share,
+                 "Share of the calibration requests with a long prompt, of --long-prompts tokens within the model's "
+                 "context, so that attention is fitted at long positions (default 0.2; 0: none)")
+      ->check(ftp::cli::in_range(0.0, 1.0));
+  std::vector<int> long_prompts = {o.long_prompt_min, o.long_prompt_max};
+  app.add_option("--long-prompts", long_prompts,
+                 "Tokens of the calibration's long prompts: MIN,MAX (default 256,1024; clamped to the model's context)")
+      ->expected(2)
+      ->delimiter(',')
+      ->check(ftp::cli::in_range(2, 1000000));
   app.add_option("--concurrency", o.concurrency, "Offered load: requests in flight if none waited (default 3)")
       ->check(ftp::cli::in_range(0.1, 64.0));
   app.add_option("--split", o.split,
@@ -636,6 +660,10 @@ int main(int argc, char** argv) {
   app.add_option("--sweep-reps", o.sweep_reps, "--sweep: steps per point, the median taken (default 9)")
       ->check(ftp::cli::in_range(1, 1000));
   return tool.run(argc, argv, [&]() -> int {
+    o.long_prompt_min = long_prompts.at(0), o.long_prompt_max = long_prompts.at(1);
+    if (o.long_prompt_min > o.long_prompt_max)
+      throw InputError("--long-prompts: MIN " + std::to_string(o.long_prompt_min) + " exceeds MAX " +
+                       std::to_string(o.long_prompt_max));
     const auto tmp = std::filesystem::temp_directory_path() / ("ftp-sim-fidelity-" + std::to_string(::getpid()));
     std::filesystem::create_directories(tmp);
     struct Cleanup {
@@ -664,6 +692,18 @@ int main(int argc, char** argv) {
                 << " GB/s triad (" << threads << " thread" << (threads == 1 ? "" : "s") << ", one of " << n_vd
                 << " CPU share" << (n_vd == 1 ? "" : "s") << "); load average " << load_average() << "\n";
       return probes[key] = perf;
+    };
+    // The triad over a footprint of `bytes` (a model's weights): the rate
+    // weights that fit in a cache are read at, which bounds the memory
+    // efficiency of such a model above 1 (sim::CalibrationBounds::resident_gb_s).
+    auto resident_probe = [&](int n_vd, double bytes) {
+      const int threads = cpu_shares(n_vd)[0]->threads();
+      const auto elements = static_cast<std::size_t>(std::max(1024.0, bytes / (3 * sizeof(double))));
+      const int reps = static_cast<int>(std::clamp(4e9 / bytes, 10.0, 4000.0));
+      const double gb_s = backend::measure_cpu_triad_gbs(threads, elements, reps).value;
+      std::cerr << "probe: " << gb_s << " GB/s triad over " << bytes / 1e6 << " MB (the weights' footprint); load average "
+                << load_average() << "\n";
+      return gb_s;
     };
     json::Json probes_json = json::Json::array();
 
@@ -722,6 +762,9 @@ int main(int argc, char** argv) {
       const int n_vd = name == "shift" ? std::max(2, o.split) : o.split;
       const plan::GroupPerf perf =
           probe(n_vd, store.matrix_dtype() == model::DType::q8_0 && engine::ops::packed_kernels_available());
+      sim::CalibrationBounds bounds;
+      bounds.resident_gb_s = resident_probe(
+          n_vd, plan::stage_compute_params(shape, plan::StageSpan{shape.n_layers, true, true}) * shape.bytes_per_param);
 
       // 2. Calibration: runs of the real engine on their own workload
       // (another seed each), offered --concurrency by the planner's constants.
@@ -751,12 +794,14 @@ int main(int argc, char** argv) {
       std::vector<CpuShare> cal_cpu(static_cast<std::size_t>(o.repeat)), eval_cpu(cal_cpu.size());
       auto calibration_round = [&](int round) {
         g_phase = "calibration";
-        run_real(store, make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000 + round, vocab),
+        run_real(store,
+                 make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000 + round, vocab,
+                               model.hparams.n_ctx_train),
                  &samples, n_vd, &cal_cpu[static_cast<std::size_t>(round)]);
       };
       // The evaluation workload's rate is set by the first round's fit.
       calibration_round(0);
-      const double rate = o.concurrency / alone_s(sim::calibrate(shape, perf, samples));
+      const double rate = o.concurrency / alone_s(sim::fit_calibration(shape, perf, samples, bounds).calibration);
       const Workload w = trace ? trace_workload(o, *trace, o.requests, rate, o.seed, vocab, model.hparams.n_ctx_train)
                                : make_workload(o, o.requests, rate, o.seed, vocab);
       const auto topo = probe_topology(perf, n_vd);
@@ -785,11 +830,11 @@ int main(int argc, char** argv) {
                      name == "shift" ? "(service, not timed)" : std::to_string(ec.share()).substr(0, 4).c_str(),
                      load_average().c_str());
       }
-      const auto fit = sim::fit_calibration(shape, perf, samples);
+      const auto fit = sim::fit_calibration(shape, perf, samples, bounds);
       const auto& cal = fit.calibration;
       // The same steps fitted without the kernel-pass term (row tile 0):
       // its errors below, beside the full fit's, on the same measurements.
-      sim::CalibrationBounds no_pass;
+      sim::CalibrationBounds no_pass = bounds;
       no_pass.row_tiles = {0};
       const auto fit0 = sim::fit_calibration(shape, perf, samples, no_pass);
       std::cerr << name << ": calibration from " << samples.size() << " steps in " << o.repeat
@@ -797,7 +842,9 @@ int main(int argc, char** argv) {
                 << " % (row tile " << cal.row_tile << ", pass efficiency " << cal.pass_efficiency
                 << "; without the pass term " << fit0.rms_error * 100 << " %), at a bound: "
                 << sim::describe_bounds(fit.at_bound) << "; row tiles tried (rms relative to the prediction):";
-      for (const auto& tt : fit.tiles) std::cerr << " " << tt.row_tile << ": " << tt.rms * 100 << " %";
+      for (const auto& tt : fit.tiles)
+        std::cerr << " " << tt.row_tile << (tt.split_kv ? " (KV apart)" : "") << ": " << tt.rms * 100 << " %";
+      std::cerr << "; KV reads' efficiency " << (cal.kv_efficiency > 0 ? std::to_string(cal.kv_efficiency) : "the weights'");
       std::cerr << "\n";
       // The model's total over the measured total, on the steps it was fitted
       // to and on the evaluation runs' steps (held out; not for the service).
