@@ -156,62 +156,109 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
     for (int i = 0; i < kTerms; ++i) p += x[i] * c[i];
     return p;
   };
+  // A step's time under `coef`: the sum of its terms, or (overlap) its fixed
+  // terms plus the larger of its compute (GEMM, attention, passes) and
+  // memory (weights, KV) terms.
+  auto compute_part = [](const Vec& x, const Vec& c) { return x[1] * c[1] + x[2] * c[2] + x[5] * c[5]; };
+  auto memory_part = [](const Vec& x, const Vec& c) { return x[3] * c[3] + x[6] * c[6]; };
+  auto model_time = [&](const Vec& x, const Vec& c, bool overlap) {
+    if (!overlap) return predict(x, c);
+    return x[0] * c[0] + x[4] * c[4] + std::max(compute_part(x, c), memory_part(x, c));
+  };
   // For each row tile, the KV reads at the weights' efficiency and then
-  // (with bounds.split_kv) at their own: first relative to the measured time; then, twice,
-  // relative to the model's own prediction. Weighting by the measured time
-  // favours the steps that ran fast: one that other work on the core
-  // stretched to 3x counts a ninth as much, so the fit ran 5-15 % under the
-  // steps' total time (sim-fidelity --steps-out); weighted by the
-  // prediction it does not. The tile whose fit has the least error
-  // relative to its prediction wins (no pass term, row_tile 0, unless one
-  // does clearly better).
+  // (with bounds.split_kv) at their own: first relative to the measured
+  // time; then, twice, relative to the model's own prediction. Weighting by
+  // the measured time favours the steps that ran fast: one that other work
+  // on the core stretched to 3x counts a ninth as much, so the fit ran 5-15 %
+  // under the steps' total time (sim-fidelity --steps-out); weighted by the
+  // prediction it does not. The tile whose fit has the least error relative
+  // to its prediction wins (no pass term, row_tile 0, unless one does
+  // clearly better). Then (bounds.try_overlap) the same without a tile with
+  // compute and memory overlapped: each step's binding side (the larger
+  // under the fit so far) is the one regressed on, in turn, 8 times.
   struct Candidate {
     int row_tile = 0;
-    bool split_kv = false;
+    bool split_kv = false, overlap = false;
     Vec coef{};
     std::array<At, kTerms> at{};
     double rms = std::numeric_limits<double>::infinity();
   };
   Candidate win;
   std::vector<TileTry> tried;
-  for (const bool split_kv : b.split_kv ? std::vector<bool>{false, true} : std::vector<bool>{false})
-  for (const int tile : b.row_tiles.empty() ? std::vector<int>{0} : b.row_tiles) {
-    if (tile < 0) throw InputError("calibration: row tile " + std::to_string(tile) + " is negative");
-    std::vector<Vec> x_rows;
-    for (const auto* s : used) x_rows.push_back(regressors(shape, perf, s->work, tile, split_kv));
-    std::array<bool, kTerms> unused{};
-    unused[5] = tile == 0;
-    unused[6] = !split_kv;
-    Candidate c;
-    c.row_tile = tile;
-    c.split_kv = split_kv;
-    c.coef = bounded_fit(x_rows, t, unused, c.at);
-    std::vector<double> scale(t.size());
-    for (int pass = 0; pass < 2; ++pass) {
-      for (std::size_t k = 0; k < t.size(); ++k) {
-        const double p = predict(x_rows[k], c.coef);
-        scale[k] = p > 0 ? p : t[k];
-      }
-      c.coef = bounded_fit(x_rows, scale, unused, c.at);
-    }
+  auto rms_of = [&](const std::vector<Vec>& x_rows, const Vec& coef, bool overlap) {
     double sum = 0;
     for (std::size_t k = 0; k < t.size(); ++k) {
-      const double p = predict(x_rows[k], c.coef);
+      const double p = model_time(x_rows[k], coef, overlap);
       const double e = p > 0 ? (t[k] - p) / p : 1.0;
       sum += e * e;
     }
-    c.rms = t.empty() ? 0 : std::sqrt(sum / double(t.size()));
-    tried.push_back(TileTry{tile, split_kv, c.rms});
-    if (tile > 0 && c.coef[5] <= 0) continue;  // no pass cost: the same model as row_tile 0
-    // A tile, or the KV reads' own efficiency, must earn its term: 1 % less
-    // error than the fit so far (and more than rounding), else the smaller
-    // tile (or none, or the KV at the weights' efficiency) stays.
+    return t.empty() ? 0 : std::sqrt(sum / double(t.size()));
+  };
+  auto consider = [&](Candidate c) {
+    tried.push_back(TileTry{c.row_tile, c.split_kv, c.overlap, c.rms});
+    if (c.row_tile > 0 && c.coef[5] <= 0) return;  // no pass cost: the same model as row_tile 0
+    // A tile, the KV reads' own efficiency or the overlap must earn its
+    // place: 1 % less error than the fit so far (and more than rounding),
+    // else the smaller tile (or none, the KV tied, no overlap) stays.
     if (c.rms < win.rms * (1 - kTileGain) - 1e-6) win = c;
-  }
+  };
+  const std::vector<bool> kv_modes = b.split_kv ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  std::vector<Candidate> sums;  // the row tile 0 fits, where the overlapped ones start
+  for (const bool split_kv : kv_modes)
+    for (const int tile : b.row_tiles.empty() ? std::vector<int>{0} : b.row_tiles) {
+      if (tile < 0) throw InputError("calibration: row tile " + std::to_string(tile) + " is negative");
+      std::vector<Vec> x_rows;
+      for (const auto* s : used) x_rows.push_back(regressors(shape, perf, s->work, tile, split_kv));
+      std::array<bool, kTerms> unused{};
+      unused[5] = tile == 0;
+      unused[6] = !split_kv;
+      Candidate c;
+      c.row_tile = tile;
+      c.split_kv = split_kv;
+      c.coef = bounded_fit(x_rows, t, unused, c.at);
+      std::vector<double> scale(t.size());
+      for (int pass = 0; pass < 2; ++pass) {
+        for (std::size_t k = 0; k < t.size(); ++k) {
+          const double p = predict(x_rows[k], c.coef);
+          scale[k] = p > 0 ? p : t[k];
+        }
+        c.coef = bounded_fit(x_rows, scale, unused, c.at);
+      }
+      c.rms = rms_of(x_rows, c.coef, false);
+      if (tile == 0) sums.push_back(c);
+      consider(c);
+    }
+  if (b.try_overlap)
+    for (const auto& start : sums) {
+      std::vector<Vec> x_rows;
+      for (const auto* s : used) x_rows.push_back(regressors(shape, perf, s->work, 0, start.split_kv));
+      std::array<bool, kTerms> unused{};
+      unused[5] = true;
+      unused[6] = !start.split_kv;
+      Candidate c = start, best_c;
+      c.overlap = true;
+      std::vector<double> scale(t.size());
+      for (int round = 0; round < 8; ++round) {
+        std::vector<Vec> binding = x_rows;
+        for (std::size_t k = 0; k < t.size(); ++k) {
+          auto& r = binding[k];
+          if (compute_part(r, c.coef) >= memory_part(r, c.coef))
+            r[3] = r[6] = 0;
+          else
+            r[1] = r[2] = r[5] = 0;
+          const double p = model_time(x_rows[k], c.coef, true);
+          scale[k] = p > 0 ? p : t[k];
+        }
+        c.coef = bounded_fit(binding, scale, unused, c.at);
+        c.rms = rms_of(x_rows, c.coef, true);
+        if (c.rms < best_c.rms) best_c = c;
+      }
+      consider(best_c);
+    }
   const Vec& best = win.coef;
   CalibrationFit f;
   auto& c = f.calibration;
-  c.overlap = false;
+  c.overlap = win.overlap;
   c.layer_overhead_s = std::clamp(best[0], lo[0], hi[0]);
   c.compute_efficiency = 1.0 / std::clamp(best[1], lo[1], hi[1]);
   c.attention_efficiency = 1.0 / std::clamp(best[2], lo[2], hi[2]);

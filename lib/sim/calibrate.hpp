@@ -49,6 +49,12 @@ struct CalibrationBounds {
   /// Also try the KV reads at an efficiency of their own
   /// (plan::Calibration::kv_efficiency), kept when it lowers the error by 1 %.
   bool split_kv = true;
+  /// Also try compute and memory overlapped (plan::Calibration::overlap:
+  /// a step costs the larger of the two, as a CPU whose kernels hide the
+  /// weights' reads behind their arithmetic runs; the 1 B Q8_0 model's
+  /// decode step is flat in the rows up to 7, then grows), with no row
+  /// tile; kept when it lowers the error by 1 %.
+  bool try_overlap = true;
 };
 
 /// A constant the fit left at one end of its range: the data would move it
@@ -67,6 +73,7 @@ struct BoundHit {
 struct TileTry {
   int row_tile = 0;
   bool split_kv = false;  ///< the KV reads at their own efficiency
+  bool overlap = false;   ///< compute and memory overlapped
   double rms = 0;
 };
 
@@ -92,7 +99,10 @@ struct CalibrationFit {
 /// efficiency (kv_efficiency 0), then (bounds.split_kv) at their own; a fit
 /// replaces the one before when its error relative to its prediction is
 /// 1 % lower (0, no pass term, and the KV at the weights' efficiency,
-/// unless a term clearly does better). The error is relative to the
+/// unless a term clearly does better); then (bounds.try_overlap), with no
+/// tile, compute and memory overlapped (t = the fixed terms + the larger of
+/// the compute and the memory terms: each step's larger side under the fit
+/// so far regressed on, 8 rounds). The error is relative to the
 /// measured time in a first pass, then to the model's prediction (two
 /// passes more), so steps that other processes stretched weigh as much as
 /// the rest and the fit keeps the steps' total time. Throws InputError with

@@ -853,8 +853,10 @@ int main(int argc, char** argv) {
                 << "; without the pass term " << fit0.rms_error * 100 << " %), at a bound: "
                 << sim::describe_bounds(fit.at_bound) << "; row tiles tried (rms relative to the prediction):";
       for (const auto& tt : fit.tiles)
-        std::cerr << " " << tt.row_tile << (tt.split_kv ? " (KV apart)" : "") << ": " << tt.rms * 100 << " %";
-      std::cerr << "; KV reads' efficiency " << (cal.kv_efficiency > 0 ? std::to_string(cal.kv_efficiency) : "the weights'");
+        std::cerr << " " << tt.row_tile << (tt.split_kv ? " (KV apart)" : "") << (tt.overlap ? " (overlap)" : "") << ": "
+                  << tt.rms * 100 << " %";
+      std::cerr << "; KV reads' efficiency " << (cal.kv_efficiency > 0 ? std::to_string(cal.kv_efficiency) : "the weights'")
+                << "; compute and memory " << (cal.overlap ? "overlapped" : "added");
       std::cerr << "\n";
       // The model's total over the measured total, on the steps it was fitted
       // to and on the evaluation runs' steps (held out; not for the service).
