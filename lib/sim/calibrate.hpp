@@ -71,7 +71,8 @@ struct BoundHit {
   double value = 0;
 };
 
-/// One row tile the fit tried: the error of its fit relative to its own
+/// One fit the calibration tried (a row tile, the KV apart or not, overlapped
+/// or not): the error of its fit relative to its own
 /// prediction (what the tiles are compared on).
 struct TileTry {
   int row_tile = 0;
@@ -84,7 +85,7 @@ struct CalibrationFit {
   plan::Calibration calibration;
   double rms_error = 0;            ///< calibration_rms_error on the samples
   std::vector<BoundHit> at_bound;  ///< the constants left at a bound, in term order
-  std::vector<TileTry> tiles;      ///< every row tile tried, in order
+  std::vector<TileTry> tiles;      ///< every fit tried (row tile, KV apart, overlap), in order
 };
 
 /// Fits the cost model's constants to measured steps of a one-stage domain

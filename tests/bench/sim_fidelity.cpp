@@ -893,6 +893,26 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s: evaluation decode steps, model/measured by rows (with / without the pass term):", name.c_str());
         for (const auto& [r, b] : by_rows) std::fprintf(stderr, " %d: %.3f/%.3f", r, b[0] / b[2], b[1] / b[2]);
         std::fprintf(stderr, "\n");
+        // The held-out steps with a prefill chunk (more tokens than logits
+        // rows) by their attention pairs: long prompts' chunks are where
+        // the attention term weighs (azure-code's TPOT tail).
+        const std::array<double, 3> edges{5000, 20000, 1e300};
+        std::array<std::array<double, 3>, 3> by_pairs{};  // model, measured, steps
+        for (const auto& st : eval_steps) {
+          if (st.work.tokens <= st.work.logit_rows) continue;
+          const auto k = static_cast<std::size_t>(std::upper_bound(edges.begin(), edges.end(), st.work.attention_pairs) -
+                                                  edges.begin());
+          auto& b = by_pairs[std::min<std::size_t>(k, 2)];
+          b[0] += plan::step_time_s(shape, span, perf, st.work, cal);
+          b[1] += st.seconds;
+          b[2] += 1;
+        }
+        std::fprintf(stderr, "%s: evaluation steps with a prefill chunk, model/measured by attention pairs:", name.c_str());
+        const char* labels[3] = {"under 5000", "5000-20000", "over 20000"};
+        for (std::size_t k = 0; k < 3; ++k)
+          if (by_pairs[k][2] > 0)
+            std::fprintf(stderr, " %s: %.3f (%.0f steps)", labels[k], by_pairs[k][0] / by_pairs[k][1], by_pairs[k][2]);
+        std::fprintf(stderr, "\n");
       }
       json::Json sweep;
       if (o.sweep && name != "shift")
