@@ -34,7 +34,7 @@ struct CalibrationBounds {
   /// that fit in one (stories260K's 1 MB) are read at the cache's rate, so
   /// the memory efficiency may then reach resident_gb_s / gb_s (when that
   /// exceeds max_memory_efficiency). Held at 1, a step's weight reads cost
-  /// stories260K 36 us against 10 us measured for the whole fixed part.
+  /// stories260K 35-85 us against 10-21 us measured for the whole fixed part.
   double resident_gb_s = 0;
   double max_layer_overhead_s = 0.01;  ///< per layer per forward
   double max_row_overhead_s = 0.1;     ///< per logits row
