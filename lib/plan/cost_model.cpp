@@ -78,8 +78,13 @@ double step_time_s(const ModelShape& m, const StageSpan& s, const GroupPerf& g, 
   if (w.attention_pairs > 0)
     compute += 4.0 * w.attention_pairs * m.n_heads * m.head_dim * s.n_layers / (flop_s * c.attention_efficiency);
   if (c.row_tile > 0) compute += pass_bytes(m, s, g.tp, w, c.row_tile) / (g.gb_s * 1e9 * c.pass_efficiency);
-  const double bytes = p * m.bytes_per_param / g.tp + w.kv_positions * s.n_layers * m.kv_bytes_per_token_layer(g.tp);
-  const double read = bytes / (g.gb_s * 1e9 * c.memory_efficiency);
+  const double weight_bytes = p * m.bytes_per_param / g.tp;
+  const double kv_bytes = w.kv_positions * s.n_layers * m.kv_bytes_per_token_layer(g.tp);
+  // Tied (kv_efficiency 0), the one quotient of before: the planner's and
+  // the GPU replays' step times stay the same to the last bit.
+  const double read = c.kv_efficiency > 0 ? weight_bytes / (g.gb_s * 1e9 * c.memory_efficiency) +
+                                                kv_bytes / (g.gb_s * 1e9 * c.kv_efficiency)
+                                          : (weight_bytes + kv_bytes) / (g.gb_s * 1e9 * c.memory_efficiency);
   const double ar = allreduce_time_s(g.tp, double(m.hidden_size) * w.tokens * m.activation_bytes_per_element(),
                                      g.busbw_gb_s, g.allreduce_latency_us);
   return (c.overlap ? std::max(compute, read) : compute + read) + 2.0 * s.n_layers * ar +

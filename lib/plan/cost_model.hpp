@@ -137,7 +137,13 @@ struct StepWork {
 struct Calibration {
   double compute_efficiency = kComputeEfficiency;    ///< share of TFLOP/s the GEMMs reach
   double attention_efficiency = kComputeEfficiency;  ///< share of TFLOP/s attention reaches
-  double memory_efficiency = kMemoryEfficiency;      ///< share of GB/s weight and KV reads reach
+  double memory_efficiency = kMemoryEfficiency;      ///< share of GB/s weight (and KV) reads reach
+  /// Share of GB/s the KV reads reach, where it is not the weights' (0: the
+  /// memory_efficiency). A CPU's attention reads each sequence's KV pages
+  /// per row, at a rate its streaming of the weights says nothing of: on
+  /// stories260K, whose weights stay in cache, a decode row's position
+  /// costs ~0.1 us beside its attention, ~6 GB/s of KV.
+  double kv_efficiency = 0;
   double layer_overhead_s = kLayerOverheadS;         ///< per layer per forward, seconds
   double row_overhead_s = 0;                         ///< per logits row (head, sampling), seconds
   /// Rows of the products' kernel: a product of t rows runs as
@@ -177,7 +183,8 @@ double pass_bytes(const ModelShape& m, const StageSpan& s, int tp, const StepWor
 /// One forward of `w` on one stage:
 ///   compute = (2 x P x tokens / compute_efficiency + 4 x pairs x n_heads x head_dim x n_layers / attention_efficiency)
 ///             / (tp x TFLOP/s) + pass_bytes(row_tile) / (GB/s x pass_efficiency)
-///   memory  = (P x bytes_per_param / tp + kv_positions x n_layers x kv_bytes_per_token_layer(tp)) / (GB/s x memory_efficiency)
+///   memory  = P x bytes_per_param / tp / (GB/s x memory_efficiency)
+///             + kv_positions x n_layers x kv_bytes_per_token_layer(tp) / (GB/s x kv_efficiency [memory_efficiency if 0])
 ///   time = max(compute, memory) (sum when !overlap) + 2 x n_layers x allreduce(tp, hidden x tokens x activation bytes)
 ///          + n_layers x layer_overhead_s + logit_rows x row_overhead_s
 /// with P = stage_compute_params. Seconds.

@@ -14,23 +14,27 @@ namespace ftp::sim {
 
 namespace {
 
-constexpr int kTerms = 6;
-constexpr double kTileGain = 0.01;  // the share of the error a row tile must remove to be kept  // layer overhead, GEMM, attention, memory, rows, kernel passes
+// layer overhead, GEMM, attention, weight reads, rows, kernel passes, KV reads
+constexpr int kTerms = 7;
+constexpr double kTileGain = 0.01;  // the share of the error a row tile must remove to be kept
 using Vec = std::array<double, kTerms>;
 using Mat = std::array<Vec, kTerms>;
 enum class At { free, lower, upper };
 
-Vec regressors(const plan::ModelShape& m, const plan::GroupPerf& g, const plan::StepWork& w, int row_tile) {
+// split_kv false: the KV reads at the weights' efficiency (term 3), term 6 unused.
+Vec regressors(const plan::ModelShape& m, const plan::GroupPerf& g, const plan::StepWork& w, int row_tile,
+               bool split_kv) {
   const plan::StageSpan span{m.n_layers, true, true};
   const double p = plan::stage_compute_params(m, span);
   const double flop_s = g.tp * g.tflop_s * 1e12;
-  const double bytes = p * m.bytes_per_param / g.tp + w.kv_positions * m.n_layers * m.kv_bytes_per_token_layer(g.tp);
+  const double kv = w.kv_positions * m.n_layers * m.kv_bytes_per_token_layer(g.tp) / (g.gb_s * 1e9);
   return {double(m.n_layers),
           2.0 * p * w.tokens / flop_s,
           4.0 * w.attention_pairs * m.n_heads * m.head_dim * m.n_layers / flop_s,
-          bytes / (g.gb_s * 1e9),
+          p * m.bytes_per_param / g.tp / (g.gb_s * 1e9) + (split_kv ? 0.0 : kv),
           w.logit_rows,
-          plan::pass_bytes(m, span, g.tp, w, row_tile) / (g.gb_s * 1e9)};
+          plan::pass_bytes(m, span, g.tp, w, row_tile) / (g.gb_s * 1e9),
+          split_kv ? kv : 0.0};
 }
 
 // Solves g[F][F] x[F] = rhs[F] over the free terms F (Gauss-Jordan with
@@ -62,21 +66,25 @@ void solve_free(Mat g, Vec rhs, const std::array<At, kTerms>& at, Vec& x) {
 }
 
 constexpr const char* kNames[kTerms] = {"layer_overhead_s", "compute_efficiency", "attention_efficiency",
-                                        "memory_efficiency", "row_overhead_s", "pass_efficiency"};
+                                        "memory_efficiency", "row_overhead_s", "pass_efficiency", "kv_efficiency"};
 
 }  // namespace
 
 CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupPerf& perf,
                                const std::vector<StepSample>& samples, const CalibrationBounds& b) {
-  if (samples.size() < kTerms)
-    throw InputError("calibration: " + std::to_string(samples.size()) + " samples, at least " + std::to_string(kTerms) +
+  constexpr std::size_t kMinSamples = 6;
+  if (samples.size() < kMinSamples)
+    throw InputError("calibration: " + std::to_string(samples.size()) + " samples, at least " + std::to_string(kMinSamples) +
                      " needed");
   if (!(perf.tflop_s > 0) || !(perf.gb_s > 0)) throw InputError("calibration: the device's tflop_s and gb_s must be positive");
   // The coefficients are the overheads and the inverse efficiencies; their
   // ranges (a pass may cost nothing: its coefficient's lower bound is 0):
-  const Vec lo{0, 1.0 / b.max_compute_efficiency, 1.0 / b.max_attention_efficiency, 1.0 / b.max_memory_efficiency, 0, 0};
+  const double max_memory = std::max(b.max_memory_efficiency, b.resident_gb_s / perf.gb_s);
+  const Vec lo{0, 1.0 / b.max_compute_efficiency, 1.0 / b.max_attention_efficiency, 1.0 / max_memory, 0, 0,
+               1.0 / max_memory};
   const Vec hi{b.max_layer_overhead_s, 1.0 / b.min_compute_efficiency, 1.0 / b.min_attention_efficiency,
-               1.0 / b.min_memory_efficiency, b.max_row_overhead_s, 1.0 / b.min_pass_efficiency};
+               1.0 / b.min_memory_efficiency, b.max_row_overhead_s, 1.0 / b.min_pass_efficiency,
+               1.0 / b.min_kv_efficiency};
   std::vector<const StepSample*> used;
   std::vector<double> t;
   for (const auto& s : samples) {
@@ -85,7 +93,9 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
     t.push_back(s.seconds);
   }
   // Weighted least squares of `x_rows` on t: each step's error relative to `scale`.
-  auto bounded_fit = [&](const std::vector<Vec>& x_rows, const std::vector<double>& scale, std::array<At, kTerms>& best_at) {
+  // Terms in `unused` (no regressor) are only tried at their lower bound.
+  auto bounded_fit = [&](const std::vector<Vec>& x_rows, const std::vector<double>& scale,
+                         const std::array<bool, kTerms>& unused, std::array<At, kTerms>& best_at) {
     Mat g{};
     Vec rhs{};
     double yy = 0;
@@ -100,7 +110,7 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
       yy += y * y;
     }
     // Box-constrained: the optimum holds some terms at a bound and solves
-    // the rest freely, so try all 3^6 choices and keep the best feasible one
+    // the rest freely, so try all 3^7 choices and keep the best feasible one
     // (sum of squares = yy - 2 x.rhs + x.G.x).
     Vec best{};
     double best_ss = std::numeric_limits<double>::infinity();
@@ -109,11 +119,14 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
     for (int st = 0; st < states; ++st) {
       std::array<At, kTerms> at{};
       Vec x{};
+      bool skip = false;
       for (int i = 0, v = st; i < kTerms; ++i, v /= 3) {
         at[i] = static_cast<At>(v % 3);
+        skip = skip || (unused[i] && at[i] != At::lower);
         if (at[i] == At::lower) x[i] = lo[i];
         if (at[i] == At::upper) x[i] = hi[i];
       }
+      if (skip) continue;
       Vec r = rhs;  // the free terms' right-hand side, the held ones moved over
       for (int i = 0; i < kTerms; ++i)
         for (int j = 0; j < kTerms; ++j)
@@ -143,54 +156,109 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
     for (int i = 0; i < kTerms; ++i) p += x[i] * c[i];
     return p;
   };
-  // For each row tile: first relative to the measured time; then, twice,
-  // relative to the model's own prediction. Weighting by the measured time
-  // favours the steps that ran fast: one that other work on the core
-  // stretched to 3x counts a ninth as much, so the fit ran 5-15 % under the
-  // steps' total time (sim-fidelity --steps-out); weighted by the
-  // prediction it does not. The tile whose fit has the least error
-  // relative to its prediction wins (no pass term, row_tile 0, unless one
-  // does clearly better).
+  // A step's time under `coef`: the sum of its terms, or (overlap) its fixed
+  // terms plus the larger of its compute (GEMM, attention, passes) and
+  // memory (weights, KV) terms.
+  auto compute_part = [](const Vec& x, const Vec& c) { return x[1] * c[1] + x[2] * c[2] + x[5] * c[5]; };
+  auto memory_part = [](const Vec& x, const Vec& c) { return x[3] * c[3] + x[6] * c[6]; };
+  auto model_time = [&](const Vec& x, const Vec& c, bool overlap) {
+    if (!overlap) return predict(x, c);
+    return x[0] * c[0] + x[4] * c[4] + std::max(compute_part(x, c), memory_part(x, c));
+  };
+  // For each row tile, the KV reads at the weights' efficiency and then
+  // (with bounds.split_kv) at their own: first relative to the measured
+  // time; then, twice, relative to the model's own prediction. Weighting by
+  // the measured time favours the steps that ran fast: one that other work
+  // on the core stretched to 3x counts a ninth as much, so the fit ran 5-15 %
+  // under the steps' total time (sim-fidelity --steps-out); weighted by the
+  // prediction it does not. The tile whose fit has the least error relative
+  // to its prediction wins (no pass term, row_tile 0, unless one does
+  // clearly better). Then (bounds.try_overlap) the same without a tile with
+  // compute and memory overlapped: each step's binding side (the larger
+  // under the fit so far) is the one regressed on, in turn, 8 times.
   struct Candidate {
     int row_tile = 0;
+    bool split_kv = false, overlap = false;
     Vec coef{};
     std::array<At, kTerms> at{};
     double rms = std::numeric_limits<double>::infinity();
   };
   Candidate win;
   std::vector<TileTry> tried;
-  for (const int tile : b.row_tiles.empty() ? std::vector<int>{0} : b.row_tiles) {
-    if (tile < 0) throw InputError("calibration: row tile " + std::to_string(tile) + " is negative");
-    std::vector<Vec> x_rows;
-    for (const auto* s : used) x_rows.push_back(regressors(shape, perf, s->work, tile));
-    Candidate c;
-    c.row_tile = tile;
-    c.coef = bounded_fit(x_rows, t, c.at);
-    std::vector<double> scale(t.size());
-    for (int pass = 0; pass < 2; ++pass) {
-      for (std::size_t k = 0; k < t.size(); ++k) {
-        const double p = predict(x_rows[k], c.coef);
-        scale[k] = p > 0 ? p : t[k];
-      }
-      c.coef = bounded_fit(x_rows, scale, c.at);
-    }
+  auto rms_of = [&](const std::vector<Vec>& x_rows, const Vec& coef, bool overlap) {
     double sum = 0;
     for (std::size_t k = 0; k < t.size(); ++k) {
-      const double p = predict(x_rows[k], c.coef);
+      const double p = model_time(x_rows[k], coef, overlap);
       const double e = p > 0 ? (t[k] - p) / p : 1.0;
       sum += e * e;
     }
-    c.rms = t.empty() ? 0 : std::sqrt(sum / double(t.size()));
-    tried.push_back(TileTry{tile, c.rms});
-    if (tile > 0 && c.coef[5] <= 0) continue;  // no pass cost: the same model as row_tile 0
-    // A tile must earn its term: 1 % less error than the fit so far (and
-    // more than rounding), else the smaller tile (or none) stays.
+    return t.empty() ? 0 : std::sqrt(sum / double(t.size()));
+  };
+  auto consider = [&](Candidate c) {
+    tried.push_back(TileTry{c.row_tile, c.split_kv, c.overlap, c.rms});
+    if (c.row_tile > 0 && c.coef[5] <= 0) return;  // no pass cost: the same model as row_tile 0
+    // A tile, the KV reads' own efficiency or the overlap must earn its
+    // place: 1 % less error than the fit so far (and more than rounding),
+    // else the smaller tile (or none, the KV tied, no overlap) stays.
     if (c.rms < win.rms * (1 - kTileGain) - 1e-6) win = c;
-  }
+  };
+  const std::vector<bool> kv_modes = b.split_kv ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  std::vector<Candidate> sums;  // the row tile 0 fits, where the overlapped ones start
+  for (const bool split_kv : kv_modes)
+    for (const int tile : b.row_tiles.empty() ? std::vector<int>{0} : b.row_tiles) {
+      if (tile < 0) throw InputError("calibration: row tile " + std::to_string(tile) + " is negative");
+      std::vector<Vec> x_rows;
+      for (const auto* s : used) x_rows.push_back(regressors(shape, perf, s->work, tile, split_kv));
+      std::array<bool, kTerms> unused{};
+      unused[5] = tile == 0;
+      unused[6] = !split_kv;
+      Candidate c;
+      c.row_tile = tile;
+      c.split_kv = split_kv;
+      c.coef = bounded_fit(x_rows, t, unused, c.at);
+      std::vector<double> scale(t.size());
+      for (int pass = 0; pass < 2; ++pass) {
+        for (std::size_t k = 0; k < t.size(); ++k) {
+          const double p = predict(x_rows[k], c.coef);
+          scale[k] = p > 0 ? p : t[k];
+        }
+        c.coef = bounded_fit(x_rows, scale, unused, c.at);
+      }
+      c.rms = rms_of(x_rows, c.coef, false);
+      if (tile == 0) sums.push_back(c);
+      consider(c);
+    }
+  if (b.try_overlap)
+    for (const auto& start : sums) {
+      std::vector<Vec> x_rows;
+      for (const auto* s : used) x_rows.push_back(regressors(shape, perf, s->work, 0, start.split_kv));
+      std::array<bool, kTerms> unused{};
+      unused[5] = true;
+      unused[6] = !start.split_kv;
+      Candidate c = start, best_c;
+      c.overlap = true;
+      std::vector<double> scale(t.size());
+      for (int round = 0; round < 8; ++round) {
+        std::vector<Vec> binding = x_rows;
+        for (std::size_t k = 0; k < t.size(); ++k) {
+          auto& r = binding[k];
+          if (compute_part(r, c.coef) >= memory_part(r, c.coef))
+            r[3] = r[6] = 0;
+          else
+            r[1] = r[2] = r[5] = 0;
+          const double p = model_time(x_rows[k], c.coef, true);
+          scale[k] = p > 0 ? p : t[k];
+        }
+        c.coef = bounded_fit(binding, scale, unused, c.at);
+        c.rms = rms_of(x_rows, c.coef, true);
+        if (c.rms < best_c.rms) best_c = c;
+      }
+      consider(best_c);
+    }
   const Vec& best = win.coef;
   CalibrationFit f;
   auto& c = f.calibration;
-  c.overlap = false;
+  c.overlap = win.overlap;
   c.layer_overhead_s = std::clamp(best[0], lo[0], hi[0]);
   c.compute_efficiency = 1.0 / std::clamp(best[1], lo[1], hi[1]);
   c.attention_efficiency = 1.0 / std::clamp(best[2], lo[2], hi[2]);
@@ -198,14 +266,16 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
   c.row_overhead_s = std::clamp(best[4], lo[4], hi[4]);
   c.row_tile = win.row_tile;
   c.pass_efficiency = win.row_tile > 0 ? 1.0 / std::clamp(best[5], lo[5], hi[5]) : 1.0;
+  c.kv_efficiency = win.split_kv ? 1.0 / std::clamp(best[6], lo[6], hi[6]) : 0.0;
   const Vec value{c.layer_overhead_s, c.compute_efficiency, c.attention_efficiency, c.memory_efficiency,
-                  c.row_overhead_s, c.pass_efficiency};
+                  c.row_overhead_s, c.pass_efficiency, c.kv_efficiency};
   for (int i = 0; i < kTerms; ++i) {
     if (win.at[i] == At::free) continue;
     if (i == 5 && (win.row_tile == 0 || win.at[i] == At::lower)) continue;  // no pass term
+    if (i == 6 && !win.split_kv) continue;                                  // the KV at the weights' efficiency
     // An efficiency's upper bound is its coefficient's lower one.
     const bool coef_upper = win.at[i] == At::upper;
-    const bool efficiency = (i >= 1 && i <= 3) || i == 5;
+    const bool efficiency = (i >= 1 && i <= 3) || i >= 5;
     f.at_bound.push_back(BoundHit{kNames[i], efficiency ? !coef_upper : coef_upper, value[i]});
   }
   f.rms_error = calibration_rms_error(shape, perf, c, samples);

@@ -70,7 +70,7 @@ json::Json calibration_to_json(const plan::Calibration& c, const plan::GroupPerf
   json::Json bounds = json::Json::array();
   for (const auto& h : at_bound)
     bounds.push_back(json::Json{{"term", h.term}, {"bound", h.upper ? "upper" : "lower"}, {"value", h.value}});
-  return json::Json{{"kind", std::string(doc::kind::sim_calibration)},
+  json::Json j{{"kind", std::string(doc::kind::sim_calibration)},
                     {"compute_efficiency", c.compute_efficiency},
                     {"attention_efficiency", c.attention_efficiency},
                     {"memory_efficiency", c.memory_efficiency},
@@ -82,6 +82,8 @@ json::Json calibration_to_json(const plan::Calibration& c, const plan::GroupPerf
                     {"fitted_on", json::Json{{"tflop_s", p.tflop_s}, {"gb_s", p.gb_s}}},
                     {"rms_relative_error", rms_error},
                     {"at_bound", bounds}};
+  if (c.kv_efficiency > 0) j["kv_efficiency"] = c.kv_efficiency;
+  return j;
 }
 
 plan::Calibration read_calibration(const std::string& path) {
@@ -106,6 +108,7 @@ plan::Calibration read_calibration(const std::string& path) {
     num("compute_efficiency", c.compute_efficiency, true);
     num("attention_efficiency", c.attention_efficiency, true);
     num("memory_efficiency", c.memory_efficiency, true);
+    num("kv_efficiency", c.kv_efficiency, true);
     num("layer_overhead_s", c.layer_overhead_s, false);
     num("row_overhead_s", c.row_overhead_s, false);
     num("pass_efficiency", c.pass_efficiency, true);

@@ -12,8 +12,14 @@
 //  1. probes the real engine's CPU share (the first of --split equal
 //     shares, default 2) as ftp-probe does for that virtual device: GEMM
 //     TFLOP/s and triad GB/s with the share's threads;
+//     Weights of under 24 MiB (stories260K) are also probed with a triad
+//     over their footprint: the rate cached weights are read at, the fit's
+//     bound of the memory efficiency;
 //  2. calibration: a short run of the real engine on its own workload
-//     (another seed; its rate from the planner's constants) records each scheduler step's work
+//     (another seed; its rate from the planner's constants; a fifth of the
+//     requests, --calibration-long-share, with prompts of --long-prompts
+//     256-1024 tokens within the model's context, so that attention is
+//     fitted at long positions) records each scheduler step's work
 //     (tokens, attention pairs, KV positions, logits rows) and wall time;
 //  3. the evaluation workload (open loop: Poisson arrivals, prompt and
 //     output lengths drawn uniformly, or the trace slice's; no EOS so every
@@ -102,12 +108,15 @@ struct Options {
   int calibration_requests = 40;
   double concurrency = 3;
   int prompt_min = 8, prompt_max = 96, output_min = 8, output_max = 64;
+  double calibration_long_share = 0.2;  // calibration requests with a long prompt
+  int long_prompt_min = 256, long_prompt_max = 1024;
   std::uint64_t seed = 1;
   bool check = false;
   std::string write_calibration;
   std::string synthetic_path;     // keep the synthetic model here
   std::string steps_out;          // JSONL of every measured step
   bool sweep = false;             // the decode step alone against rows and context
+  bool no_resident_bound = false; // --no-resident-bound: the memory efficiency at most 1 whatever the weights' size
   std::vector<int> sweep_contexts = {16, 128, 512};
   int sweep_rows = 16, sweep_reps = 9;
 };
@@ -118,14 +127,26 @@ struct Workload {
   std::vector<int> output;
 };
 
-Workload make_workload(const Options& o, int n, double rate, std::uint64_t seed, int n_vocab) {
+/// `n` requests, Poisson arrivals at `rate`, prompt and output lengths drawn
+/// uniformly; with `n_ctx` > 0, every request whose index is a multiple of
+/// 1 / o.calibration_long_share (the calibration runs) has a long prompt
+/// instead, of o.long_prompt_min..o.long_prompt_max tokens within the
+/// model's context `n_ctx`, so that the fit sees attention at the positions
+/// the trace workloads reach.
+Workload make_workload(const Options& o, int n, double rate, std::uint64_t seed, int n_vocab, int n_ctx = 0) {
   Workload w;
   w.at = bench::arrival_times(rate, bench::Arrivals{"poisson", 1.0, seed}, n, 0);
-  std::mt19937_64 rng(seed * 7919 + 1);
+  std::mt19937_64 rng(seed * 7919 + 1), long_rng(seed * 7919 + 2);
   std::uniform_int_distribution<int> plen(o.prompt_min, o.prompt_max), olen(o.output_min, o.output_max),
       tok(3, n_vocab - 1);
+  const int long_max = std::min(o.long_prompt_max, n_ctx - o.output_max - 1);
+  std::uniform_int_distribution<int> long_len(std::min(o.long_prompt_min, long_max), std::max(long_max, 2));
+  const int long_every =
+      n_ctx > 0 && o.calibration_long_share > 0 ? std::max(1, static_cast<int>(std::lround(1 / o.calibration_long_share))) : 0;
   for (int i = 0; i < n; ++i) {
-    std::vector<int> p(static_cast<std::size_t>(plen(rng)));
+    const int short_len = plen(rng);
+    const bool is_long = long_every > 0 && i % long_every == long_every - 1;
+    std::vector<int> p(static_cast<std::size_t>(is_long ? long_len(long_rng) : short_len));
     p[0] = 1;
     for (std::size_t k = 1; k < p.size(); ++k) p[k] = tok(rng);
     w.prompt.push_back(std::move(p));
@@ -604,6 +625,16 @@ int main(int argc, char** argv) {
   app.add_option("--requests", o.requests, "Requests of the evaluation workload (default 40)")->check(ftp::cli::in_range(2, 100000));
   app.add_option("--calibration-requests", o.calibration_requests, "Requests of the calibration run (default 40)")
       ->check(ftp::cli::in_range(5, 100000));
+  app.add_option("--calibration-long-share", o.calibration_long_share,
+                 "Share of the calibration requests with a long prompt, of --long-prompts tokens within the model's "
+                 "context, so that attention is fitted at long positions (default 0.2; 0: none)")
+      ->check(ftp::cli::in_range(0.0, 1.0));
+  std::vector<int> long_prompts = {o.long_prompt_min, o.long_prompt_max};
+  app.add_option("--long-prompts", long_prompts,
+                 "Tokens of the calibration's long prompts: MIN,MAX (default 256,1024; clamped to the model's context)")
+      ->expected(2)
+      ->delimiter(',')
+      ->check(ftp::cli::in_range(2, 1000000));
   app.add_option("--concurrency", o.concurrency, "Offered load: requests in flight if none waited (default 3)")
       ->check(ftp::cli::in_range(0.1, 64.0));
   app.add_option("--split", o.split,
@@ -626,6 +657,9 @@ int main(int argc, char** argv) {
                "Fit and compare the steps on the process's CPU time instead of their wall time: what other processes "
                "take from the core does not count (the latencies of the simulated engine are then those of an idle "
                "machine)");
+  app.add_flag("--no-resident-bound", o.no_resident_bound,
+               "Hold the memory efficiency at 1 even for weights under 24 MiB (no triad over their footprint): the "
+               "bound before 2026-12-06, to compare");
   app.add_flag("--sweep", o.sweep,
                "After each fit (not the shift workload's), time the real engine's decode step alone at 1..--sweep-rows "
                "rows and each of --sweep-contexts positions, against the fitted model");
@@ -636,6 +670,10 @@ int main(int argc, char** argv) {
   app.add_option("--sweep-reps", o.sweep_reps, "--sweep: steps per point, the median taken (default 9)")
       ->check(ftp::cli::in_range(1, 1000));
   return tool.run(argc, argv, [&]() -> int {
+    o.long_prompt_min = long_prompts.at(0), o.long_prompt_max = long_prompts.at(1);
+    if (o.long_prompt_min > o.long_prompt_max)
+      throw InputError("--long-prompts: MIN " + std::to_string(o.long_prompt_min) + " exceeds MAX " +
+                       std::to_string(o.long_prompt_max));
     const auto tmp = std::filesystem::temp_directory_path() / ("ftp-sim-fidelity-" + std::to_string(::getpid()));
     std::filesystem::create_directories(tmp);
     struct Cleanup {
@@ -664,6 +702,22 @@ int main(int argc, char** argv) {
                 << " GB/s triad (" << threads << " thread" << (threads == 1 ? "" : "s") << ", one of " << n_vd
                 << " CPU share" << (n_vd == 1 ? "" : "s") << "); load average " << load_average() << "\n";
       return probes[key] = perf;
+    };
+    // The triad over a footprint of `bytes` (a model's weights): the rate
+    // weights that fit in a cache are read at, which bounds the memory
+    // efficiency of such a model above 1 (sim::CalibrationBounds::resident_gb_s).
+    // Weights of over a quarter of the quick triad's 3 x 32 MiB are read
+    // from memory: 0, the triad's bound (a probe of the synthetic model's
+    // 109 MB read 1.13x the triad, the machine's noise).
+    auto resident_probe = [&](int n_vd, double bytes) {
+      if (o.no_resident_bound || bytes > 24.0 * (1 << 20)) return 0.0;
+      const int threads = cpu_shares(n_vd)[0]->threads();
+      const auto elements = static_cast<std::size_t>(std::max(1024.0, bytes / (3 * sizeof(double))));
+      const int reps = static_cast<int>(std::clamp(4e9 / bytes, 10.0, 4000.0));
+      const double gb_s = hardware::measure_cpu_triad_gbs(threads, elements, reps).value;
+      std::cerr << "probe: " << gb_s << " GB/s triad over " << bytes / 1e6 << " MB (the weights' footprint); load average "
+                << load_average() << "\n";
+      return gb_s;
     };
     json::Json probes_json = json::Json::array();
 
@@ -720,8 +774,14 @@ int main(int argc, char** argv) {
       // The real engine's CPU share; the shift workload's service splits the
       // CPUs at least two ways (gears a and b), its calibration runs on one.
       const int n_vd = name == "shift" ? std::max(2, o.split) : o.split;
-      const plan::GroupPerf perf =
-          probe(n_vd, store.matrix_dtype() == model::DType::q8_0 && engine::ops::packed_kernels_available());
+      const bool packed_q8 = store.matrix_dtype() == model::DType::q8_0 && engine::ops::packed_kernels_available();
+      const plan::GroupPerf perf = probe(n_vd, packed_q8);
+      sim::CalibrationBounds bounds;
+      // The packed Q8_0 kernels hide the weights' reads behind their
+      // arithmetic: the fit may take compute and memory overlapped.
+      bounds.try_overlap = packed_q8;
+      bounds.resident_gb_s = resident_probe(
+          n_vd, plan::stage_compute_params(shape, plan::StageSpan{shape.n_layers, true, true}) * shape.bytes_per_param);
 
       // 2. Calibration: runs of the real engine on their own workload
       // (another seed each), offered --concurrency by the planner's constants.
@@ -751,12 +811,14 @@ int main(int argc, char** argv) {
       std::vector<CpuShare> cal_cpu(static_cast<std::size_t>(o.repeat)), eval_cpu(cal_cpu.size());
       auto calibration_round = [&](int round) {
         g_phase = "calibration";
-        run_real(store, make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000 + round, vocab),
+        run_real(store,
+                 make_workload(o, o.calibration_requests, o.concurrency / t1, o.seed + 1000 + round, vocab,
+                               model.hparams.n_ctx_train),
                  &samples, n_vd, &cal_cpu[static_cast<std::size_t>(round)]);
       };
       // The evaluation workload's rate is set by the first round's fit.
       calibration_round(0);
-      const double rate = o.concurrency / alone_s(sim::calibrate(shape, perf, samples));
+      const double rate = o.concurrency / alone_s(sim::fit_calibration(shape, perf, samples, bounds).calibration);
       const Workload w = trace ? trace_workload(o, *trace, o.requests, rate, o.seed, vocab, model.hparams.n_ctx_train)
                                : make_workload(o, o.requests, rate, o.seed, vocab);
       const auto topo = probe_topology(perf, n_vd);
@@ -785,11 +847,11 @@ int main(int argc, char** argv) {
                      name == "shift" ? "(service, not timed)" : std::to_string(ec.share()).substr(0, 4).c_str(),
                      load_average().c_str());
       }
-      const auto fit = sim::fit_calibration(shape, perf, samples);
+      const auto fit = sim::fit_calibration(shape, perf, samples, bounds);
       const auto& cal = fit.calibration;
       // The same steps fitted without the kernel-pass term (row tile 0):
       // its errors below, beside the full fit's, on the same measurements.
-      sim::CalibrationBounds no_pass;
+      sim::CalibrationBounds no_pass = bounds;
       no_pass.row_tiles = {0};
       const auto fit0 = sim::fit_calibration(shape, perf, samples, no_pass);
       std::cerr << name << ": calibration from " << samples.size() << " steps in " << o.repeat
@@ -797,7 +859,11 @@ int main(int argc, char** argv) {
                 << " % (row tile " << cal.row_tile << ", pass efficiency " << cal.pass_efficiency
                 << "; without the pass term " << fit0.rms_error * 100 << " %), at a bound: "
                 << sim::describe_bounds(fit.at_bound) << "; row tiles tried (rms relative to the prediction):";
-      for (const auto& tt : fit.tiles) std::cerr << " " << tt.row_tile << ": " << tt.rms * 100 << " %";
+      for (const auto& tt : fit.tiles)
+        std::cerr << " " << tt.row_tile << (tt.split_kv ? " (KV apart)" : "") << (tt.overlap ? " (overlap)" : "") << ": "
+                  << tt.rms * 100 << " %";
+      std::cerr << "; KV reads' efficiency " << (cal.kv_efficiency > 0 ? std::to_string(cal.kv_efficiency) : "the weights'")
+                << "; compute and memory " << (cal.overlap ? "overlapped" : "added");
       std::cerr << "\n";
       // The model's total over the measured total, on the steps it was fitted
       // to and on the evaluation runs' steps (held out; not for the service).
@@ -830,6 +896,26 @@ int main(int argc, char** argv) {
         }
         std::fprintf(stderr, "%s: evaluation decode steps, model/measured by rows (with / without the pass term):", name.c_str());
         for (const auto& [r, b] : by_rows) std::fprintf(stderr, " %d: %.3f/%.3f", r, b[0] / b[2], b[1] / b[2]);
+        std::fprintf(stderr, "\n");
+        // The held-out steps with a prefill chunk (more tokens than logits
+        // rows) by their attention pairs: long prompts' chunks are where
+        // the attention term weighs (azure-code's TPOT tail).
+        const std::array<double, 3> edges{5000, 20000, 1e300};
+        std::array<std::array<double, 3>, 3> by_pairs{};  // model, measured, steps
+        for (const auto& st : eval_steps) {
+          if (st.work.tokens <= st.work.logit_rows) continue;
+          const auto k = static_cast<std::size_t>(std::upper_bound(edges.begin(), edges.end(), st.work.attention_pairs) -
+                                                  edges.begin());
+          auto& b = by_pairs[std::min<std::size_t>(k, 2)];
+          b[0] += plan::step_time_s(shape, span, perf, st.work, cal);
+          b[1] += st.seconds;
+          b[2] += 1;
+        }
+        std::fprintf(stderr, "%s: evaluation steps with a prefill chunk, model/measured by attention pairs:", name.c_str());
+        const char* labels[3] = {"under 5000", "5000-20000", "over 20000"};
+        for (std::size_t k = 0; k < 3; ++k)
+          if (by_pairs[k][2] > 0)
+            std::fprintf(stderr, " %s: %.3f (%.0f steps)", labels[k], by_pairs[k][0] / by_pairs[k][1], by_pairs[k][2]);
         std::fprintf(stderr, "\n");
       }
       json::Json sweep;
