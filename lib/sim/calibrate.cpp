@@ -80,10 +80,13 @@ CalibrationFit fit_calibration(const plan::ModelShape& shape, const plan::GroupP
   // The coefficients are the overheads and the inverse efficiencies; their
   // ranges (a pass may cost nothing: its coefficient's lower bound is 0):
   const double max_memory = std::max(b.max_memory_efficiency, b.resident_gb_s / perf.gb_s);
+  // A pass re-reads weights from cache: where they fit in one (resident_gb_s
+  // measured above the triad), no slower than that cache reads them.
+  const double min_pass = std::max(b.min_pass_efficiency, b.resident_gb_s / perf.gb_s);
   const Vec lo{0, 1.0 / b.max_compute_efficiency, 1.0 / b.max_attention_efficiency, 1.0 / max_memory, 0, 0,
                1.0 / max_memory};
   const Vec hi{b.max_layer_overhead_s, 1.0 / b.min_compute_efficiency, 1.0 / b.min_attention_efficiency,
-               1.0 / b.min_memory_efficiency, b.max_row_overhead_s, 1.0 / b.min_pass_efficiency,
+               1.0 / b.min_memory_efficiency, b.max_row_overhead_s, 1.0 / min_pass,
                1.0 / b.min_kv_efficiency};
   std::vector<const StepSample*> used;
   std::vector<double> t;

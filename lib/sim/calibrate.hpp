@@ -39,9 +39,12 @@ struct CalibrationBounds {
   double max_layer_overhead_s = 0.01;  ///< per layer per forward
   double max_row_overhead_s = 0.1;     ///< per logits row
   /// A kernel pass re-reads weights the first pass brought into cache: not
-  /// slower than the triad reads memory. (At 0.1 the fit of stories260K's
-  /// steps on a loaded VM took row tile 2 at 0.16, the disturbed steps'
-  /// noise, and its held-out error rose from 102 to 124 %.)
+  /// slower than the triad reads memory, nor, where resident_gb_s is
+  /// measured above the triad, than that (at least resident_gb_s / gb_s).
+  /// (At 0.1 the fit of stories260K's steps on a loaded VM took row tile 2
+  /// at 0.16, the disturbed steps' noise, and its held-out error rose from
+  /// 102 to 124 %; held at 1 with its 1 MB of weights in cache, a quiet
+  /// run's fit took tile 2 at 1 and ran its queued TTFT 14-17 % slow.)
   double min_pass_efficiency = 1.0;
   /// The row tiles tried (plan::Calibration::row_tile; 0: no pass term).
   /// 1 is left out: its passes are the rows, the GEMM term's regressor.
