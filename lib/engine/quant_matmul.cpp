@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -682,6 +683,25 @@ FTP_AVX512 void q6_k_512(const Q8KInts& a, const std::int8_t* xp, int u0, int k,
     for (int u = 0; u < T; ++u) out[static_cast<std::ptrdiff_t>(u) * ldo + r] = hsum(acc[r][u]);
 }
 
+/// The first 16-bit word at `offset` of each of the R rows, in words 0..R-1
+/// (the rest 0). _mm_insert_epi16 takes its word index as a constant: the
+/// index sequence unrolls the R inserts (a loop counter is one only for GCC
+/// after unrolling; clang refuses it). Stores and one 128-bit load instead
+/// would stall on store forwarding.
+template <int R>
+inline __m128i block_halves(const std::uint8_t* const* rows, std::ptrdiff_t offset) {
+  __m128i h = _mm_setzero_si128();
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((h = _mm_insert_epi16(h, [&] {
+        std::uint16_t v;
+        std::memcpy(&v, rows[I] + offset, 2);
+        return static_cast<short>(v);
+      }(), I)),
+     ...);
+  }(std::make_integer_sequence<int, R>{});
+  return h;
+}
+
 /// q4_0_int with AVX-512 VL and VNNI: the nibbles unsigned (0..15, a
 /// broadcast load of the 16 bytes shifted by 0 and 4 per 64-bit lane) into
 /// dpbusd with the activations' int8 quants, the accumulator started at
@@ -702,12 +722,7 @@ FTP_AVX512 void q4_0_vl(const std::int8_t* xq, const float* xd, const std::int32
   for (int b = 0; b < nb; ++b) {
     // The R rows' scales d_w x d_x, each the product q4_0_int forms in its
     // lanes: one conversion of the R halves and one multiply per token.
-    __m128i h4 = _mm_setzero_si128();
-    for (int r = 0; r < R; ++r) {
-      std::uint16_t h;
-      std::memcpy(&h, rows[r] + static_cast<std::ptrdiff_t>(b) * 18, 2);
-      h4 = _mm_insert_epi16(h4, static_cast<short>(h), r);
-    }
+    const __m128i h4 = block_halves<R>(rows, static_cast<std::ptrdiff_t>(b) * 18);
     const __m256 dw4 = _mm256_castps128_ps256(_mm_cvtph_ps(h4));
     __m256 dd[T];
     for (int u = 0; u < T; ++u) dd[u] = _mm256_mul_ps(dw4, _mm256_set1_ps(xd[static_cast<std::ptrdiff_t>(u) * nb + b]));
