@@ -55,11 +55,14 @@ check "drain under full load: one greedy text for every request ($(j .distinct_t
 check "drain under full load: it begins with llama.cpp's golden text" bash -c '[[ "$1" == "$2"* ]]' _ "$(j .text)" "$golden"
 check "metrics: flextp:requests_moved_total ($metric)" test "${metric:-0}" = "$moved"
 
-# SIGTERM with requests that cannot finish within --drain-timeout-ms (100):
+# SIGTERM with requests that cannot finish within --drain-timeout-ms (20):
 # a stream's choice ends with finish_reason "error", an error event and
 # [DONE]; a whole answer gets 500; the daemon exits 0 within the timeout + 1 s.
+# Each asks 480 tokens, ~160 ms at stories260K's ~0.33 ms a token (the
+# F16C widening of the KV pages made the steps fast enough that, with a
+# timeout of 100 ms, both could finish in time).
 start_daemon_with "$serve" "$tmp/serve2.log" -m "$m" --gears "$src/examples/gears/stories260K-cpu.json" \
-  --drain-timeout-ms 100 --max-running 2
+  --drain-timeout-ms 20 --max-running 2
 long='{"prompt":"Zoo","max_tokens":480,"temperature":0,"ignore_eos":true'
 curl -sN "http://127.0.0.1:$port/v1/completions" -H "Content-Type: application/json" -d "$long,\"stream\":true}" >"$tmp/stream" &
 s1=$!
