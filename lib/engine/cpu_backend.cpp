@@ -95,10 +95,12 @@ class CpuRank final : public RankBackend {
   }
   void matmul(const float* x, const MatView& w, float* out, int rows) override {
     if (!packed_) return split_matmul(pool_, x, w, nullptr, out, rows);
-    // The store's huge-page copy of a quantized matrix: the same bytes.
+    // A matrix is packed (Q8_0) or copied onto huge pages (the other
+    // quantized types, the same bytes), never both: one lookup for Q8_0.
+    if (const PackedQ8* p = packed_->find(w.t)) return split_matmul(pool_, x, w, p, out, rows);
     MatView v = w;
     if (const model::TensorView* c = packed_->copy_of(w.t)) v.t = c;
-    split_matmul(pool_, x, v, packed_->find(w.t), out, rows);
+    split_matmul(pool_, x, v, nullptr, out, rows);
   }
   void add_bias(float* x, const VecView& b) override {
     const float* bias = b.data();
