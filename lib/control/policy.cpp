@@ -590,11 +590,13 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   // safe capacity, or, higher, the load at which the next smaller gear
   // would run at down_fit x its own safe capacity (the band then follows
   // the ladder's spacing: hysteresis against that gear's up_threshold).
+  // The gears without a lost device, by safe capacity: the ladder every
+  // rule below walks (the capacities were refreshed above).
+  const std::vector<int> ranked = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
   double down_line = gs.down_threshold * safe;
   if (gs.down_fit > 0) {
-    const std::vector<int> ranked_now = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
-    const auto at = std::find(ranked_now.begin(), ranked_now.end(), cur);
-    if (at != ranked_now.end() && at != ranked_now.begin()) {
+    const auto at = std::find(ranked.begin(), ranked.end(), cur);
+    if (at != ranked.end() && at != ranked.begin()) {
       const std::string& smaller = table_.gears[static_cast<std::size_t>(*(at - 1))].name;
       const double per_rps_here = load_on(o.gear, 1.0), per_rps_there = load_on(smaller, 1.0);
       if (per_rps_there > 0)
@@ -669,7 +671,7 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
   // lost devices that holds the forecast (the largest of them when none).
   if (const std::string lost = lost_device_of(table_.gears[static_cast<std::size_t>(cur)], o); !lost.empty()) {
     rollback_.stop();
-    const std::vector<int> usable = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
+    const std::vector<int>& usable = ranked;
     if (usable.empty())
       return hold(o, name(), o.gear + " uses lost device " + lost + ", and every other gear uses a lost device too", sig);
     const int target = target_for(forecast, usable);
@@ -792,7 +794,6 @@ doc::Decision GearShifter::observe(const doc::Observation& o) {
     if (latency_driven || urgent) agree = std::max(agree, gs.min_agreeing_signals);
   }
   // Gears with a lost device are no target.
-  const std::vector<int> ranked = by_safe_capacity(without_lost(ladder_, table_, o), table_, capacity_);
   if (ranked.empty()) return hold(o, name(), "every normal gear uses a lost device", sig);
   // Up and down by safe capacity, not by place in the table.
   auto rank = [&](int i) { return static_cast<int>(std::find(ranked.begin(), ranked.end(), i) - ranked.begin()); };
