@@ -13,7 +13,7 @@
 # its 960 000 requests take about a minute a run on the engine model here).
 #
 #   examples/scenarios/run.sh [OUT_DIR]     (default examples/scenarios/results)
-#   FTP_SCENARIOS="c" examples/scenarios/run.sh    (only the sections named: a, b, c, h; h needs c)
+#   FTP_SCENARIOS="c" examples/scenarios/run.sh    (only the sections named: a, b, c, h, f; h and f need c)
 #
 # Needs a build (FTP_BUILD, default build/: ftp-probe, ftp-plan), jq, gnuplot
 # for the plots (skipped with a message without it), and for (b3) the Azure
@@ -92,8 +92,8 @@ load() {
   echo | tee -a "$md"
 }
 
-# want X: section X is asked for (FTP_SCENARIOS, default all: "a b c").
-want() { case " ${FTP_SCENARIOS:-a b c h} " in *" $1 "*) return 0 ;; esac; return 1; }
+# want X: section X is asked for (FTP_SCENARIOS, default all: "a b c h f").
+want() { case " ${FTP_SCENARIOS:-a b c h f} " in *" $1 "*) return 0 ;; esac; return 1; }
 # The A100 node's topology: (a) and (c) run on it.
 "$probe" --cluster "$root/examples/clusters/a100-8x-nvlink.json" --json=short >"$out/a100.topo.json"
 
@@ -243,9 +243,12 @@ goal_table() {
   } | tee -a "$md"
 }
 
-# goal PREFIX TITLE SIMULATE-ARGS...: every policy of (c) on the same traffic, then its table.
+# goal PREFIX TITLE SIMULATE-ARGS...: every policy of (c) on the same traffic, then its table;
+# the traffic's arguments are kept in goal_args[PREFIX] for (f).
+declare -A goal_args
 goal() {
   local prefix=$1 title=$2 p n; shift 2
+  goal_args[$prefix]=$(printf '%q ' "$@")
   for p in $c_policies; do
     n=$(echo "$p" | sed -e 's,^static:,static-,' -e 's,^dynamic-tp:.*,tp-planner,' -e 's,^gear-shifter:.*/c-\(.*\)\.json,gear-shifter-\1,')
     case $p in static:*) start=() ;; *) start=(--start-gear tp4) ;; esac
@@ -297,6 +300,59 @@ if want h; then
       echo "run.sh: skip (h) $key: $f not found (set FTP_TEST_DATA)" | tee -a "$md" >&2
     fi
   done
+fi
+
+# Forecasts: can a causal forecast of the load move the gear shifter past the reactive bound on
+# the code trace (issue 18)? forecast-bound.py replays forecasters over the static gears' runs
+# one second apart; then the gear shifter with its own forecast rules set to look ahead, on the
+# engine model. The code traces of (c) and (h) and the bursty curves, which must not regress.
+if want f; then
+  echo "## (f) forecasts" | tee -a "$md"
+  echo | tee -a "$md"
+  echo '{"kind":"ftp.policy/v1","predictor":{"alpha":0.5,"alpha_period_s":1,"horizon_s":5}}' >"$out/f-holt-5s.json"
+  echo '{"kind":"ftp.policy/v1","predictor":{"alpha":0.5,"alpha_period_s":1,"horizon_s":5},"gear_shifter":{"up_threshold":0.6,"down_fit":0.5}}' \
+    >"$out/f-holt-5s-up-0.6.json"
+  echo '{"kind":"ftp.policy/v1","gear_shifter":{"urgent_backlog_s":0.5,"backlog_drive_s":0.5}}' >"$out/f-urgent-0.5s.json"
+  echo '{"kind":"ftp.policy/v1","gear_shifter":{"backlog_lead_s":2,"down_peak_window_s":120,"min_dwell_s":120}}' >"$out/f-lead-2s-hold-120s.json"
+  f_policies="gear-shifter gear-shifter:$out/c-backlog-lead.json"
+  for a in holt-5s holt-5s-up-0.6 urgent-0.5s lead-2s-hold-120s; do f_policies+=" gear-shifter:$out/f-$a.json"; done
+  f_prefixes=()
+  for prefix in c-code h-code-x1.25 h-code-late c-bursty h-bursty-seed11; do
+    [ -n "${goal_args[$prefix]:-}" ] || { echo "run.sh: skip (f) $prefix: not replayed in (c) or (h)" | tee -a "$md" >&2; continue; }
+    f_prefixes+=("$prefix")
+    eval "args=(${goal_args[$prefix]})"
+    common=(--gears "$out/c-gears.json" --topology "$out/a100.topo.json" --model "$out/llama-3.1-8b-128k.json" "${args[@]}")
+    for g in $(jq -r '.gears[].name' "$out/c-gears.json"); do
+      "$plan" simulate "${common[@]}" --policy "static:$g" --interval 1 \
+        --summary "$out/$prefix.1s-static-$g.summary.json" >"$out/$prefix.1s-static-$g.jsonl"
+    done
+    for p in $f_policies; do
+      [ "$p" = gear-shifter ] && continue  # run in (c) or (h)
+      n=$(echo "$p" | sed -e 's,^gear-shifter:.*/\([cf]\)-\(.*\)\.json,gear-shifter-\1-\2,')
+      "$plan" simulate "${common[@]}" --policy "$p" --start-gear tp4 --summary "$out/$prefix-$n.summary.json" >"$out/$prefix-$n.jsonl"
+    done
+  done
+  if [ ${#f_prefixes[@]} -gt 0 ]; then
+    python3 "$here/forecast-bound.py" "$out/c-gears.json" "$out" "${f_prefixes[@]}" | tee -a "$md"
+    {
+      echo
+      echo "The gear shifter with its forecast rules looking ahead, on the engine model (SLA attainment at the share of the best static gear's GPU-hours):"
+      echo
+      echo "| policy |$(printf ' %s |' "${f_prefixes[@]}")"
+      echo "|---|$(printf -- '---|%.0s' "${f_prefixes[@]}")"
+      for p in $f_policies; do
+        n=$(echo "$p" | sed -e 's,^gear-shifter:.*/\([cf]\)-\(.*\)\.json,gear-shifter-\1-\2,')
+        row="| $(basename "$p" .json) |"
+        for prefix in "${f_prefixes[@]}"; do
+          row+=$(jq -r -s '(.[1:] | map(select(.policy | startswith("static:"))) | sort_by(-.sla_attainment, .gpu_hours) | .[0]) as $b
+            | " \(.[0].sla_attainment) at \(.[0].gpu_hours / $b.gpu_hours * 100 | round) % |"' \
+            "$out/$prefix-$n.summary.json" "$out/$prefix"-static-*.summary.json)
+        done
+        echo "$row"
+      done
+      echo
+    } | tee -a "$md"
+  fi
 fi
 fi
 echo "run.sh: results in $out (results.md, *.summary.json, *.jsonl$([ "$plots" = 1 ] && echo ", *.svg"))" >&2

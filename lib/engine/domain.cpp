@@ -166,7 +166,9 @@ void Domain::submit(GenerationRequest r) {
     // Nothing to share (a prompt within one page): n sequences from the start.
     for (int c = 0; c < n; ++c) incoming_.push_back(std::make_unique<Seq>(r, arrival, c));
   }
-  n_waiting_ += static_cast<int>(1 + (n > 1 && shared == 0 ? n - 1 : 0));
+  const int seqs = 1 + (n > 1 && shared == 0 ? n - 1 : 0);
+  n_waiting_ += seqs;
+  n_queued_prompt_ += static_cast<std::int64_t>(seqs) * incoming_.back()->prompt_size;
 }
 
 void Domain::fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out) {
@@ -203,6 +205,27 @@ int Domain::running() const {
 int Domain::waiting() const {
   std::lock_guard lk(mu_);
   return n_waiting_;
+}
+
+std::int64_t Domain::queued_prompt_tokens() const {
+  std::lock_guard lk(mu_);
+  return n_queued_prompt_;
+}
+
+std::int64_t Domain::to_prefill() const {
+  std::int64_t n = 0;
+  for (const auto& w : waiting_) n += w->pending();
+  // A running sequence with more than one token pending is still in
+  // prefill (a decode feeds one).
+  for (const auto& r : running_)
+    if (r->pending() > 1) n += r->pending();
+  return n;
+}
+
+std::int64_t Domain::incoming_to_prefill() const {
+  std::int64_t n = 0;
+  for (const auto& w : incoming_) n += w->pending();
+  return n;
 }
 
 double Domain::kv_usage() const {
@@ -563,10 +586,12 @@ int Domain::step() {
       admitted = true;
     }
   }
+  const std::int64_t queued = plan.empty() ? to_prefill() : 0;  // else after the step
   {
     std::lock_guard lk(mu_);
     n_running_ = static_cast<int>(running_.size());
     n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
+    if (plan.empty()) n_queued_prompt_ = queued + incoming_to_prefill();
   }
   if (plan.empty()) return 0;
 
@@ -728,8 +753,10 @@ int Domain::step() {
   }
   // Forked choices wait first in line: their prompt is (almost) computed.
   for (auto it = forked.rbegin(); it != forked.rend(); ++it) waiting_.push_front(std::move(*it));
+  const std::int64_t left = to_prefill();
   {
     std::lock_guard lk(mu_);
+    n_queued_prompt_ = left + incoming_to_prefill();
     ++stats_.steps;
     stats_.prompt_tokens += prompt_tokens;
     stats_.generated_tokens += generated;

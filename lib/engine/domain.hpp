@@ -217,6 +217,11 @@ class Domain {
   bool idle() const;
   int running() const;
   int waiting() const;
+  /// Tokens still to prefill (prompts, and a preempted sequence's tokens to
+  /// recompute) of the waiting sequences and the running ones not yet at
+  /// their first token, as of the end of the last step (submits since
+  /// counted): the queue's token backlog the gear shifter weighs.
+  std::int64_t queued_prompt_tokens() const;
   /// KV pages in use / all pages.
   double kv_usage() const;
   DomainStats stats() const;
@@ -244,6 +249,10 @@ class Domain {
   /// Whether a row of `s` needs the logits on the host (top-k, penalties,
   /// min_tokens masking, prompt log-probabilities).
   bool host_samples(const Seq& s) const;
+  /// Tokens still to prefill of waiting_ and running_ (the step thread's).
+  std::int64_t to_prefill() const;
+  /// The same of incoming_ (under mu_).
+  std::int64_t incoming_to_prefill() const;
   /// Preempts running_[i] (its pages back, recomputed later), returns it to waiting.
   void preempt_at(std::size_t i);
   /// The index in running_ of the sequence to preempt among running_[from..]:
@@ -270,6 +279,7 @@ class Domain {
   std::uint64_t arrivals_ = 0;
   DomainStats stats_;
   int n_running_ = 0, n_waiting_ = 0;
+  std::int64_t n_queued_prompt_ = 0;  // queued_prompt_tokens (under mu_)
   int cap_ = 0, cap_steps_ = 0;  // slow start
 };
 

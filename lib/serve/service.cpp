@@ -775,6 +775,7 @@ std::vector<DomainSample> Service::samples() const {
     s.bubble_ratio = d->bubble_ratio();
     s.busy_s = d->busy_s();
     s.preemptions = d->domain().stats().preemptions;
+    s.queued_prompt_tokens = static_cast<double>(d->domain().queued_prompt_tokens());
     out.push_back(std::move(s));
   }
   return out;

@@ -210,6 +210,7 @@ doc::Observation Telemetry::observe(std::int64_t t_ms, const std::string& gear, 
   o.e2e_ms = {e2e_.percentile(50, t_ms - 30000), e2e_.percentile(99, t_ms - 30000)};
   for (const auto& d : domains) {
     o.queue_depth += d.view.waiting;
+    o.queued_prompt_tokens += d.queued_prompt_tokens;
     o.kv_watermark = std::max(o.kv_watermark, d.kv_usage);
     o.bubble_ratio = std::max(o.bubble_ratio, d.bubble_ratio);
     o.domains.push_back(d.view);

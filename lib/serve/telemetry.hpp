@@ -27,6 +27,7 @@ struct DomainSample {
   double bubble_ratio = 0;  ///< DomainRunner::bubble_ratio
   double busy_s = 0;        ///< seconds its thread has stepped, since it started
   std::uint64_t preemptions = 0;  ///< engine::DomainStats::preemptions so far
+  double queued_prompt_tokens = 0;  ///< engine::Domain::queued_prompt_tokens, tokens
 };
 
 /// What the exposition reads of the service besides the domains.

@@ -175,6 +175,38 @@ TEST(FairScheduling, RequestsWithoutAGroupAreEachTheirOwn) {
 
 }  // namespace
 
+// The queue's token backlog (what the gear shifter weighs against a gear's
+// prefill): tokens to prefill of the waiting and the prefilling sequences,
+// none of the decoding ones. max_batched_tokens 24: a 20-token prompt
+// prefills in one step, two do not fit one step.
+TEST(DomainQueuedPromptTokens, CountsWhatIsLeftToPrefill) {
+  DomainConfig c;
+  c.kv_blocks = 64;
+  c.block_tokens = 16;
+  c.max_batched_tokens = 24;
+  c.max_running = 4;
+  Domain d(hparams(), c, [](const DomainConfig&) { return std::make_unique<CountingEngine>(hparams()); });
+  auto req = [&](const std::string& id) {
+    GenerationRequest r;
+    r.id = id;
+    r.prompt.assign(20, 3);
+    r.max_tokens = 5;
+    r.on_event = [](const GenerationEvent&) {};
+    return r;
+  };
+  EXPECT_EQ(d.queued_prompt_tokens(), 0);
+  d.submit(req("a"));
+  d.submit(req("b"));
+  d.submit(req("c"));
+  EXPECT_EQ(d.queued_prompt_tokens(), 60) << "submitted, not yet stepped";
+  d.step();  // a prefills (20 tokens), b its first 4
+  EXPECT_EQ(d.queued_prompt_tokens(), 16 + 20);
+  d.step();  // a decodes, b's 16 and 7 of c's
+  EXPECT_EQ(d.queued_prompt_tokens(), 13);
+  for (int i = 0; i < 50 && !d.idle(); ++i) d.step();
+  EXPECT_EQ(d.queued_prompt_tokens(), 0);
+}
+
 // Issue 20, a drain under full load: a draining domain gives back what has
 // not started (Domain::withdraw_unstarted) and finishes only what it has
 // begun. max_running 2: two requests run, the rest wait; the waiting ones

@@ -60,8 +60,11 @@ TEST(Telemetry, ObservationSumsDomainsAndMetricsNameStatesAndOutcomes) {
   doms[1].view.devices = {"vd0", "vd1"};
   doms[1].kv_usage = 0.5;
   doms[1].bubble_ratio = 0.3;
+  doms[0].queued_prompt_tokens = 300;
+  doms[1].queued_prompt_tokens = 45;
   auto o = t.observe(1000, "standard", true, doms);
   EXPECT_EQ(o.queue_depth, 5);
+  EXPECT_EQ(o.queued_prompt_tokens, 345) << "the token backlog of every domain";
   EXPECT_EQ(o.kv_watermark, 0.5);
   EXPECT_EQ(o.bubble_ratio, 0.3);
   EXPECT_TRUE(o.shifting);

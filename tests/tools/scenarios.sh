@@ -101,4 +101,14 @@ check "(c) bursty: the gear shifter meets the goal against the best static gear 
   jq -e --slurpfile t8 "$(s c-bursty-static-tp8)" --slurpfile t4 "$(s c-bursty-static-tp4)" \
     '$t8[0].sla_attainment >= $t4[0].sla_attainment and .sla_attainment >= $t8[0].sla_attainment - 0.01 and .gpu_hours <= 0.6 * $t8[0].gpu_hours' \
     "$(s c-bursty-gear-shifter)"
+if [ -s "$(s c-code-gear-shifter)" ]; then
+  f_rows() { sed -n '/^## (f)/,$p' "$tmp/results.md" | grep "^| $1 | [0-9.]* | $2 |"; }
+  check "(f) results.md: a row per family for the code trace" test "$(f_rows c-code '[a-z0-9 -]*' | wc -l)" -eq 9
+  check "(f) code: no causal forecaster meets the goal" \
+    test "$(f_rows c-code '\(reactive\|ewma\|holt\|roc\|backlog-lead\|reserve\)' | grep -c '| no |$')" -eq 6
+  check "(f) code: the prompt tokens known 5 s ahead meet it" bash -c "$(declare -f f_rows); tmp=$tmp; f_rows c-code 'foresight 5 s' | grep -q '| yes |$'"
+  check "(f) bursty: the reactive floor meets the goal" bash -c "$(declare -f f_rows); tmp=$tmp; f_rows c-bursty reactive | grep -q '| yes |$'"
+  check "(f) the gear shifter's look-ahead settings ran on the engine model" \
+    jq -e '.service == "simulated-engine" and (.policy | startswith("gear-shifter:"))' "$(s c-code-gear-shifter-f-holt-5s)"
+fi
 finish
