@@ -47,16 +47,20 @@ struct Domain::Seq {
   std::vector<int> tokens;   // prompt + generated: everything whose KV is wanted
   std::vector<int> blocks;
   std::vector<int> output;
-  std::string group;         // req.group, or its id
+  int group = 0;             // the id (Domain::groups_) of req.group, or of its id when empty
 
   GenerationRequest req;
   Sampler sampler;
   std::vector<TokenLogprobs> prompt_lp;  // with req.prompt_logprobs: entry j for prompt token j + 1
 
-  Seq(GenerationRequest r, std::uint64_t a, int c = 0)
-      : choice(c), arrival(a), req(std::move(r)), sampler(choice_params(req.sampling, c)) {
+  Seq(GenerationRequest r, std::uint64_t a, int group_id, int c = 0)
+      : choice(c), arrival(a), group(group_id), req(std::move(r)), sampler(choice_params(req.sampling, c)) {
+    // Room for the output up front (up to a bound): growing the vectors
+    // token by token reallocated and copied each sequence's prompt.
+    const auto out = static_cast<std::size_t>(std::clamp(req.max_tokens, 0, kReserveOutput));
+    tokens.reserve(req.prompt.size() + out);
     tokens = req.prompt;
-    group = req.group.empty() ? req.id : req.group;
+    output.reserve(out);
     prompt_size = static_cast<int>(req.prompt.size());
     min_tokens = req.min_tokens;
     max_tokens = req.max_tokens;
@@ -80,6 +84,10 @@ struct Domain::Seq {
   int pending() const { return static_cast<int>(tokens.size()) - computed; }
   /// A prompt position whose logits give the next prompt token's log-probability.
   bool prompt_row() const { return prompt_logprobs && !prompt_lp_sent && computed + 1 < prompt_size; }
+  /// Output tokens a sequence has room for from the start, at most.
+  static constexpr int kReserveOutput = 4096;
+  /// The group a request's sequences belong to: its own id when it names none.
+  static const std::string& group_name(const GenerationRequest& r) { return r.group.empty() ? r.id : r.group; }
   static SamplingParams choice_params(SamplingParams p, int c) {
     p.seed += static_cast<std::uint64_t>(c);  // wraps mod 2^64
     return p;
@@ -158,13 +166,17 @@ void Domain::submit(GenerationRequest r) {
   const std::uint64_t arrival = arrivals_++;
   if (n > 1 && shared > 0) {
     // Choice 0 computes the shared pages; the others fork from it then.
-    auto first = std::make_unique<Seq>(std::move(r), arrival);
+    const int g = groups_.acquire(Seq::group_name(r));
+    auto first = std::make_unique<Seq>(std::move(r), arrival, g);
     first->forks_left = n - 1;
     first->shared_tokens = shared;
     incoming_.push_back(std::move(first));
+  } else if (n == 1) {
+    const int g = groups_.acquire(Seq::group_name(r));
+    incoming_.push_back(std::make_unique<Seq>(std::move(r), arrival, g));
   } else {
     // Nothing to share (a prompt within one page): n sequences from the start.
-    for (int c = 0; c < n; ++c) incoming_.push_back(std::make_unique<Seq>(r, arrival, c));
+    for (int c = 0; c < n; ++c) incoming_.push_back(std::make_unique<Seq>(r, arrival, groups_.acquire(Seq::group_name(r)), c));
   }
   n_waiting_ += static_cast<int>(1 + (n > 1 && shared == 0 ? n - 1 : 0));
 }
@@ -172,7 +184,12 @@ void Domain::submit(GenerationRequest r) {
 void Domain::fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out) {
   const int pages = s.shared_tokens / cfg_.block_tokens;
   for (int c = 1; c <= s.forks_left; ++c) {
-    auto child = std::make_unique<Seq>(s.req, s.arrival, c);
+    int g;
+    {
+      std::lock_guard lk(mu_);
+      g = groups_.acquire(Seq::group_name(s.req));
+    }
+    auto child = std::make_unique<Seq>(s.req, s.arrival, g, c);
     child->computed = s.shared_tokens;
     child->blocks.assign(s.blocks.begin(), s.blocks.begin() + pages);
     for (int b : child->blocks) blocks_.share(b);
@@ -215,34 +232,43 @@ DomainStats Domain::stats() const {
 }
 
 bool Domain::ensure_blocks(Seq& s, int upto_tokens) {
-  int need = kv_pages(upto_tokens, cfg_.block_tokens);
-  while (static_cast<int>(s.blocks.size()) < need) {
-    int b = blocks_.allocate();
-    if (b < 0) return false;
-    s.blocks.push_back(b);
-  }
-  return true;
+  // Those it can get are kept when the pages run out (as one by one).
+  const int need = kv_pages(upto_tokens, cfg_.block_tokens) - static_cast<int>(s.blocks.size());
+  return need <= 0 || blocks_.allocate(need, s.blocks) == need;
 }
 
 void Domain::release(Seq& s) {
-  for (int b : s.blocks) blocks_.free(b);
+  blocks_.free(s.blocks);
   s.blocks.clear();
 }
 
-std::unordered_map<std::string, int> Domain::running_per_group() const {
-  std::unordered_map<std::string, int> n;
-  for (const auto& s : running_) ++n[s->group];
-  return n;
+void Domain::running_per_group(std::vector<int>& n) const {
+  n.assign(static_cast<std::size_t>(group_bound_), 0);
+  for (const auto& s : running_) ++n[static_cast<std::size_t>(s->group)];
 }
 
-std::size_t Domain::victim(std::size_t from) const {
+void Domain::new_marks() {
+  if (marks_.size() < static_cast<std::size_t>(group_bound_)) marks_.resize(static_cast<std::size_t>(group_bound_), 0);
+  ++stamp_;
+}
+
+bool Domain::mark(int g) {
+  auto& m = marks_[static_cast<std::size_t>(g)];
+  if (m == stamp_) return false;
+  m = stamp_;
+  return true;
+}
+
+std::size_t Domain::victim(std::size_t from) {
   // The newest sequence of the group that runs the most: with one sequence
   // per group, the newest of all. It gives its pages back and waits to be
   // recomputed (prompt + output so far); it is never dropped.
-  const auto per_group = running_per_group();
+  std::vector<int>& per_group = victim_count_;
+  running_per_group(per_group);
   std::size_t best = from;
   for (std::size_t j = from + 1; j < running_.size(); ++j) {
-    const int nj = per_group.at(running_[j]->group), nb = per_group.at(running_[best]->group);
+    const int nj = per_group[static_cast<std::size_t>(running_[j]->group)],
+              nb = per_group[static_cast<std::size_t>(running_[best]->group)];
     if (nj > nb || (nj == nb && running_[j]->arrival > running_[best]->arrival)) best = j;
   }
   return best;
@@ -281,6 +307,7 @@ void Domain::finish(Seq& s, FinishReason reason, const std::string& error, Event
   }
   s.forks_left = 0;
   std::lock_guard lk(mu_);
+  groups_.release(s.group);  // the sequence ends: it is never scheduled again
   if (reason == FinishReason::error)
     stats_.failed += static_cast<std::uint64_t>(ends);
   else if (reason != FinishReason::withdrawn)
@@ -402,6 +429,7 @@ int Domain::step() {
       waiting_.push_back(std::move(incoming_.front()));
       incoming_.pop_front();
     }
+    group_bound_ = groups_.bound();
   }
   if (!cancel.empty() || !abort.empty()) {
     // Cancelled (or, after abort_all, all) requests leave before the plan:
@@ -454,19 +482,20 @@ int Domain::step() {
     }
   }
   int budget = cfg_.max_batched_tokens;
-  std::vector<std::pair<Seq*, int>> plan;  // sequence, tokens this step
+  std::vector<std::pair<Seq*, int>>& plan = plan_;  // sequence, tokens this step
+  plan.clear();
 
   // 0. Fairness: while several groups have work, one holds at most `cap`
   // of the batch. A waiting group with nothing running gets a place from
   // the group over its cap that runs the most (its newest sequence).
   bool several_groups = false;
   {
-    const std::string* first = nullptr;
+    int first = -1;
     auto look = [&](const auto& seqs) {
       for (const auto& s : seqs) {
-        if (!first) {
-          first = &s->group;
-        } else if (s->group != *first) {
+        if (first < 0) {
+          first = s->group;
+        } else if (s->group != first) {
           several_groups = true;
           return;
         }
@@ -478,15 +507,17 @@ int Domain::step() {
   const int cap = several_groups
                       ? std::max(1, static_cast<int>(cfg_.max_group_share * max_running))
                       : max_running;
-  auto per_group = running_per_group();
+  std::vector<int>& per_group = per_group_;  // running sequences per group id
+  running_per_group(per_group);
+  auto count = [&](int g) -> int& { return per_group[static_cast<std::size_t>(g)]; };
   {
     // The first waiting sequence of each group with nothing running wants
     // a slot and the pages of its first chunk. (Collected first: a
     // preemption pushes onto waiting_.)
-    std::unordered_set<std::string> seen;
+    new_marks();
     std::vector<const Seq*> starved;
     for (const auto& w : waiting_)
-      if (!per_group.count(w->group) && seen.insert(w->group).second) starved.push_back(w.get());
+      if (count(w->group) == 0 && mark(w->group)) starved.push_back(w.get());
     // Once the victim's group is within its cap nothing changes, and every
     // later starved group would find the same victim: one look, not one per
     // waiting group (an overloaded daemon has thousands).
@@ -496,11 +527,11 @@ int Domain::step() {
       while (!running_.empty() &&
              (static_cast<int>(running_.size()) >= max_running || blocks_.free_blocks() < need)) {
         const std::size_t v = victim(0);
-        if (per_group[running_[v]->group] <= cap) {
+        if (count(running_[v]->group) <= cap) {
           settled = true;
           break;
         }
-        --per_group[running_[v]->group];
+        --count(running_[v]->group);
         preempt_at(v);
       }
     }
@@ -508,10 +539,15 @@ int Domain::step() {
 
   // 1. Running sequences: decodes (one token) first, then prefill chunks,
   // oldest first within each.
-  std::sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
+  auto before = [](const auto& a, const auto& b) {
     const bool da = a->pending() <= 1, db = b->pending() <= 1;
     return da != db ? da : a->arrival < b->arrival;
-  });
+  };
+  // Usually in order already: a batch strictly in order is the one order
+  // the sort can give, so it is left as it is.
+  if (std::adjacent_find(running_.begin(), running_.end(), [&](const auto& a, const auto& b) { return !before(a, b); }) !=
+      running_.end())
+    std::sort(running_.begin(), running_.end(), before);
   for (std::size_t i = 0; i < running_.size() && budget > 0;) {
     Seq& s = *running_[i];
     int n = std::min(s.pending(), budget);
@@ -534,19 +570,19 @@ int Domain::step() {
   }
   // 2. Admit waiting sequences while pages and budget last: round robin
   // across groups (each group's own in arrival order), a group under `cap`.
-  per_group = running_per_group();
+  running_per_group(per_group);
   bool out_of_pages = false;
   for (bool admitted = true; admitted && !out_of_pages;) {
     admitted = false;
-    std::unordered_set<std::string> turn;  // groups that had their turn in this round
+    new_marks();  // a mark: the group had its turn in this round
     for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 &&
                                      static_cast<int>(running_.size()) < max_running;) {
       Seq& s = **it;
-      if (turn.count(s.group) || per_group[s.group] >= cap) {
+      if (marks_[static_cast<std::size_t>(s.group)] == stamp_ || count(s.group) >= cap) {
         ++it;
         continue;
       }
-      turn.insert(s.group);
+      mark(s.group);
       int n = std::min(s.pending(), budget);
       if (s.prompt_row()) n = std::min(n, 1);  // each prompt position's logits
       if (!ensure_blocks(s, s.computed + n)) {
@@ -556,7 +592,7 @@ int Domain::step() {
       }
       plan.emplace_back(&s, n);
       budget -= n;
-      ++per_group[s.group];
+      ++count(s.group);
       if (s.req.on_scheduled) std::exchange(s.req.on_scheduled, nullptr)();
       running_.push_back(std::move(*it));
       it = waiting_.erase(it);
@@ -582,7 +618,8 @@ int Domain::step() {
       spare_tokens_.pop_back();
     }
   }
-  std::vector<char> prompt_row(plan.size(), 0);  // logits for a prompt token's log-probability, not a choice
+  std::vector<char>& prompt_row = prompt_row_;  // logits for a prompt token's log-probability, not a choice
+  prompt_row.assign(plan.size(), 0);
   int computed_tokens = 0;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     auto [s, n] = plan[i];
@@ -597,8 +634,10 @@ int Domain::step() {
   std::vector<std::unique_ptr<Seq>> forked;
 
   EventList events;
+  events.swap(spare_events_);
   events.reserve(plan.size() + 1);
-  std::vector<Seq*> done;
+  std::vector<Seq*>& done = done_;
+  done.clear();
   // The step's counters, added under the lock once (one lock per token
   // was a quarter of a simulated replay's time).
   std::uint64_t prompt_tokens = 0, generated = 0;
@@ -615,10 +654,12 @@ int Domain::step() {
         want_lp = want_lp || plan[i].first->logprobs;
       }
     std::vector<std::vector<float>> logits;
-    std::vector<int> chosen;
+    std::vector<int>& chosen = chosen_;
+    chosen.clear();
     std::vector<TokenLogprobs> chosen_lp;
     if (engine_chooses) {
-      std::vector<TokenChoice> choices;
+      std::vector<TokenChoice>& choices = choices_;
+      choices.clear();
       for (std::size_t i = 0; i < plan.size(); ++i)
         if (chunks[i].want_logits) {
           choices.push_back(plan[i].first->next_choice());
@@ -673,19 +714,25 @@ int Domain::step() {
       s.output.push_back(tok);
       s.tokens.push_back(tok);
       ++generated;
-      GenerationEvent e;
-      e.request_id = s.req.id;
-      e.domain_id = cfg_.id;
-      e.token = tok;
-      e.index = static_cast<int>(s.output.size()) - 1;
-      e.choice = s.choice;
-      e.logprobs = std::move(lp);
+      // The event is made in its place in the list (a request without a
+      // callback gets none).
+      GenerationEvent* e = nullptr;
+      if (s.req.on_event)
+        e = &events.emplace_back(std::piecewise_construct, std::forward_as_tuple(&s.req.on_event), std::forward_as_tuple())
+                 .second;
+      if (e) {
+        e->request_id = s.req.id;
+        e->domain_id = cfg_.id;
+        e->token = tok;
+        e->index = static_cast<int>(s.output.size()) - 1;
+        e->choice = s.choice;
+        e->logprobs = std::move(lp);
+      }
       if (s.prompt_logprobs && !s.prompt_lp_sent) {
-        e.prompt_logprobs = std::move(s.prompt_lp);
+        if (e) e->prompt_logprobs = std::move(s.prompt_lp);
         s.prompt_lp.clear();
         s.prompt_lp_sent = true;
       }
-      if (s.req.on_event) events.emplace_back(&s.req.on_event, std::move(e));
       FinishReason reason = FinishReason::none;
       // eos and stop tokens cannot come before min_tokens (masked above).
       if (tok == s.eos ||
@@ -737,6 +784,8 @@ int Domain::step() {
     n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
   }
   for (auto& [fn, e] : events) (*fn)(e);
+  events.clear();
+  spare_events_.swap(events);
   return computed_tokens;
 }
 

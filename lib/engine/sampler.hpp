@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -87,8 +88,12 @@ class Sampler {
   TokenChoice next_choice();
 
  private:
+  /// The random stream, seeded at its first draw: a greedy request never
+  /// draws, and seeding the engine's 2.5 KB state for each of a replay's
+  /// million requests cost more than their draws.
+  std::mt19937_64& rng();
   SamplingParams p_;
-  std::mt19937_64 rng_;
+  std::optional<std::mt19937_64> rng_;
 };
 
 /// Index of the largest value, the lowest index on ties.
