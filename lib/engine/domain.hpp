@@ -234,6 +234,8 @@ class Domain {
  private:
   struct Seq;
   bool ensure_blocks(Seq& s, int upto_tokens);
+  /// Asks the cache for the lines of `s` the rest of its step touches.
+  static void prefetch_step_lines(const Seq& s);
   void release(Seq& s);
   /// Events of one step, delivered after it: each names its request's
   /// callback, which stays alive (the sequence is retired, not destroyed,
