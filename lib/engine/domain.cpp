@@ -137,22 +137,23 @@ Domain::~Domain() = default;
 
 void Domain::submit(GenerationRequest r) {
   const auto& hp = hp_;
-  const std::string who = "request " + r.id + ": ";
-  if (r.prompt.empty()) throw InputError(who + "prompt: must hold at least one token");
+  // Made only for an error: a replay submits millions that pass.
+  auto who = [&r] { return "request " + r.id + ": "; };
+  if (r.prompt.empty()) throw InputError(who() + "prompt: must hold at least one token");
   for (std::size_t i = 0; i < r.prompt.size(); ++i)
     if (r.prompt[i] < 0 || r.prompt[i] >= hp.n_vocab)
-      throw InputError(who + "prompt[" + std::to_string(i) + "]: token id " + std::to_string(r.prompt[i]) +
+      throw InputError(who() + "prompt[" + std::to_string(i) + "]: token id " + std::to_string(r.prompt[i]) +
                        " outside the vocabulary (0.." + std::to_string(hp.n_vocab - 1) + ")");
-  if (r.max_tokens < 1) throw InputError(who + "max_tokens: must be positive, got " + std::to_string(r.max_tokens));
+  if (r.max_tokens < 1) throw InputError(who() + "max_tokens: must be positive, got " + std::to_string(r.max_tokens));
   if (static_cast<int>(r.prompt.size()) >= cfg_.max_context)
-    throw InputError(who + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
+    throw InputError(who() + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
                      std::to_string(cfg_.max_context));
   if (r.n < 1 || r.n > cfg_.max_running)
-    throw InputError(who + "n: must be between 1 and the domain's " + std::to_string(cfg_.max_running) +
+    throw InputError(who() + "n: must be between 1 and the domain's " + std::to_string(cfg_.max_running) +
                      " running sequences, got " + std::to_string(r.n));
-  if (r.min_tokens < 0) throw InputError(who + "min_tokens: must not be negative, got " + std::to_string(r.min_tokens));
+  if (r.min_tokens < 0) throw InputError(who() + "min_tokens: must not be negative, got " + std::to_string(r.min_tokens));
   if (r.logprobs < -1 || r.logprobs > kMaxTopLogprobs)
-    throw InputError(who + "logprobs: must be between 0 and " + std::to_string(kMaxTopLogprobs) + ", got " +
+    throw InputError(who() + "logprobs: must be between 0 and " + std::to_string(kMaxTopLogprobs) + ", got " +
                      std::to_string(r.logprobs));
   const int held = peak_kv_tokens(static_cast<std::int64_t>(r.prompt.size()), r.max_tokens, cfg_.max_context);
   // The choices share the full pages before the prompt's last token; each
@@ -161,7 +162,7 @@ void Domain::submit(GenerationRequest r) {
   const std::int64_t shared_pages = r.n > 1 ? shared / cfg_.block_tokens : 0;
   const std::int64_t pages = shared_pages + static_cast<std::int64_t>(r.n) * (kv_pages(held, cfg_.block_tokens) - shared_pages);
   if (pages > cfg_.kv_blocks)
-    throw InputError(who + (r.n > 1 ? std::to_string(r.n) + " choices of " : std::string()) + std::to_string(held) +
+    throw InputError(who() + (r.n > 1 ? std::to_string(r.n) + " choices of " : std::string()) + std::to_string(held) +
                      " tokens need " + std::to_string(pages) +
                      " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));
   std::lock_guard lk(mu_);
@@ -650,7 +651,12 @@ int Domain::step() {
     SeqChunk& c = chunks[i];
     c.blocks = &s->blocks;
     c.start_pos = s->computed;
-    c.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + n);
+    if (n == 1) {  // a decode: most rows, without a copy call
+      c.tokens.resize(1);
+      c.tokens[0] = s->tokens[static_cast<std::size_t>(s->computed)];
+    } else {
+      c.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + n);
+    }
     prompt_row[i] = s->prompt_row();
     c.want_logits = s->computed + n == static_cast<int>(s->tokens.size()) || prompt_row[i];
     computed_tokens += n;
