@@ -36,6 +36,7 @@ struct alignas(64) Domain::Seq {
   int max_tokens = 0;        // req.max_tokens
   int eos = -1;              // req.eos
   int group = 0;             // the id (Domain::groups_) of req.group, or of its id when empty
+  int generated = 0;         // output tokens so far: tokens[prompt_size..]
   bool prompt_logprobs = false;  // req.prompt_logprobs
   bool prompt_lp_sent = false;
   bool engine_can_choose = true;  // sampler.engine_can_choose()
@@ -47,6 +48,9 @@ struct alignas(64) Domain::Seq {
   float sampler_temperature = 0.0f;  // req.sampling.temperature (<= 0 when greedy)
   std::uint64_t arrival = 0;
   std::vector<int> tokens;   // prompt + generated: everything whose KV is wanted
+  /// The output as stop_check takes it, kept only for a request with one;
+  /// otherwise the output is tokens[prompt_size..] (output_copy), and a
+  /// step writes to one vector a token instead of two.
   std::vector<int> output;
   std::vector<int> blocks;
   std::function<void(const GenerationEvent&)> on_event;  // req.on_event, moved here
@@ -63,7 +67,7 @@ struct alignas(64) Domain::Seq {
     const auto out = static_cast<std::size_t>(std::clamp(req.max_tokens, 0, kReserveOutput));
     tokens.reserve(req.prompt.size() + out);
     tokens = req.prompt;
-    output.reserve(out);
+    if (req.stop_check) output.reserve(out);
     prompt_size = static_cast<int>(req.prompt.size());
     min_tokens = req.min_tokens;
     max_tokens = req.max_tokens;
@@ -86,6 +90,10 @@ struct alignas(64) Domain::Seq {
     return c;
   }
   int pending() const { return static_cast<int>(tokens.size()) - computed; }
+  /// The output so far, as a vector of its own.
+  std::vector<int> output_copy() const {
+    return std::vector<int>(tokens.begin() + prompt_size, tokens.begin() + prompt_size + generated);
+  }
   /// A prompt position whose logits give the next prompt token's log-probability.
   bool prompt_row() const { return prompt_logprobs && !prompt_lp_sent && computed + 1 < prompt_size; }
   /// Output tokens a sequence has room for from the start, at most.
@@ -209,7 +217,7 @@ void Domain::fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out) {
 
 bool Domain::host_samples(const Seq& s) const {
   if (!s.engine_can_choose || s.prompt_row()) return true;
-  const bool masks = static_cast<int>(s.output.size()) < s.min_tokens && s.stops;
+  const bool masks = s.generated < s.min_tokens && s.stops;
   return masks;
 }
 
@@ -240,7 +248,6 @@ DomainStats Domain::stats() const {
 void Domain::prefetch_step_lines(const Seq& s) {
   // The chunk's tokens, where the next one goes, the callback and the id.
   __builtin_prefetch(s.tokens.data() + s.computed);
-  __builtin_prefetch(s.output.data() + s.output.size(), 1);
   const char* line = reinterpret_cast<const char*>(&s);
   __builtin_prefetch(line + 128);
   __builtin_prefetch(line + 192);
@@ -304,7 +311,7 @@ void Domain::finish(Seq& s, FinishReason reason, const std::string& error, Event
   GenerationEvent e;
   e.request_id = s.req.id;
   e.domain_id = cfg_.id;
-  e.index = static_cast<int>(s.output.size());
+  e.index = s.generated;
   e.finished = true;
   e.finish_reason = reason;
   e.error = error;
@@ -474,7 +481,7 @@ int Domain::step() {
     // still here (a request of n choices without a shared prompt page has n
     // sequences, which may have begun apart: those stay).
     auto unstarted = [](const Seq& s) {
-      return s.computed == 0 && s.output.empty() && s.blocks.empty() && s.prompt_lp.empty() && !s.prompt_lp_sent &&
+      return s.computed == 0 && s.generated == 0 && s.blocks.empty() && s.prompt_lp.empty() && !s.prompt_lp_sent &&
              (s.req.n == 1 || s.forks_left == s.req.n - 1);
     };
     EventList back;
@@ -730,8 +737,9 @@ int Domain::step() {
         auto& row = logits[li++];
         std::vector<float> raw;  // the logits before penalties and masks, for the log-probabilities
         if (s.req.logprobs >= 0) raw = row;
-        apply_penalties(row.data(), row.size(), s.sampler.params(), s.req.prompt, s.output);
-        if (static_cast<int>(s.output.size()) < s.req.min_tokens) {
+        if (s.sampler.params().penalized())  // the host's path: a copy of the output is nothing to the logits
+          apply_penalties(row.data(), row.size(), s.sampler.params(), s.req.prompt, s.output_copy());
+        if (s.generated < s.req.min_tokens) {
           auto mask = [&](int t) {
             if (t >= 0 && static_cast<std::size_t>(t) < row.size()) row[static_cast<std::size_t>(t)] = -INFINITY;
           };
@@ -741,7 +749,8 @@ int Domain::step() {
         tok = s.sampler.sample(row);
         if (s.req.logprobs >= 0) lp = token_logprobs(raw.data(), raw.size(), tok, s.req.logprobs);
       }
-      s.output.push_back(tok);
+      ++s.generated;
+      if (s.checks_stop) s.output.push_back(tok);
       s.tokens.push_back(tok);
       ++generated;
       // The event is made in its place in the list (a request without a
@@ -754,7 +763,7 @@ int Domain::step() {
         e->request_id = s.req.id;
         e->domain_id = cfg_.id;
         e->token = tok;
-        e->index = static_cast<int>(s.output.size()) - 1;
+        e->index = s.generated - 1;
         e->choice = s.choice;
         e->logprobs = std::move(lp);
       }
@@ -769,7 +778,7 @@ int Domain::step() {
           (s.stops && std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), tok) != s.req.stop_tokens.end()) ||
           (s.checks_stop && s.req.stop_check(s.choice, s.output)))
         reason = FinishReason::stop;
-      else if (static_cast<int>(s.output.size()) >= s.max_tokens ||
+      else if (s.generated >= s.max_tokens ||
                static_cast<int>(s.tokens.size()) >= cfg_.max_context)
         reason = FinishReason::length;
       if (reason != FinishReason::none) {

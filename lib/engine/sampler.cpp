@@ -88,7 +88,7 @@ int choose_token(const float* logits, std::size_t n, const TokenChoice& c) {
 Sampler::Sampler(const SamplingParams& p) : p_(p) {}
 
 std::mt19937_64& Sampler::rng() {
-  if (!rng_) rng_.emplace(p_.seed);
+  if (!rng_) rng_ = std::make_unique<std::mt19937_64>(p_.seed);
   return *rng_;
 }
 
