@@ -524,11 +524,15 @@ void EngineReplay::finish_request(Req& r, double t) {
 }
 
 void EngineReplay::on_event(int i, const engine::GenerationEvent& e) {
+  // Most events are a decode's token past the first: nothing to record,
+  // and the request is not read (its line is a cache and TLB miss in a
+  // table of a million). Its token count comes with its finish (index).
+  if (e.token >= 0 && e.index > 0 && !e.finished) return;
   Req& r = reqs_[static_cast<std::size_t>(i)];
   const double t = cur_->eng->now_s();
+  if (e.finished) r.generated = e.index;  // the tokens it was given, one event each
   if (e.token >= 0) {
-    ++r.generated;
-    if (r.first < 0) {
+    if (e.index == 0 && r.first < 0) {
       r.first = t;
       if (r.dom >= 0) {
         doms_[static_cast<std::size_t>(r.dom)].backlog_prompt -= r.prompt;
