@@ -22,11 +22,11 @@ std::string_view to_string(FinishReason r) noexcept {
   return "";
 }
 
-struct Domain::Seq {
-  // Read by every pass of a step over the batch: kept together, ahead of
-  // the request and the sampler (whose random engine alone is 2.5 KB), so
-  // that a pass touches one or two cache lines of each sequence. A replay
-  // of a 512-GPU cluster was bound by these misses.
+struct alignas(64) Domain::Seq {
+  // Read by every pass of a step over the batch: kept together in the
+  // first four cache lines (the step prefetches them), ahead of the rest of
+  // the request and the sampler (whose random engine alone is 2.5 KB). A
+  // replay of a 512-GPU cluster was bound by these misses.
   int computed = 0;          // leading tokens whose KV is in the cache
   int choice = 0;            // which of the request's choices
   int forks_left = 0;        // choice 0: the choices still to fork from it
@@ -35,28 +35,39 @@ struct Domain::Seq {
   int min_tokens = 0;        // req.min_tokens
   int max_tokens = 0;        // req.max_tokens
   int eos = -1;              // req.eos
+  int group = 0;             // the id (Domain::groups_) of req.group, or of its id when empty
+  int generated = 0;         // output tokens so far: tokens[prompt_size..]
   bool prompt_logprobs = false;  // req.prompt_logprobs
   bool prompt_lp_sent = false;
   bool engine_can_choose = true;  // sampler.engine_can_choose()
   bool stops = false;        // an eos or stop tokens to mask before min_tokens
   bool logprobs = false;     // req.logprobs >= 0
   bool greedy = false;       // temperature <= 0: a choice without a draw (Sampler::next_choice)
+  bool checks_stop = false;  // req.stop_check is set
   float top_p = 1.0f;        // req.sampling.top_p
   float sampler_temperature = 0.0f;  // req.sampling.temperature (<= 0 when greedy)
   std::uint64_t arrival = 0;
   std::vector<int> tokens;   // prompt + generated: everything whose KV is wanted
-  std::vector<int> blocks;
+  /// The output as stop_check takes it, kept only for a request with one;
+  /// otherwise the output is tokens[prompt_size..] (output_copy), and a
+  /// step writes to one vector a token instead of two.
   std::vector<int> output;
-  std::string group;         // req.group, or its id
-
-  GenerationRequest req;
+  std::vector<int> blocks;
+  std::function<void(const GenerationEvent&)> on_event;  // req.on_event, moved here
+  GenerationRequest req;     // its id (the events') first
   Sampler sampler;
   std::vector<TokenLogprobs> prompt_lp;  // with req.prompt_logprobs: entry j for prompt token j + 1
 
-  Seq(GenerationRequest r, std::uint64_t a, int c = 0)
-      : choice(c), arrival(a), req(std::move(r)), sampler(choice_params(req.sampling, c)) {
+  Seq(GenerationRequest r, std::uint64_t a, int group_id, int c = 0)
+      : choice(c), group(group_id), arrival(a), req(std::move(r)), sampler(choice_params(req.sampling, c)) {
+    on_event = std::move(req.on_event);
+    req.on_event = nullptr;
+    // Room for the output up front (up to a bound): growing the vectors
+    // token by token reallocated and copied each sequence's prompt.
+    const auto out = static_cast<std::size_t>(std::clamp(req.max_tokens, 0, kReserveOutput));
+    tokens.reserve(req.prompt.size() + out);
     tokens = req.prompt;
-    group = req.group.empty() ? req.id : req.group;
+    if (req.stop_check) output.reserve(out);
     prompt_size = static_cast<int>(req.prompt.size());
     min_tokens = req.min_tokens;
     max_tokens = req.max_tokens;
@@ -66,6 +77,7 @@ struct Domain::Seq {
     stops = req.eos >= 0 || !req.stop_tokens.empty();
     logprobs = req.logprobs >= 0;
     greedy = !(req.sampling.temperature > 0.0f);
+    checks_stop = static_cast<bool>(req.stop_check);
     top_p = req.sampling.top_p;
     sampler_temperature = req.sampling.temperature;
   }
@@ -78,8 +90,16 @@ struct Domain::Seq {
     return c;
   }
   int pending() const { return static_cast<int>(tokens.size()) - computed; }
+  /// The output so far, as a vector of its own.
+  std::vector<int> output_copy() const {
+    return std::vector<int>(tokens.begin() + prompt_size, tokens.begin() + prompt_size + generated);
+  }
   /// A prompt position whose logits give the next prompt token's log-probability.
   bool prompt_row() const { return prompt_logprobs && !prompt_lp_sent && computed + 1 < prompt_size; }
+  /// Output tokens a sequence has room for from the start, at most.
+  static constexpr int kReserveOutput = 4096;
+  /// The group a request's sequences belong to: its own id when it names none.
+  static const std::string& group_name(const GenerationRequest& r) { return r.group.empty() ? r.id : r.group; }
   static SamplingParams choice_params(SamplingParams p, int c) {
     p.seed += static_cast<std::uint64_t>(c);  // wraps mod 2^64
     return p;
@@ -125,22 +145,23 @@ Domain::~Domain() = default;
 
 void Domain::submit(GenerationRequest r) {
   const auto& hp = hp_;
-  const std::string who = "request " + r.id + ": ";
-  if (r.prompt.empty()) throw InputError(who + "prompt: must hold at least one token");
+  // Made only for an error: a replay submits millions that pass.
+  auto who = [&r] { return "request " + r.id + ": "; };
+  if (r.prompt.empty()) throw InputError(who() + "prompt: must hold at least one token");
   for (std::size_t i = 0; i < r.prompt.size(); ++i)
     if (r.prompt[i] < 0 || r.prompt[i] >= hp.n_vocab)
-      throw InputError(who + "prompt[" + std::to_string(i) + "]: token id " + std::to_string(r.prompt[i]) +
+      throw InputError(who() + "prompt[" + std::to_string(i) + "]: token id " + std::to_string(r.prompt[i]) +
                        " outside the vocabulary (0.." + std::to_string(hp.n_vocab - 1) + ")");
-  if (r.max_tokens < 1) throw InputError(who + "max_tokens: must be positive, got " + std::to_string(r.max_tokens));
+  if (r.max_tokens < 1) throw InputError(who() + "max_tokens: must be positive, got " + std::to_string(r.max_tokens));
   if (static_cast<int>(r.prompt.size()) >= cfg_.max_context)
-    throw InputError(who + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
+    throw InputError(who() + "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit the context of " +
                      std::to_string(cfg_.max_context));
   if (r.n < 1 || r.n > cfg_.max_running)
-    throw InputError(who + "n: must be between 1 and the domain's " + std::to_string(cfg_.max_running) +
+    throw InputError(who() + "n: must be between 1 and the domain's " + std::to_string(cfg_.max_running) +
                      " running sequences, got " + std::to_string(r.n));
-  if (r.min_tokens < 0) throw InputError(who + "min_tokens: must not be negative, got " + std::to_string(r.min_tokens));
+  if (r.min_tokens < 0) throw InputError(who() + "min_tokens: must not be negative, got " + std::to_string(r.min_tokens));
   if (r.logprobs < -1 || r.logprobs > kMaxTopLogprobs)
-    throw InputError(who + "logprobs: must be between 0 and " + std::to_string(kMaxTopLogprobs) + ", got " +
+    throw InputError(who() + "logprobs: must be between 0 and " + std::to_string(kMaxTopLogprobs) + ", got " +
                      std::to_string(r.logprobs));
   const int held = peak_kv_tokens(static_cast<std::int64_t>(r.prompt.size()), r.max_tokens, cfg_.max_context);
   // The choices share the full pages before the prompt's last token; each
@@ -149,7 +170,7 @@ void Domain::submit(GenerationRequest r) {
   const std::int64_t shared_pages = r.n > 1 ? shared / cfg_.block_tokens : 0;
   const std::int64_t pages = shared_pages + static_cast<std::int64_t>(r.n) * (kv_pages(held, cfg_.block_tokens) - shared_pages);
   if (pages > cfg_.kv_blocks)
-    throw InputError(who + (r.n > 1 ? std::to_string(r.n) + " choices of " : std::string()) + std::to_string(held) +
+    throw InputError(who() + (r.n > 1 ? std::to_string(r.n) + " choices of " : std::string()) + std::to_string(held) +
                      " tokens need " + std::to_string(pages) +
                      " KV pages, domain " + cfg_.id + " has " + std::to_string(cfg_.kv_blocks));
   std::lock_guard lk(mu_);
@@ -158,13 +179,17 @@ void Domain::submit(GenerationRequest r) {
   const std::uint64_t arrival = arrivals_++;
   if (n > 1 && shared > 0) {
     // Choice 0 computes the shared pages; the others fork from it then.
-    auto first = std::make_unique<Seq>(std::move(r), arrival);
+    const int g = groups_.acquire(Seq::group_name(r));
+    auto first = std::make_unique<Seq>(std::move(r), arrival, g);
     first->forks_left = n - 1;
     first->shared_tokens = shared;
     incoming_.push_back(std::move(first));
+  } else if (n == 1) {
+    const int g = groups_.acquire(Seq::group_name(r));
+    incoming_.push_back(std::make_unique<Seq>(std::move(r), arrival, g));
   } else {
     // Nothing to share (a prompt within one page): n sequences from the start.
-    for (int c = 0; c < n; ++c) incoming_.push_back(std::make_unique<Seq>(r, arrival, c));
+    for (int c = 0; c < n; ++c) incoming_.push_back(std::make_unique<Seq>(r, arrival, groups_.acquire(Seq::group_name(r)), c));
   }
   const int seqs = 1 + (n > 1 && shared == 0 ? n - 1 : 0);
   n_waiting_ += seqs;
@@ -174,7 +199,13 @@ void Domain::submit(GenerationRequest r) {
 void Domain::fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out) {
   const int pages = s.shared_tokens / cfg_.block_tokens;
   for (int c = 1; c <= s.forks_left; ++c) {
-    auto child = std::make_unique<Seq>(s.req, s.arrival, c);
+    int g;
+    {
+      std::lock_guard lk(mu_);
+      g = groups_.acquire(Seq::group_name(s.req));
+    }
+    auto child = std::make_unique<Seq>(s.req, s.arrival, g, c);
+    child->on_event = s.on_event;
     child->computed = s.shared_tokens;
     child->blocks.assign(s.blocks.begin(), s.blocks.begin() + pages);
     for (int b : child->blocks) blocks_.share(b);
@@ -188,7 +219,7 @@ void Domain::fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out) {
 
 bool Domain::host_samples(const Seq& s) const {
   if (!s.engine_can_choose || s.prompt_row()) return true;
-  const bool masks = static_cast<int>(s.output.size()) < s.min_tokens && s.stops;
+  const bool masks = s.generated < s.min_tokens && s.stops;
   return masks;
 }
 
@@ -237,35 +268,52 @@ DomainStats Domain::stats() const {
   return stats_;
 }
 
+void Domain::prefetch_step_lines(const Seq& s) {
+  // The chunk's tokens, where the next one goes, the callback and the id.
+  __builtin_prefetch(s.tokens.data() + s.computed);
+  const char* line = reinterpret_cast<const char*>(&s);
+  __builtin_prefetch(line + 128);
+  __builtin_prefetch(line + 192);
+}
+
 bool Domain::ensure_blocks(Seq& s, int upto_tokens) {
-  int need = kv_pages(upto_tokens, cfg_.block_tokens);
-  while (static_cast<int>(s.blocks.size()) < need) {
-    int b = blocks_.allocate();
-    if (b < 0) return false;
-    s.blocks.push_back(b);
-  }
-  return true;
+  // Those it can get are kept when the pages run out (as one by one).
+  const int need = kv_pages(upto_tokens, cfg_.block_tokens) - static_cast<int>(s.blocks.size());
+  return need <= 0 || blocks_.allocate(need, s.blocks) == need;
 }
 
 void Domain::release(Seq& s) {
-  for (int b : s.blocks) blocks_.free(b);
+  blocks_.free(s.blocks);
   s.blocks.clear();
 }
 
-std::unordered_map<std::string, int> Domain::running_per_group() const {
-  std::unordered_map<std::string, int> n;
-  for (const auto& s : running_) ++n[s->group];
-  return n;
+void Domain::running_per_group(std::vector<int>& n) const {
+  n.assign(static_cast<std::size_t>(group_bound_), 0);
+  for (const auto& s : running_) ++n[static_cast<std::size_t>(s->group)];
 }
 
-std::size_t Domain::victim(std::size_t from) const {
+void Domain::new_marks() {
+  if (marks_.size() < static_cast<std::size_t>(group_bound_)) marks_.resize(static_cast<std::size_t>(group_bound_), 0);
+  ++stamp_;
+}
+
+bool Domain::mark(int g) {
+  auto& m = marks_[static_cast<std::size_t>(g)];
+  if (m == stamp_) return false;
+  m = stamp_;
+  return true;
+}
+
+std::size_t Domain::victim(std::size_t from) {
   // The newest sequence of the group that runs the most: with one sequence
   // per group, the newest of all. It gives its pages back and waits to be
   // recomputed (prompt + output so far); it is never dropped.
-  const auto per_group = running_per_group();
+  std::vector<int>& per_group = victim_count_;
+  running_per_group(per_group);
   std::size_t best = from;
   for (std::size_t j = from + 1; j < running_.size(); ++j) {
-    const int nj = per_group.at(running_[j]->group), nb = per_group.at(running_[best]->group);
+    const int nj = per_group[static_cast<std::size_t>(running_[j]->group)],
+              nb = per_group[static_cast<std::size_t>(running_[best]->group)];
     if (nj > nb || (nj == nb && running_[j]->arrival > running_[best]->arrival)) best = j;
   }
   return best;
@@ -286,24 +334,25 @@ void Domain::finish(Seq& s, FinishReason reason, const std::string& error, Event
   GenerationEvent e;
   e.request_id = s.req.id;
   e.domain_id = cfg_.id;
-  e.index = static_cast<int>(s.output.size());
+  e.index = s.generated;
   e.finished = true;
   e.finish_reason = reason;
   e.error = error;
   e.choice = s.choice;
   const int ends = 1 + s.forks_left;
-  if (s.req.on_event) {
-    events.emplace_back(&s.req.on_event, e);
+  if (s.on_event) {
+    events.emplace_back(&s.on_event, e);
     // Choices not forked yet (a cancel or failure before the prompt's
     // shared pages were computed) finish with choice 0.
     for (int c = 1; c <= s.forks_left; ++c) {
       e.choice = c;
       e.index = 0;
-      events.emplace_back(&s.req.on_event, e);
+      events.emplace_back(&s.on_event, e);
     }
   }
   s.forks_left = 0;
   std::lock_guard lk(mu_);
+  groups_.release(s.group);  // the sequence ends: it is never scheduled again
   if (reason == FinishReason::error)
     stats_.failed += static_cast<std::uint64_t>(ends);
   else if (reason != FinishReason::withdrawn)
@@ -425,6 +474,7 @@ int Domain::step() {
       waiting_.push_back(std::move(incoming_.front()));
       incoming_.pop_front();
     }
+    group_bound_ = groups_.bound();
   }
   if (!cancel.empty() || !abort.empty()) {
     // Cancelled (or, after abort_all, all) requests leave before the plan:
@@ -454,7 +504,7 @@ int Domain::step() {
     // still here (a request of n choices without a shared prompt page has n
     // sequences, which may have begun apart: those stay).
     auto unstarted = [](const Seq& s) {
-      return s.computed == 0 && s.output.empty() && s.blocks.empty() && s.prompt_lp.empty() && !s.prompt_lp_sent &&
+      return s.computed == 0 && s.generated == 0 && s.blocks.empty() && s.prompt_lp.empty() && !s.prompt_lp_sent &&
              (s.req.n == 1 || s.forks_left == s.req.n - 1);
     };
     EventList back;
@@ -476,20 +526,30 @@ int Domain::step() {
       for (auto& [fn, e] : back) (*fn)(e);
     }
   }
+  // The running sequences are cold when many domains take turns (a
+  // replay's 64 domains of 256 each): the two lines every pass reads are
+  // asked for all at once here instead of one miss at a time below (the
+  // planning asks for the rest of what the step touches).
+  for (const auto& p : running_) {
+    const char* line = reinterpret_cast<const char*>(p.get());
+    __builtin_prefetch(line);
+    __builtin_prefetch(line + 64);
+  }
   int budget = cfg_.max_batched_tokens;
-  std::vector<std::pair<Seq*, int>> plan;  // sequence, tokens this step
+  std::vector<std::pair<Seq*, int>>& plan = plan_;  // sequence, tokens this step
+  plan.clear();
 
   // 0. Fairness: while several groups have work, one holds at most `cap`
   // of the batch. A waiting group with nothing running gets a place from
   // the group over its cap that runs the most (its newest sequence).
   bool several_groups = false;
   {
-    const std::string* first = nullptr;
+    int first = -1;
     auto look = [&](const auto& seqs) {
       for (const auto& s : seqs) {
-        if (!first) {
-          first = &s->group;
-        } else if (s->group != *first) {
+        if (first < 0) {
+          first = s->group;
+        } else if (s->group != first) {
           several_groups = true;
           return;
         }
@@ -501,15 +561,17 @@ int Domain::step() {
   const int cap = several_groups
                       ? std::max(1, static_cast<int>(cfg_.max_group_share * max_running))
                       : max_running;
-  auto per_group = running_per_group();
+  std::vector<int>& per_group = per_group_;  // running sequences per group id
+  running_per_group(per_group);
+  auto count = [&](int g) -> int& { return per_group[static_cast<std::size_t>(g)]; };
   {
     // The first waiting sequence of each group with nothing running wants
     // a slot and the pages of its first chunk. (Collected first: a
     // preemption pushes onto waiting_.)
-    std::unordered_set<std::string> seen;
+    new_marks();
     std::vector<const Seq*> starved;
     for (const auto& w : waiting_)
-      if (!per_group.count(w->group) && seen.insert(w->group).second) starved.push_back(w.get());
+      if (count(w->group) == 0 && mark(w->group)) starved.push_back(w.get());
     // Once the victim's group is within its cap nothing changes, and every
     // later starved group would find the same victim: one look, not one per
     // waiting group (an overloaded daemon has thousands).
@@ -519,11 +581,11 @@ int Domain::step() {
       while (!running_.empty() &&
              (static_cast<int>(running_.size()) >= max_running || blocks_.free_blocks() < need)) {
         const std::size_t v = victim(0);
-        if (per_group[running_[v]->group] <= cap) {
+        if (count(running_[v]->group) <= cap) {
           settled = true;
           break;
         }
-        --per_group[running_[v]->group];
+        --count(running_[v]->group);
         preempt_at(v);
       }
     }
@@ -531,10 +593,15 @@ int Domain::step() {
 
   // 1. Running sequences: decodes (one token) first, then prefill chunks,
   // oldest first within each.
-  std::sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
+  auto before = [](const auto& a, const auto& b) {
     const bool da = a->pending() <= 1, db = b->pending() <= 1;
     return da != db ? da : a->arrival < b->arrival;
-  });
+  };
+  // Usually in order already: a batch strictly in order is the one order
+  // the sort can give, so it is left as it is.
+  if (std::adjacent_find(running_.begin(), running_.end(), [&](const auto& a, const auto& b) { return !before(a, b); }) !=
+      running_.end())
+    std::sort(running_.begin(), running_.end(), before);
   for (std::size_t i = 0; i < running_.size() && budget > 0;) {
     Seq& s = *running_[i];
     int n = std::min(s.pending(), budget);
@@ -551,25 +618,26 @@ int Domain::step() {
       }
     }
     if (self_went) continue;  // running_[i] is now the next one
+    prefetch_step_lines(s);
     plan.emplace_back(&s, n);
     budget -= n;
     ++i;
   }
   // 2. Admit waiting sequences while pages and budget last: round robin
   // across groups (each group's own in arrival order), a group under `cap`.
-  per_group = running_per_group();
+  running_per_group(per_group);
   bool out_of_pages = false;
   for (bool admitted = true; admitted && !out_of_pages;) {
     admitted = false;
-    std::unordered_set<std::string> turn;  // groups that had their turn in this round
+    new_marks();  // a mark: the group had its turn in this round
     for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 &&
                                      static_cast<int>(running_.size()) < max_running;) {
       Seq& s = **it;
-      if (turn.count(s.group) || per_group[s.group] >= cap) {
+      if (marks_[static_cast<std::size_t>(s.group)] == stamp_ || count(s.group) >= cap) {
         ++it;
         continue;
       }
-      turn.insert(s.group);
+      mark(s.group);
       int n = std::min(s.pending(), budget);
       if (s.prompt_row()) n = std::min(n, 1);  // each prompt position's logits
       if (!ensure_blocks(s, s.computed + n)) {
@@ -579,7 +647,7 @@ int Domain::step() {
       }
       plan.emplace_back(&s, n);
       budget -= n;
-      ++per_group[s.group];
+      ++count(s.group);
       if (s.req.on_scheduled) std::exchange(s.req.on_scheduled, nullptr)();
       running_.push_back(std::move(*it));
       it = waiting_.erase(it);
@@ -607,14 +675,20 @@ int Domain::step() {
       spare_tokens_.pop_back();
     }
   }
-  std::vector<char> prompt_row(plan.size(), 0);  // logits for a prompt token's log-probability, not a choice
+  std::vector<char>& prompt_row = prompt_row_;  // logits for a prompt token's log-probability, not a choice
+  prompt_row.assign(plan.size(), 0);
   int computed_tokens = 0;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     auto [s, n] = plan[i];
     SeqChunk& c = chunks[i];
     c.blocks = &s->blocks;
     c.start_pos = s->computed;
-    c.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + n);
+    if (n == 1) {  // a decode: most rows, without a copy call
+      c.tokens.resize(1);
+      c.tokens[0] = s->tokens[static_cast<std::size_t>(s->computed)];
+    } else {
+      c.tokens.assign(s->tokens.begin() + s->computed, s->tokens.begin() + s->computed + n);
+    }
     prompt_row[i] = s->prompt_row();
     c.want_logits = s->computed + n == static_cast<int>(s->tokens.size()) || prompt_row[i];
     computed_tokens += n;
@@ -622,8 +696,10 @@ int Domain::step() {
   std::vector<std::unique_ptr<Seq>> forked;
 
   EventList events;
+  events.swap(spare_events_);
   events.reserve(plan.size() + 1);
-  std::vector<Seq*> done;
+  std::vector<Seq*>& done = done_;
+  done.clear();
   // The step's counters, added under the lock once (one lock per token
   // was a quarter of a simulated replay's time).
   std::uint64_t prompt_tokens = 0, generated = 0;
@@ -640,10 +716,12 @@ int Domain::step() {
         want_lp = want_lp || plan[i].first->logprobs;
       }
     std::vector<std::vector<float>> logits;
-    std::vector<int> chosen;
+    std::vector<int>& chosen = chosen_;
+    chosen.clear();
     std::vector<TokenLogprobs> chosen_lp;
     if (engine_chooses) {
-      std::vector<TokenChoice> choices;
+      std::vector<TokenChoice>& choices = choices_;
+      choices.clear();
       for (std::size_t i = 0; i < plan.size(); ++i)
         if (chunks[i].want_logits) {
           choices.push_back(plan[i].first->next_choice());
@@ -684,8 +762,9 @@ int Domain::step() {
         auto& row = logits[li++];
         std::vector<float> raw;  // the logits before penalties and masks, for the log-probabilities
         if (s.req.logprobs >= 0) raw = row;
-        apply_penalties(row.data(), row.size(), s.sampler.params(), s.req.prompt, s.output);
-        if (static_cast<int>(s.output.size()) < s.req.min_tokens) {
+        if (s.sampler.params().penalized())  // the host's path: a copy of the output is nothing to the logits
+          apply_penalties(row.data(), row.size(), s.sampler.params(), s.req.prompt, s.output_copy());
+        if (s.generated < s.req.min_tokens) {
           auto mask = [&](int t) {
             if (t >= 0 && static_cast<std::size_t>(t) < row.size()) row[static_cast<std::size_t>(t)] = -INFINITY;
           };
@@ -695,29 +774,36 @@ int Domain::step() {
         tok = s.sampler.sample(row);
         if (s.req.logprobs >= 0) lp = token_logprobs(raw.data(), raw.size(), tok, s.req.logprobs);
       }
-      s.output.push_back(tok);
+      ++s.generated;
+      if (s.checks_stop) s.output.push_back(tok);
       s.tokens.push_back(tok);
       ++generated;
-      GenerationEvent e;
-      e.request_id = s.req.id;
-      e.domain_id = cfg_.id;
-      e.token = tok;
-      e.index = static_cast<int>(s.output.size()) - 1;
-      e.choice = s.choice;
-      e.logprobs = std::move(lp);
+      // The event is made in its place in the list (a request without a
+      // callback gets none).
+      GenerationEvent* e = nullptr;
+      if (s.on_event)
+        e = &events.emplace_back(std::piecewise_construct, std::forward_as_tuple(&s.on_event), std::forward_as_tuple())
+                 .second;
+      if (e) {
+        e->request_id = s.req.id;
+        e->domain_id = cfg_.id;
+        e->token = tok;
+        e->index = s.generated - 1;
+        e->choice = s.choice;
+        e->logprobs = std::move(lp);
+      }
       if (s.prompt_logprobs && !s.prompt_lp_sent) {
-        e.prompt_logprobs = std::move(s.prompt_lp);
+        if (e) e->prompt_logprobs = std::move(s.prompt_lp);
         s.prompt_lp.clear();
         s.prompt_lp_sent = true;
       }
-      if (s.req.on_event) events.emplace_back(&s.req.on_event, std::move(e));
       FinishReason reason = FinishReason::none;
       // eos and stop tokens cannot come before min_tokens (masked above).
       if (tok == s.eos ||
           (s.stops && std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), tok) != s.req.stop_tokens.end()) ||
-          (s.req.stop_check && s.req.stop_check(s.choice, s.output)))
+          (s.checks_stop && s.req.stop_check(s.choice, s.output)))
         reason = FinishReason::stop;
-      else if (static_cast<int>(s.output.size()) >= s.max_tokens ||
+      else if (s.generated >= s.max_tokens ||
                static_cast<int>(s.tokens.size()) >= cfg_.max_context)
         reason = FinishReason::length;
       if (reason != FinishReason::none) {
@@ -764,6 +850,8 @@ int Domain::step() {
     n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
   }
   for (auto& [fn, e] : events) (*fn)(e);
+  events.clear();
+  spare_events_.swap(events);
   return computed_tokens;
 }
 

@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "engine/executor.hpp"
+#include "engine/group_ids.hpp"
 #include "engine/sampler.hpp"
 #include "engine/weight_store.hpp"
 
@@ -238,11 +239,14 @@ class Domain {
  private:
   struct Seq;
   bool ensure_blocks(Seq& s, int upto_tokens);
+  /// Asks the cache for the lines of `s` the rest of its step touches.
+  static void prefetch_step_lines(const Seq& s);
   void release(Seq& s);
   /// Events of one step, delivered after it: each names its request's
   /// callback, which stays alive (the sequence is retired, not destroyed,
   /// until they are delivered).
   using EventList = std::vector<std::pair<const std::function<void(const GenerationEvent&)>*, GenerationEvent>>;
+  EventList spare_events_;  // the last step's list, emptied: its capacity for the next
   void finish(Seq& s, FinishReason reason, const std::string& error, EventList& events);
   /// The choices 1..n-1 of `s` (choice 0), sharing its prompt's full pages.
   void fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out);
@@ -257,9 +261,13 @@ class Domain {
   void preempt_at(std::size_t i);
   /// The index in running_ of the sequence to preempt among running_[from..]:
   /// the newest of the group that runs the most sequences.
-  std::size_t victim(std::size_t from) const;
-  /// Running sequences per group.
-  std::unordered_map<std::string, int> running_per_group() const;
+  std::size_t victim(std::size_t from);
+  /// Running sequences per group id into `n` (indexed by GroupIds id).
+  void running_per_group(std::vector<int>& n) const;
+  /// A new stamp for mark(): every group id unmarked again.
+  void new_marks();
+  /// Marks group id `g` under the current stamp; false when it already was.
+  bool mark(int g);
 
   model::HParams hp_;
   DomainConfig cfg_;
@@ -270,8 +278,19 @@ class Domain {
   std::unordered_set<std::string> cancelled_;  // ids to cancel at the next step (under mu_)
   std::string abort_;                          // abort_all's reason, until the next step (under mu_)
   bool withdraw_ = false;                      // withdraw_unstarted (under mu_)
+  GroupIds groups_;                            // the live sequences' groups (under mu_)
+  int group_bound_ = 0;                        // groups_.bound() at the step's start
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
+  // Buffers of the step, kept from step to step (cleared, not freed).
+  std::vector<int> per_group_, victim_count_;
+  std::vector<std::uint64_t> marks_;  // per group id: the stamp that marked it
+  std::uint64_t stamp_ = 0;
+  std::vector<std::pair<Seq*, int>> plan_;
+  std::vector<char> prompt_row_;
+  std::vector<TokenChoice> choices_;
+  std::vector<int> chosen_;
+  std::vector<Seq*> done_;
   // The chunks of a step, kept from step to step with their token vectors
   // (and spare ones) so that a step allocates none in the steady state.
   std::vector<SeqChunk> chunks_;

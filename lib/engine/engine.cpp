@@ -25,26 +25,32 @@ void check_chunks(const std::vector<SeqChunk>& chunks, int n_vocab, int block_to
   }
 }
 
-std::vector<std::vector<const SeqChunk*>> split_micro_batches(const std::vector<SeqChunk>& chunks, int micro_batches) {
+void micro_batch_indices(const std::vector<SeqChunk>& chunks, int micro_batches, std::vector<int>& out) {
+  out.clear();
   int total = 0;
   for (const auto& c : chunks) total += static_cast<int>(c.tokens.size());
   const int m = std::max(1, std::min<int>(micro_batches, static_cast<int>(chunks.size())));
-  std::vector<std::vector<const SeqChunk*>> groups(static_cast<std::size_t>(m));
   // A chunk opens the next group when its middle lies past the current
   // group's share of the tokens (group idx ends near (idx + 1) x total / m):
   // a large prefill after many decodes gets a group of its own instead of
-  // joining theirs. In integers: 2 acc + n > 2 (idx + 1) total / m.
+  // joining theirs. In integers: 2 acc + n > 2 (idx + 1) total / m. The
+  // first chunk opens group 0, and a group opens only after the current
+  // one has a chunk: none is empty.
   long long acc = 0;
   int idx = 0;
   for (const auto& c : chunks) {
     const long long n = static_cast<long long>(c.tokens.size());
-    if (idx < m - 1 && !groups[static_cast<std::size_t>(idx)].empty() &&
-        (2 * acc + n) * m > 2LL * (idx + 1) * total)
-      ++idx;
-    groups[static_cast<std::size_t>(idx)].push_back(&c);
+    if (idx < m - 1 && !out.empty() && (2 * acc + n) * m > 2LL * (idx + 1) * total) ++idx;
+    out.push_back(idx);
     acc += n;
   }
-  groups.erase(std::remove_if(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); }), groups.end());
+}
+
+std::vector<std::vector<const SeqChunk*>> split_micro_batches(const std::vector<SeqChunk>& chunks, int micro_batches) {
+  std::vector<int> index;
+  micro_batch_indices(chunks, micro_batches, index);
+  std::vector<std::vector<const SeqChunk*>> groups(index.empty() ? 0 : static_cast<std::size_t>(index.back()) + 1);
+  for (std::size_t k = 0; k < chunks.size(); ++k) groups[static_cast<std::size_t>(index[k])].push_back(&chunks[k]);
   return groups;
 }
 

@@ -64,6 +64,10 @@ void check_choices(std::size_t choices, std::size_t rows, const std::string& who
 /// goes to the group whose share of the tokens holds its middle). The real
 /// and the simulated engine split the same way.
 std::vector<std::vector<const SeqChunk*>> split_micro_batches(const std::vector<SeqChunk>& chunks, int micro_batches);
+/// The same split as the micro-batch of each chunk (0, 1, ... in order)
+/// into `out`, whose storage is reused: for an engine that only sums over
+/// each micro-batch, without a vector per group each step.
+void micro_batch_indices(const std::vector<SeqChunk>& chunks, int micro_batches, std::vector<int>& out);
 
 /// The forward pass of one domain. Two implementations sit behind it
 /// (ARCHITECTURE.md, "Engine"): the real one (engine::Executor, the model's

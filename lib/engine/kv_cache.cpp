@@ -65,9 +65,30 @@ void BlockAllocator::share(int block) {
 
 void BlockAllocator::free(int block) {
   std::lock_guard lk(mu_);
+  free_locked(block);
+}
+
+void BlockAllocator::free_locked(int block) {
   if (block < 0 || block >= n_ || holders_[static_cast<std::size_t>(block)] == 0)
     throw Error("KV cache: free of block " + std::to_string(block) + ", which is not allocated");
   if (--holders_[static_cast<std::size_t>(block)] == 0) free_.push_back(block);
+}
+
+int BlockAllocator::allocate(int n, std::vector<int>& out) {
+  std::lock_guard lk(mu_);
+  int k = 0;
+  for (; k < n && !free_.empty(); ++k) {
+    const int b = free_.back();
+    free_.pop_back();
+    holders_[static_cast<std::size_t>(b)] = 1;
+    out.push_back(b);
+  }
+  return k;
+}
+
+void BlockAllocator::free(const std::vector<int>& blocks) {
+  std::lock_guard lk(mu_);
+  for (int b : blocks) free_locked(b);
 }
 
 int BlockAllocator::free_blocks() const {

@@ -53,10 +53,17 @@ class BlockAllocator {
   void share(int block);
   /// One holder less; the block is free when none is left.
   void free(int block);
+  /// Up to `n` free blocks appended to `out`, each as allocate() gives it,
+  /// under one lock (a prefill takes dozens of pages at once); returns how
+  /// many (fewer than `n`: none is left).
+  int allocate(int n, std::vector<int>& out);
+  /// free() of each of `blocks` in order, under one lock.
+  void free(const std::vector<int>& blocks);
   int free_blocks() const;
   int total_blocks() const noexcept { return n_; }
 
  private:
+  void free_locked(int block);  // free() under mu_
   int n_;
   mutable std::mutex mu_;
   std::vector<int> free_;

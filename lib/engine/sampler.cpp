@@ -85,18 +85,23 @@ int choose_token(const float* logits, std::size_t n, const TokenChoice& c) {
   return pick(logits, n, 0, c.temperature, c.top_p, [&] { return c.uniform; });
 }
 
-Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+Sampler::Sampler(const SamplingParams& p) : p_(p) {}
+
+std::mt19937_64& Sampler::rng() {
+  if (!rng_) rng_ = std::make_unique<std::mt19937_64>(p_.seed);
+  return *rng_;
+}
 
 int Sampler::sample(const std::vector<float>& logits) {
   return pick(logits.data(), logits.size(), p_.top_k, p_.temperature, p_.top_p,
-              [&] { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); });
+              [&] { return std::uniform_real_distribution<double>(0.0, 1.0)(rng()); });
 }
 
 TokenChoice Sampler::next_choice() {
   TokenChoice c;
   c.temperature = p_.temperature;
   c.top_p = p_.top_p;
-  if (p_.temperature > 0.0f) c.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  if (p_.temperature > 0.0f) c.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(rng());
   return c;
 }
 

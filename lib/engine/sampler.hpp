@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -76,6 +77,13 @@ int choose_token(const float* logits, std::size_t n, const TokenChoice& c);
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);
+  Sampler(const Sampler& o) : p_(o.p_), rng_(o.rng_ ? std::make_unique<std::mt19937_64>(*o.rng_) : nullptr) {}
+  Sampler& operator=(const Sampler& o) {
+    if (this != &o) *this = Sampler(o);
+    return *this;
+  }
+  Sampler(Sampler&&) noexcept = default;
+  Sampler& operator=(Sampler&&) noexcept = default;
   /// `logits` is not modified.
   int sample(const std::vector<float>& logits);
   /// Whether the engine may choose this request's tokens from a
@@ -87,8 +95,13 @@ class Sampler {
   TokenChoice next_choice();
 
  private:
+  /// The random stream, made and seeded at its first draw: a greedy
+  /// request never draws, and the engine's 2.5 KB of state in each of a
+  /// replay's running sequences cost more than their draws (seeding it,
+  /// and a sequence spread over a page instead of a few cache lines).
+  std::mt19937_64& rng();
   SamplingParams p_;
-  std::mt19937_64 rng_;
+  std::unique_ptr<std::mt19937_64> rng_;
 };
 
 /// Index of the largest value, the lowest index on ties.

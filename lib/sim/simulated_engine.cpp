@@ -148,19 +148,25 @@ std::vector<plan::ReplicaStage> uniform_stages(const plan::ModelShape& shape, co
   return out;
 }
 
+void micro_batch_work(const std::vector<engine::SeqChunk>& chunks, int micro_batches, std::vector<plan::StepWork>& out,
+                      std::vector<int>& index) {
+  engine::micro_batch_indices(chunks, micro_batches, index);
+  out.assign(index.empty() ? 0 : static_cast<std::size_t>(index.back()) + 1, plan::StepWork{});
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    const engine::SeqChunk& c = chunks[k];
+    plan::StepWork& x = out[static_cast<std::size_t>(index[k])];
+    const double n = double(c.tokens.size()), s = c.start_pos;
+    x.tokens += n;
+    x.attention_pairs += n * s + n * (n + 1) / 2;
+    x.kv_positions += s + n;
+    x.logit_rows += c.want_logits ? 1 : 0;
+  }
+}
+
 std::vector<plan::StepWork> micro_batch_work(const std::vector<engine::SeqChunk>& chunks, int micro_batches) {
   std::vector<plan::StepWork> out;
-  for (const auto& group : engine::split_micro_batches(chunks, micro_batches)) {
-    plan::StepWork x;
-    for (const engine::SeqChunk* c : group) {
-      const double n = double(c->tokens.size()), s = c->start_pos;
-      x.tokens += n;
-      x.attention_pairs += n * s + n * (n + 1) / 2;
-      x.kv_positions += s + n;
-      x.logit_rows += c->want_logits ? 1 : 0;
-    }
-    out.push_back(x);
-  }
+  std::vector<int> index;
+  micro_batch_work(chunks, micro_batches, out, index);
   return out;
 }
 
@@ -271,7 +277,8 @@ std::vector<int> SimulatedEngine::run_step(const std::vector<engine::SeqChunk>& 
   const bool real_time = o_.pacing == Pacing::wait_real_time;
   const auto t_start = real_time ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   engine::check_chunks(chunks, hp_.n_vocab, o_.block_tokens, "simulated engine");
-  const double dt = schedule_s(micro_batch_work(chunks, micro_batches), &busy_);
+  micro_batch_work(chunks, micro_batches, work_, work_index_);
+  const double dt = schedule_s(work_, &busy_);
 
   std::vector<int> ids;
   for (const auto& c : chunks)

@@ -105,6 +105,8 @@ class SimulatedEngine final : public engine::Engine {
   SimulatedEngineOptions o_;
   model::HParams hp_;
   std::vector<double> busy_;
+  std::vector<plan::StepWork> work_;  // run_step's micro-batches, kept from step to step
+  std::vector<int> work_index_;
   std::vector<int> ids_;
   double now_s_ = 0, clock_carry_ms_ = 0;
 };
@@ -139,5 +141,9 @@ std::vector<plan::ReplicaStage> uniform_stages(const plan::ModelShape& shape, co
 
 /// The work of each micro-batch of a forward, in the real engine's split.
 std::vector<plan::StepWork> micro_batch_work(const std::vector<engine::SeqChunk>& chunks, int micro_batches);
+/// The same into `out`, with `index` as scratch: both keep their storage
+/// (a simulated step allocates none).
+void micro_batch_work(const std::vector<engine::SeqChunk>& chunks, int micro_batches, std::vector<plan::StepWork>& out,
+                      std::vector<int>& index);
 
 }  // namespace ftp::sim

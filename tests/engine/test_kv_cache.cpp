@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "engine/kv_cache.hpp"
@@ -55,4 +56,35 @@ TEST(KvStore, SixteenBitPagesTakeHalfTheBytes) {
   // Page (layer 1, block 2, head 1) starts ((1 x 3 + 2) x 2 + 1) x 16 x 8 elements in: 2 bytes each.
   EXPECT_EQ(static_cast<char*>(s.k(1, 2, 1)) - static_cast<char*>(s.k(0, 0, 0)), 11 * 128 * 2);
   EXPECT_THROW(KvStore(1, 1, 16, 1, 8, KvDtype::automatic), ftp::InputError);
+}
+
+TEST(BlockAllocator, ManyAtOnceAsOneByOne) {
+  // Pages taken and given back in bulk come and go in the order of single
+  // calls: a domain's page ids (and so its replay) do not depend on which.
+  BlockAllocator one(10), bulk(10);
+  std::vector<int> a, b;
+  for (int i = 0; i < 4; ++i) a.push_back(one.allocate());
+  EXPECT_EQ(bulk.allocate(4, b), 4);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, (std::vector<int>{0, 1, 2, 3}));
+  const std::vector<int> back = {2, 0, 3};
+  for (int x : back) one.free(x);
+  bulk.free(back);
+  EXPECT_EQ(one.free_blocks(), bulk.free_blocks());
+  // Short of pages: as many as there are, appended after what `b` holds.
+  std::vector<int> c;
+  for (int x = one.allocate(); x >= 0; x = one.allocate()) c.push_back(x);
+  const std::vector<int> held = b;
+  EXPECT_EQ(bulk.allocate(20, b), 9);
+  EXPECT_EQ(std::vector<int>(b.begin(), b.begin() + 4), held);
+  EXPECT_EQ(std::vector<int>(b.begin() + 4, b.end()), c);
+  EXPECT_EQ(bulk.allocate(1, b), 0);
+  EXPECT_EQ(bulk.free_blocks(), 0);
+}
+
+TEST(BlockAllocator, BulkFreeOfAFreeBlockIsAnError) {
+  BlockAllocator a(4);
+  std::vector<int> got;
+  a.allocate(2, got);
+  EXPECT_THROW(a.free(std::vector<int>{got[0], 3}), ftp::Error);
 }
