@@ -193,7 +193,7 @@ void Domain::submit(GenerationRequest r) {
   }
   const int seqs = 1 + (n > 1 && shared == 0 ? n - 1 : 0);
   n_waiting_ += seqs;
-  n_queued_prompt_ += static_cast<std::int64_t>(seqs) * incoming_.back()->prompt_size;
+  if (cfg_.count_backlog) n_queued_prompt_ += static_cast<std::int64_t>(seqs) * incoming_.back()->prompt_size;
 }
 
 void Domain::fork(Seq& s, std::vector<std::unique_ptr<Seq>>& out) {
@@ -654,12 +654,13 @@ int Domain::step() {
       admitted = true;
     }
   }
-  const std::int64_t queued = plan.empty() ? to_prefill() : 0;  // else after the step
+  const bool backlog = plan.empty() && cfg_.count_backlog;  // else after the step
+  const std::int64_t queued = backlog ? to_prefill() : 0;
   {
     std::lock_guard lk(mu_);
     n_running_ = static_cast<int>(running_.size());
     n_waiting_ = static_cast<int>(waiting_.size() + incoming_.size());
-    if (plan.empty()) n_queued_prompt_ = queued + incoming_to_prefill();
+    if (backlog) n_queued_prompt_ = queued + incoming_to_prefill();
   }
   if (plan.empty()) return 0;
 
@@ -839,10 +840,10 @@ int Domain::step() {
   }
   // Forked choices wait first in line: their prompt is (almost) computed.
   for (auto it = forked.rbegin(); it != forked.rend(); ++it) waiting_.push_front(std::move(*it));
-  const std::int64_t left = to_prefill();
+  const std::int64_t left = cfg_.count_backlog ? to_prefill() : 0;
   {
     std::lock_guard lk(mu_);
-    n_queued_prompt_ = left + incoming_to_prefill();
+    if (cfg_.count_backlog) n_queued_prompt_ = left + incoming_to_prefill();
     ++stats_.steps;
     stats_.prompt_tokens += prompt_tokens;
     stats_.generated_tokens += generated;

@@ -37,6 +37,11 @@ struct DomainConfig {
   int micro_batches = 1;         ///< pipeline micro-batches per step
   int max_context = 0;           ///< positions per sequence; 0: the model's trained context
   Backend* backend = nullptr;    ///< real engine: where its ranks run; null: the CPU backend
+  /// Count the tokens still to prefill at the end of each step
+  /// (Domain::queued_prompt_tokens), a pass over the waiting and running
+  /// sequences. The engine replay turns it off: it keeps its own count from
+  /// its request records, and the pass cost it about a third of its time.
+  bool count_backlog = true;
 };
 
 /// Why a request ended. A string only at the JSON boundary (to_string).
@@ -221,7 +226,8 @@ class Domain {
   /// Tokens still to prefill (prompts, and a preempted sequence's tokens to
   /// recompute) of the waiting sequences and the running ones not yet at
   /// their first token, as of the end of the last step (submits since
-  /// counted): the queue's token backlog the gear shifter weighs.
+  /// counted): the queue's token backlog the gear shifter weighs. 0 where
+  /// DomainConfig::count_backlog is off.
   std::int64_t queued_prompt_tokens() const;
   /// KV pages in use / all pages.
   double kv_usage() const;

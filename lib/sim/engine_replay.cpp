@@ -333,6 +333,7 @@ int EngineReplay::build_domain(int gear, const doc::Replica& rep, double t, bool
   dc.max_running = ec_.max_running;
   dc.micro_batches = std::max(1, g.micro_batches);
   dc.max_context = ec_.shape.context_length;
+  dc.count_backlog = false;  // backlog_prompt counts it from the requests
   SimDomain d;
   d.id = dc.id;
   d.gear = gear;
