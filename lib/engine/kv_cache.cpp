@@ -49,8 +49,12 @@ BlockAllocator::BlockAllocator(int n_blocks) : n_(n_blocks) {
 
 int BlockAllocator::allocate() {
   std::lock_guard lk(mu_);
+  return take_locked();
+}
+
+int BlockAllocator::take_locked() {
   if (free_.empty()) return -1;
-  int b = free_.back();
+  const int b = free_.back();
   free_.pop_back();
   holders_[static_cast<std::size_t>(b)] = 1;
   return b;
@@ -77,12 +81,7 @@ void BlockAllocator::free_locked(int block) {
 int BlockAllocator::allocate(int n, std::vector<int>& out) {
   std::lock_guard lk(mu_);
   int k = 0;
-  for (; k < n && !free_.empty(); ++k) {
-    const int b = free_.back();
-    free_.pop_back();
-    holders_[static_cast<std::size_t>(b)] = 1;
-    out.push_back(b);
-  }
+  for (; k < n && !free_.empty(); ++k) out.push_back(take_locked());
   return k;
 }
 

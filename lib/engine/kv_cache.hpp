@@ -64,6 +64,7 @@ class BlockAllocator {
 
  private:
   void free_locked(int block);  // free() under mu_
+  int take_locked();            // allocate() under mu_
   int n_;
   mutable std::mutex mu_;
   std::vector<int> free_;
